@@ -1,0 +1,8 @@
+"""pipesgd: pipelined, compressed data-parallel SGD for PyTorch (Pipe-SGD, Li et al. 2018)."""
+
+from .comm import native_allreduce, ring_allreduce
+from .compress import Compressor, get_compressor
+from .pipeline import PipeSGD, StepStats
+
+__version__ = "0.1.0"
+__all__ = ["Compressor", "PipeSGD", "StepStats", "get_compressor", "native_allreduce", "ring_allreduce"]

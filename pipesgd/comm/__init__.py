@@ -1,0 +1,25 @@
+"""HOW bytes move. Each algorithm is ``fn(tensor, compressor=None, group=None) -> CommStats``
+summing ``tensor`` in place across the group; ``ALLREDUCE`` maps config names to them."""
+
+from collections.abc import Callable
+
+from .base import CommStats, CommThread, CompletedHandle, FutureHandle, Handle
+from .native import native_allreduce
+from .ring import ring_allreduce
+
+ALLREDUCE: dict[str, Callable[..., CommStats]] = {
+    "ring": ring_allreduce,
+    "native": native_allreduce,
+}
+
+
+def get_allreduce(name: str) -> Callable[..., CommStats]:
+    if name not in ALLREDUCE:
+        raise ValueError(f"allreduce={name!r} is not known; allowed: {', '.join(sorted(ALLREDUCE))}")
+    return ALLREDUCE[name]
+
+
+__all__ = [
+    "ALLREDUCE", "CommStats", "CommThread", "CompletedHandle", "FutureHandle", "Handle",
+    "get_allreduce", "native_allreduce", "ring_allreduce",
+]

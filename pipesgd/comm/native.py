@@ -1,0 +1,44 @@
+"""The backend's own allreduce (Gloo / NCCL), optionally carrying a summable compressor as a cast,
+the way DDP's fp16 / bf16 compression hooks do."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import Tensor
+
+from ..compress import Compressor, get_compressor
+from ..compress.none import NoCompression
+from .base import CommStats, timed
+from .ring import chunk_bounds
+
+
+def check_native(comp: Compressor) -> None:
+    if not isinstance(comp, NoCompression) and comp.summable_dtype is None:
+        raise ValueError(
+            f"compressor={comp.name!r} cannot ride the backend's all_reduce (its payloads do not sum); "
+            "use comm=ring, or compressor=none|fp16|bf16 with comm=native"
+        )
+
+
+def native_allreduce(tensor: Tensor, compressor: Compressor | str | None = None, group=None) -> CommStats:
+    """Sum ``tensor`` in place with ``dist.all_reduce``; a summable compressor casts around it."""
+    comp = get_compressor(compressor)
+    check_native(comp)
+
+    def run() -> CommStats:
+        p = dist.get_world_size(group)
+        if p == 1 or tensor.numel() == 0:
+            return CommStats()
+        if isinstance(comp, NoCompression):
+            dist.all_reduce(tensor, group=group)
+            wire = tensor.element_size()
+        else:
+            buf = tensor.to(comp.summable_dtype)
+            dist.all_reduce(buf, group=group)
+            tensor.copy_(buf)
+            wire = buf.element_size()
+        # Bytes an ideal ring would send; the backend's algorithm is opaque to us.
+        sent = 2 * sum(b - a for a, b in chunk_bounds(tensor.numel(), p)[1:])
+        return CommStats(wire_bytes=sent * wire, raw_bytes=sent * tensor.element_size())
+
+    return timed(run)

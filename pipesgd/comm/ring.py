@@ -1,0 +1,111 @@
+"""Ring allreduce (reduce-scatter + allgather) over point-to-point messages, with in-ring compression.
+
+The tensor is cut into p chunks. In the reduce-scatter, at hop s rank r sends chunk (r-s) mod p to
+its right neighbour and adds the chunk (r-s-1) mod p that arrives from its left, so after p-1 hops
+rank r holds the full sum of chunk (r+1) mod p. The allgather then circulates those finished
+chunks for another p-1 hops. Each rank sends 2(p-1)/p of the tensor in total, the bandwidth-optimal
+amount.
+
+With a compressor, every reduce-scatter hop decodes what arrived, adds its own values in fp32 and
+re-encodes before forwarding; the owner of a finished chunk encodes it once and the allgather
+forwards that exact payload, so every rank decodes identical bytes and replicas stay bit-identical.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ..compress import Compressor, Ctx, get_compressor
+from ..compress.none import NoCompression
+from .base import CommStats, timed
+
+
+def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
+    """Split ``n`` values into ``p`` contiguous, nearly equal chunks (some empty when n < p)."""
+    base, extra = divmod(n, p)
+    bounds, start = [], 0
+    for i in range(p):
+        end = start + base + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def _exchange(send: Tensor, recv: Tensor, right: int, left: int, group) -> None:
+    # Post the receive before the send: with Gloo this is ~1.9x faster at p=2 (measured).
+    rreq = dist.irecv(recv, group=group, group_src=left)
+    sreq = dist.isend(send, group=group, group_dst=right)
+    rreq.wait()
+    sreq.wait()
+
+
+def ring_allreduce(tensor: Tensor, compressor: Compressor | str | None = None, group=None) -> CommStats:
+    """Sum ``tensor`` in place across the ranks of ``group``, like ``dist.all_reduce(op=SUM)``.
+
+    Any length (also 0 and fewer values than ranks) and fp32/fp64/fp16/bf16. Without a compressor
+    the result matches ``dist.all_reduce`` up to floating-point summation order; with one, each
+    hop adds in fp32 and the error is bounded by the compressor's per-encode error (see tests).
+    Blocking; run it on a :class:`~pipesgd.comm.base.CommThread` to overlap it with compute.
+    Returns the bytes this rank sent and their uncompressed equivalent.
+    """
+    return timed(lambda: _ring(tensor, get_compressor(compressor), group))
+
+
+def _ring(tensor: Tensor, comp: Compressor, group) -> CommStats:
+    p = dist.get_world_size(group)
+    stats = CommStats()
+    if p == 1 or tensor.numel() == 0:
+        return stats
+    r = dist.get_rank(group)
+    right, left = (r + 1) % p, (r - 1) % p
+
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+    acc_dtype = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    identity = isinstance(comp, NoCompression)
+    # Without compression, sum in the tensor's own dtype (as the backend does); with it, in fp32.
+    work = flat if identity or flat.dtype == acc_dtype else flat.to(acc_dtype)
+    bounds = chunk_bounds(flat.numel(), p)
+    chunk = [work[a:b] for a, b in bounds]
+    raw_size = flat.element_size()
+
+    def count(payload: Tensor, numel: int) -> None:
+        stats.wire_bytes += payload.nbytes
+        stats.raw_bytes += numel * raw_size
+
+    # Reduce-scatter.
+    for s in range(p - 1):
+        si, ri = (r - s) % p, (r - s - 1) % p
+        payload, _ = comp.compress(chunk[si])
+        ctx_r = Ctx(chunk[ri].numel(), work.dtype)
+        inbox = comp.payload_like(ctx_r)
+        _exchange(payload, inbox, right, left, group)
+        count(payload, chunk[si].numel())
+        chunk[ri].add_(comp.decompress(inbox, ctx_r).to(work.dtype))
+
+    # The owner encodes its finished chunk once and keeps the decoded value, like every receiver.
+    own = (r + 1) % p
+    ctx_own = Ctx(chunk[own].numel(), work.dtype)
+    final, _ = comp.compress(chunk[own])
+    if not identity:
+        chunk[own].copy_(comp.decompress(final, ctx_own))
+
+    # Allgather: forward finished payloads unchanged.
+    outgoing = final
+    for s in range(p - 1):
+        si, ri = (r + 1 - s) % p, (r - s) % p
+        ctx_r = Ctx(chunk[ri].numel(), work.dtype)
+        inbox = chunk[ri] if identity else comp.payload_like(ctx_r)
+        _exchange(outgoing, inbox, right, left, group)
+        count(outgoing, chunk[si].numel())
+        if not identity:
+            chunk[ri].copy_(comp.decompress(inbox, ctx_r))
+        outgoing = inbox
+
+    if work.data_ptr() != flat.data_ptr():
+        flat.copy_(work)
+    if flat.data_ptr() != tensor.data_ptr():
+        tensor.copy_(flat.view_as(tensor))
+    return stats
+

@@ -1,0 +1,90 @@
+"""The compressor contract.
+
+A compressor is a pure function pair on tensors; it never talks to the network. The transport
+(a ring hop, a tree edge, a parameter-server push) calls ``compress`` on the sender and
+``decompress`` on the receiver, and sizes its receive buffer with ``payload_like``: both sides
+derive the same :class:`Ctx` from the chunk they are exchanging, so nothing but the payload
+crosses the wire.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+_REGISTRY: dict[str, type[Compressor]] = {}
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What a receiver must know to decode a payload: the chunk's length and original dtype."""
+
+    numel: int
+    dtype: torch.dtype
+
+    @property
+    def acc_dtype(self) -> torch.dtype:
+        """Dtype in which decoded values are accumulated: fp32, or fp64 for fp64 input."""
+        return torch.float64 if self.dtype == torch.float64 else torch.float32
+
+
+class Compressor(ABC):
+    """Lossy (or identity) encoding of a flat tensor into one flat payload tensor.
+
+    Subclasses set ``name`` and, if the transport may sum payloads element-wise (a plain cast,
+    as DDP's fp16 hook does), ``summable_dtype``. ``decompress`` returns ``ctx.acc_dtype`` so
+    that ring hops add in fp32 no matter what travelled.
+    """
+
+    name: ClassVar[str]
+    summable_dtype: ClassVar[torch.dtype | None] = None
+
+    @abstractmethod
+    def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:
+        """Encode a 1-D tensor. Never modifies ``t``."""
+
+    @abstractmethod
+    def decompress(self, payload: Tensor, ctx: Ctx) -> Tensor:
+        """Decode a payload produced by ``compress`` (or received into ``payload_like``)."""
+
+    @abstractmethod
+    def payload_like(self, ctx: Ctx) -> Tensor:
+        """An uninitialised buffer of exactly the payload's size and dtype, to receive into."""
+
+    def wire_bytes(self, ctx: Ctx) -> int:
+        """Bytes one payload for a chunk described by ``ctx`` puts on the wire."""
+        return self.payload_like(ctx).nbytes
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def register(name: str):
+    """Class decorator: make a compressor constructible by ``name`` (library and Hydra alike)."""
+
+    def deco(cls: type[Compressor]) -> type[Compressor]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"compressor name {name!r} is registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def available() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_compressor(spec: str | Compressor | None, **kwargs) -> Compressor:
+    """Resolve a name (``"int8"``), an instance, or ``None`` (= ``"none"``) to a compressor."""
+    if isinstance(spec, Compressor):
+        return spec
+    name = "none" if spec is None else spec
+    if name not in _REGISTRY:
+        raise ValueError(f"compressor={name!r} is not known; allowed: {', '.join(available())}")
+    return _REGISTRY[name](**kwargs)

@@ -1,0 +1,30 @@
+"""16-bit truncation: keep the top 16 bits of each fp32 (sign, 8 exponent bits, 7 mantissa bits).
+
+This is the Pipe-SGD paper's "truncation": no rounding arithmetic, just a shift, so it is the
+cheapest lossy encoder there is. It rounds toward zero, so the relative error per value is
+below 2**-7 and never changes sign or exponent range (no overflow, unlike fp16).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import Compressor, Ctx, register
+
+
+@register("bf16")
+class BF16Truncation(Compressor):
+    # The backend's all_reduce can sum bfloat16 directly; that path casts (round-to-nearest).
+    summable_dtype = torch.bfloat16
+
+    def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:
+        bits = t.to(torch.float32).view(torch.int32)
+        return torch.bitwise_right_shift(bits, 16).to(torch.int16), Ctx(t.numel(), t.dtype)
+
+    def decompress(self, payload: Tensor, ctx: Ctx) -> Tensor:
+        bits = torch.bitwise_left_shift(payload.to(torch.int32), 16)
+        return bits.view(torch.float32).to(ctx.acc_dtype)
+
+    def payload_like(self, ctx: Ctx) -> Tensor:
+        return torch.empty(ctx.numel, dtype=torch.int16)

@@ -1,0 +1,20 @@
+"""Identity: the fp32 (or native-dtype) baseline."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import Compressor, Ctx, register
+
+
+@register("none")
+class NoCompression(Compressor):
+    def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:
+        return t, Ctx(t.numel(), t.dtype)
+
+    def decompress(self, payload: Tensor, ctx: Ctx) -> Tensor:
+        return payload.to(ctx.acc_dtype)
+
+    def payload_like(self, ctx: Ctx) -> Tensor:
+        return torch.empty(ctx.numel, dtype=ctx.dtype)

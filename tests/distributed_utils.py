@@ -1,0 +1,75 @@
+"""Run a function on N Gloo ranks over loopback and collect what each returns.
+
+No sleeps: ranks meet in the TCP store rendezvous; the parent waits on the result queue with a
+deadline and kills every child on timeout or failure, so a broken test never hangs the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import traceback
+from datetime import timedelta
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn, rank, world_size, port, args, results):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+            timeout=timedelta(seconds=60),
+        )
+        out = fn(rank, world_size, *args)
+        results.put((rank, "ok", out))
+    except BaseException:
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_workers(fn, world_size: int, *args, timeout: float = 120.0) -> list:
+    """Return ``[fn(rank, world_size, *args) for each rank]``, computed in ``world_size`` processes."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    env_before = os.environ.get("GLOO_SOCKET_IFNAME")
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, results), daemon=True)
+             for r in range(world_size)]
+    try:
+        for p in procs:
+            p.start()
+        out: dict[int, object] = {}
+        while len(out) < world_size:
+            try:
+                rank, status, value = results.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"ranks {sorted(set(range(world_size)) - set(out))} gave no result in {timeout}s")
+            if status == "error":
+                raise RuntimeError(f"rank {rank} failed:\n{value}")
+            out[rank] = value
+        for p in procs:
+            p.join(timeout=30)
+        return [out[r] for r in range(world_size)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if env_before is None:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+        else:
+            os.environ["GLOO_SOCKET_IFNAME"] = env_before
