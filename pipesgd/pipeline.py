@@ -1,0 +1,131 @@
+"""The width-K engine: WHEN a reduction is waited for and applied.
+
+Step t launches the reduction of the gradient just computed and then applies the one launched at
+step t-K+1, so K-1 reductions are always in flight behind the caller's next forward/backward::
+
+    t:        0      1      2      3     ...   flush()
+    launch:   g0     g1     g2     g3
+    apply:    -      g0     g1     g2           g3        (K = 2)
+
+K = 1 launches and waits at once: plain synchronous allreduce SGD through the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .comm import CommStats, CompletedHandle, Handle, get_allreduce
+from .comm.native import check_native, native_allreduce
+from .compress import Compressor, get_compressor
+from .reducer import Reduced, Reducer
+
+
+@dataclass
+class StepStats:
+    """Where the caller's time went inside one ``step()``; ``comm`` is the applied reduction's cost."""
+
+    pack_s: float = 0.0
+    wait_s: float = 0.0
+    update_s: float = 0.0
+    applied: bool = False
+    comm: CommStats = field(default_factory=CommStats)
+
+
+class PipeSGD:
+    """Pipelined data-parallel SGD for any ``torch.optim`` optimizer.
+
+    Call ``step()`` after each ``loss.backward()`` (instead of ``optimizer.step()``) and ``flush()``
+    once at the end. The update applied at step t is ``optimizer.step()`` with every ``p.grad`` set
+    to the rank-average of the gradients computed at step t-K+1; steps t < K-1 apply nothing;
+    ``flush()`` applies what is still in flight, in order. Every replica applies the same averaged
+    gradients in the same order, so replicas stay identical.
+
+    Communication runs on a background thread over ``group`` (default: the default group). Do not
+    issue other collectives on the same group from another thread while reductions are in flight;
+    give the engine its own group (``dist.new_group()``) if your loop needs collectives too.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: Iterable[Tensor], width: int = 2,
+                 compressor: str | Compressor | None = "none",
+                 allreduce: str | Callable[..., CommStats] = "ring", group=None):
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
+        self.optimizer = optimizer
+        self.width = width
+        self.compressor = get_compressor(compressor)
+        fn = get_allreduce(allreduce) if isinstance(allreduce, str) else allreduce
+        if fn is native_allreduce:
+            check_native(self.compressor)
+        self.allreduce_name = allreduce if isinstance(allreduce, str) else getattr(fn, "__name__", "custom")
+        self._reducer = Reducer(params, self.compressor, fn, group)
+        self._pending: deque[Handle[Reduced]] = deque()
+        self.steps = 0
+        self.last = StepStats()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def step(self) -> StepStats:
+        """Launch this step's reduction; apply the one from K-1 steps ago if there is one."""
+        t0 = time.perf_counter()
+        self._pending.append(self._reducer.launch())
+        stats = StepStats(pack_s=time.perf_counter() - t0)
+        if len(self._pending) == self.width:
+            self._apply_oldest(stats)
+        self.steps += 1
+        self.last = stats
+        return stats
+
+    def flush(self) -> StepStats:
+        """Wait for and apply every outstanding reduction, oldest first."""
+        stats = StepStats()
+        while self._pending:
+            self._apply_oldest(stats)
+        return stats
+
+    def _apply_oldest(self, stats: StepStats) -> None:
+        t0 = time.perf_counter()
+        reduced = self._pending.popleft().wait()
+        t1 = time.perf_counter()
+        self._reducer.unflatten(reduced.flat)
+        self.optimizer.step()
+        stats.wait_s += t1 - t0
+        stats.update_s += time.perf_counter() - t1
+        stats.applied = True
+        stats.comm += reduced.stats
+
+    def state_dict(self) -> dict:
+        """Engine state including in-flight gradients (waited for, not applied), so a restored
+        engine applies exactly what this one would have. Does not include the optimizer."""
+        pending = [h.wait().flat.clone() for h in self._pending]
+        self._pending = deque(CompletedHandle(Reduced(f, CommStats())) for f in pending)
+        return {"width": self.width, "steps": self.steps, "pending": pending}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["width"] != self.width:
+            raise ValueError(f"checkpoint has width={state['width']}, engine has width={self.width}")
+        if self._pending:
+            raise RuntimeError("load_state_dict on an engine with reductions in flight; call flush() first")
+        numel = self._reducer.numel
+        for f in state["pending"]:
+            if f.numel() != numel:
+                raise ValueError(f"in-flight gradient has {f.numel()} values, model has {numel}")
+        self.steps = int(state["steps"])
+        self._pending = deque(CompletedHandle(Reduced(f.clone(), CommStats())) for f in state["pending"])
+
+    def close(self) -> None:
+        """Stop the communication thread (after ``flush()``; pending work is cancelled)."""
+        self._reducer.close()
+
+    def __enter__(self) -> PipeSGD:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
