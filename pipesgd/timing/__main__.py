@@ -1,0 +1,195 @@
+"""``python -m pipesgd.timing predict ...``: predicted iteration time of every mode, no workers needed.
+
+Values come from, in order of precedence: an explicit flag, the ``--calibration`` file, the
+defaults (10gbit, 50us, γ = 0, no compression cost, no CPU interference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from .calibration import DEFAULT_BANDWIDTH, DEFAULT_LATENCY, load_calibration
+from .model import (
+    COMPRESSORS,
+    DDP_BUCKET_CAP_BYTES,
+    DDP_FIRST_BUCKET_BYTES,
+    FP32_BYTES,
+    INT8_BLOCK_SIZE,
+    MODEL_PARAMS,
+    Link,
+    predict,
+)
+from .units import format_bandwidth, parse_bandwidth, parse_latency
+
+
+def _arg(convert: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse ``type`` whose ValueError text (which names the bad string) reaches the user."""
+
+    def parse(text: str) -> object:
+        try:
+            return convert(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise ValueError(f"expected an integer >= {low}, got {text!r}")
+        return value
+
+    return _arg(convert)
+
+
+def _float_at_least(low: float, high: float = float("inf")) -> Callable[[str], float]:
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"expected a number, got {text!r}") from None
+        if not low <= value <= high:
+            raise ValueError(f"expected a number in [{low:g}, {high:g}], got {text!r}")
+        return value
+
+    return _arg(convert)
+
+
+def _kappa(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    if not sep or name not in COMPRESSORS:
+        raise ValueError(f"expected NAME=SECONDS with NAME in {list(COMPRESSORS)}, got {text!r}")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"expected NAME=SECONDS, got {text!r}") from None
+    if not seconds >= 0:
+        raise ValueError(f"seconds per byte must be >= 0, got {text!r}")
+    return name, seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipesgd.timing",
+                                     description="Pipe-SGD α–β–γ timing model (docs/timing-model.md).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    pr = commands.add_parser("predict", help="table of predicted iteration times for every mode")
+    size = pr.add_mutually_exclusive_group(required=True)
+    size.add_argument("--params", type=_int_at_least(0), help="trainable parameters (fp32 gradient)")
+    size.add_argument("--model", choices=sorted(MODEL_PARAMS), help="a pipesgd model, 10 classes")
+    pr.add_argument("--workers", type=_int_at_least(1), required=True, help="p, number of workers")
+    pr.add_argument("--bandwidth", type=_arg(parse_bandwidth),
+                    help=f"per-worker link rate, e.g. 100mbit, 1gbit (default {DEFAULT_BANDWIDTH})")
+    pr.add_argument("--latency", type=_arg(parse_latency),
+                    help=f"α per message, e.g. 50us, 0.5ms (default {DEFAULT_LATENCY})")
+    pr.add_argument("--gamma", type=_float_at_least(0), help="γ, seconds per byte of reduction (default 0)")
+    pr.add_argument("--compute-ms", type=_float_at_least(0), help="forward+backward per iteration")
+    pr.add_argument("--update-ms", type=_float_at_least(0), help="optimizer step (default 0)")
+    pr.add_argument("--width", type=_int_at_least(1), default=2, help="pipe width K (default 2)")
+    pr.add_argument("--compressor", choices=COMPRESSORS, action="append",
+                    help="repeat to pick several (default: all)")
+    pr.add_argument("--compress-s-per-byte", type=_arg(_kappa), action="append", default=[],
+                    metavar="NAME=SECONDS", help="κ: compress+decompress cost per uncompressed byte")
+    pr.add_argument("--calibration", metavar="FILE", help="JSON written by `calibrate`")
+    pr.add_argument("--overlap-slowdown", type=_float_at_least(1),
+                    help="how much slower compute runs while a reduction is in flight (default 1)")
+    pr.add_argument("--forward-fraction", type=_float_at_least(0, 1), default=1 / 3,
+                    help="share of compute spent in forward (DDP overlap; default 1/3)")
+    pr.add_argument("--iterations", type=_int_at_least(0), help="also print total seconds for T iterations")
+    pr.add_argument("--per-node", type=_int_at_least(1), default=1,
+                    help="ranks per node: adds hierarchical rows when 1 < G < workers")
+    pr.add_argument("--intra-bandwidth", type=_arg(parse_bandwidth), help="intra-node rate (default: --bandwidth)")
+    pr.add_argument("--intra-latency", type=_arg(parse_latency), help="intra-node α (default: --latency)")
+    pr.add_argument("--bucket-mb", type=_float_at_least(0), default=DDP_BUCKET_CAP_BYTES / 2**20,
+                    help="DDP bucket_cap_mb (default 25; 0 = one bucket)")
+    pr.add_argument("--int8-block", type=_int_at_least(0), default=INT8_BLOCK_SIZE,
+                    help=f"values per int8 scale (default {INT8_BLOCK_SIZE}; 0 = one per chunk)")
+    pr.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return parser
+
+
+def _resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """Merge flags, calibration file and defaults into the arguments of :func:`predict`."""
+    cal: dict = {}
+    if args.calibration is not None:
+        try:
+            cal = load_calibration(args.calibration)
+        except (OSError, ValueError) as e:
+            parser.error(f"argument --calibration: {e}")
+    if args.compute_ms is None and "compute_ms" not in cal:
+        parser.error("argument --compute-ms is required unless --calibration provides compute_ms")
+    if args.per_node > 1 and args.workers % args.per_node:
+        parser.error(f"argument --per-node: {args.per_node} does not divide --workers {args.workers}")
+    if args.bandwidth is not None:
+        beta = 8.0 / args.bandwidth
+    else:
+        beta = cal.get("beta_s_per_byte", 8.0 / parse_bandwidth(DEFAULT_BANDWIDTH))
+    alpha = args.latency if args.latency is not None else cal.get("alpha_s", parse_latency(DEFAULT_LATENCY))
+    gamma = args.gamma if args.gamma is not None else cal.get("gamma_s_per_byte", 0.0)
+    link = Link(alpha, beta, gamma)
+    intra = None
+    if args.intra_bandwidth is not None or args.intra_latency is not None:
+        intra = Link(args.intra_latency if args.intra_latency is not None else alpha,
+                     8.0 / args.intra_bandwidth if args.intra_bandwidth is not None else beta, gamma)
+    kappas = dict(cal.get("compress_s_per_byte", {}))
+    kappas.update(dict(args.compress_s_per_byte))
+    compute_ms = args.compute_ms if args.compute_ms is not None else cal["compute_ms"]
+    update_ms = args.update_ms if args.update_ms is not None else cal.get("update_ms", 0.0)
+    slowdown = args.overlap_slowdown if args.overlap_slowdown is not None else cal.get("overlap_slowdown", 1.0)
+    return dict(numel=args.params if args.params is not None else MODEL_PARAMS[args.model], p=args.workers,
+                link=link, compute_s=compute_ms / 1e3, update_s=update_ms / 1e3, width=args.width,
+                compressors=tuple(dict.fromkeys(args.compressor or COMPRESSORS)), compress_s_per_byte=kappas,
+                forward_fraction=args.forward_fraction, overlap_slowdown=slowdown, iterations=args.iterations,
+                per_node=args.per_node, intra=intra,
+                bucket_cap_bytes=args.bucket_mb * 2**20 if args.bucket_mb > 0 else None,
+                first_bucket_bytes=min(DDP_FIRST_BUCKET_BYTES, args.bucket_mb * 2**20 or DDP_FIRST_BUCKET_BYTES),
+                int8_block_size=args.int8_block)
+
+
+def report(inputs: dict, rows: list[dict]) -> None:
+    link: Link = inputs["link"]
+    nbytes = FP32_BYTES * inputs["numel"]
+    print(f"# M = {inputs['numel']:,} params = {nbytes:,} B fp32, p = {inputs['p']}, "
+          f"link {format_bandwidth(link.bits_per_second)} (β = {link.beta:.3g} s/B), α = {link.alpha:.3g} s, "
+          f"γ = {link.gamma:.3g} s/B, compute {inputs['compute_s'] * 1e3:g} ms, "
+          f"update {inputs['update_s'] * 1e3:g} ms, overlap slowdown {inputs['overlap_slowdown']:g}")
+    columns = ["mode", "width", "algorithm", "compressor", "ratio", "comm_ms", "exposed_ms", "iter_ms",
+               "speedup_vs_sync"] + (["total_s"] if inputs["iterations"] is not None else [])
+    cells = [[_cell(row[c]) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(columns, widths))))
+    for r in cells:
+        print("  ".join(v.ljust(w) if i < 4 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    inputs = _resolve(parser, args)
+    try:
+        rows = predict(**inputs)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        report(inputs, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

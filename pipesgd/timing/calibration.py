@@ -1,0 +1,107 @@
+"""Measured constants for the cost model, and the object training runs use to predict.
+
+``python -m pipesgd.timing calibrate`` (issue #3, part 3) writes a JSON file with exactly these
+keys; ``predict --calibration FILE`` and ``conf/timing`` (``calibration: FILE``) read it::
+
+    {"alpha_s": 5e-05, "beta_s_per_byte": 8e-08, "gamma_s_per_byte": 1e-10,
+     "compress_s_per_byte": {"fp16": 1e-9, "bf16": 1e-9, "int8": 4e-9},
+     "compute_ms": 172.0, "update_ms": 2.0}
+
+An optional ``overlap_slowdown`` (>= 1: how much slower compute runs while a reduction is in flight
+on the same CPU) is read when present.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .model import Link, predict_iter_ms
+from .units import parse_bandwidth, parse_latency
+
+DEFAULT_BANDWIDTH = "10gbit"
+DEFAULT_LATENCY = "50us"
+"""Used when neither a flag nor a calibration file says otherwise (conf/timing/default.yaml agrees)."""
+
+CALIBRATION_KEYS = ("alpha_s", "beta_s_per_byte", "gamma_s_per_byte", "compress_s_per_byte",
+                    "compute_ms", "update_ms")
+
+
+def _number(path: Path, key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"calibration file {path}: {key} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def load_calibration(path: str | Path) -> dict:
+    """Read and validate a calibration JSON file; returns its dict with numbers as floats.
+
+    Raises FileNotFoundError if ``path`` does not exist and ValueError naming the file and the
+    offending key(s) if the JSON is malformed, a key is missing, or a value is not a number >= 0.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"calibration file {path} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"calibration file {path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"calibration file {path}: expected a JSON object with keys {list(CALIBRATION_KEYS)}")
+    missing = [k for k in CALIBRATION_KEYS if k not in data]
+    if missing:
+        raise ValueError(f"calibration file {path} is missing key(s) {missing}; "
+                         f"expected all of {list(CALIBRATION_KEYS)}")
+    out = dict(data)
+    for key in CALIBRATION_KEYS:
+        if key != "compress_s_per_byte":
+            out[key] = _number(path, key, data[key])
+    kappas = data["compress_s_per_byte"]
+    if not isinstance(kappas, dict):
+        raise ValueError(f"calibration file {path}: compress_s_per_byte must be an object "
+                         f"mapping compressor name to seconds per byte, got {kappas!r}")
+    out["compress_s_per_byte"] = {str(k): _number(path, f"compress_s_per_byte.{k}", v) for k, v in kappas.items()}
+    if "overlap_slowdown" in data:
+        out["overlap_slowdown"] = _number(path, "overlap_slowdown", data["overlap_slowdown"])
+        if out["overlap_slowdown"] < 1:
+            raise ValueError(f"calibration file {path}: overlap_slowdown must be >= 1, "
+                             f"got {data['overlap_slowdown']!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class TimingModel:
+    """A link plus per-compressor costs: what a training run needs to log ``predicted_iter_ms``."""
+
+    link: Link
+    compress_s_per_byte: Mapping[str, float] = field(default_factory=dict)
+    overlap_slowdown: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.overlap_slowdown, (int, float)) and self.overlap_slowdown >= 1):
+            raise ValueError(f"overlap_slowdown must be >= 1 (1 = no interference), got {self.overlap_slowdown!r}")
+
+    def iter_ms(self, mode: str, algorithm: str, nbytes: float, p: int, compute_s: float,
+                update_s: float = 0.0, width: int = 2, ratio: float = 1.0, compressor: str = "none") -> float:
+        """:func:`predict_iter_ms` with this model's link, κ of ``compressor`` and slowdown.
+
+        ``ratio`` should be the ratio the run measured (wire bytes / raw bytes from its comm stats).
+        """
+        kappa = 0.0 if compressor == "none" else self.compress_s_per_byte.get(compressor, 0.0)
+        return predict_iter_ms(mode, algorithm, nbytes, p, self.link, compute_s, update_s, width, ratio, kappa,
+                               overlap_slowdown=self.overlap_slowdown)
+
+
+def load_timing_model(bandwidth: str = DEFAULT_BANDWIDTH, latency: str = DEFAULT_LATENCY, gamma_s_per_byte: float = 0.0,
+                      calibration: str | Path | None = None, overlap_slowdown: float = 1.0) -> TimingModel:
+    """Build the model from ``conf/timing`` values. A ``calibration`` file, when given, supersedes
+    bandwidth, latency and gamma (it was measured; they are assumptions)."""
+    if calibration is None:
+        link = Link.from_bandwidth(parse_bandwidth(bandwidth), parse_latency(latency), gamma_s_per_byte)
+        return TimingModel(link, {}, overlap_slowdown)
+    cal = load_calibration(calibration)
+    link = Link(cal["alpha_s"], cal["beta_s_per_byte"], cal["gamma_s_per_byte"])
+    return TimingModel(link, cal["compress_s_per_byte"], cal.get("overlap_slowdown", overlap_slowdown))
