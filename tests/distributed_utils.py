@@ -6,6 +6,7 @@ deadline and kills every child on timeout or failure, so a broken test never han
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import socket
@@ -32,7 +33,10 @@ def _entry(fn, rank, world_size, port, args, results):
             timeout=timedelta(seconds=60),
         )
         out = fn(rank, world_size, *args)
-        results.put((rank, "ok", out))
+        # Serialise here: tensors sent through a queue are shared-memory handles that die with us.
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        results.put((rank, "ok", buf.getvalue()))
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))
     finally:
@@ -60,7 +64,9 @@ def run_workers(fn, world_size: int, *args, timeout: float = 120.0) -> list:
                 raise TimeoutError(f"ranks {sorted(set(range(world_size)) - set(out))} gave no result in {timeout}s")
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
-            out[rank] = value
+            import torch
+
+            out[rank] = torch.load(io.BytesIO(value), weights_only=False)
         for p in procs:
             p.join(timeout=30)
         return [out[r] for r in range(world_size)]
