@@ -313,7 +313,7 @@ def test_model_module_is_pure_arithmetic():
 
 
 def test_cli_json_equals_the_formulas_exactly():
-    """α = γ = 0 and no compression: comm_ms is 2(p−1)·M/p·β for the ring, 2⌈log2 p⌉·M·β for the tree."""
+    """α = γ = 0, no compression: comm_ms is 2(p−1)·M/p·β for the ring, 2⌈log2 p⌉·M·β for the tree."""
     out = subprocess.run([sys.executable, "-m", "pipesgd.timing", "predict", "--params", "272474", "--workers",
                           "3", "--bandwidth", "100mbit", "--latency", "0", "--compute-ms", "172", "--update-ms",
                           "2", "--compressor", "none", "--json"], capture_output=True, text=True, cwd=ROOT,

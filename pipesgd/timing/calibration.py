@@ -95,7 +95,8 @@ class TimingModel:
                                overlap_slowdown=self.overlap_slowdown)
 
 
-def load_timing_model(bandwidth: str = DEFAULT_BANDWIDTH, latency: str = DEFAULT_LATENCY, gamma_s_per_byte: float = 0.0,
+def load_timing_model(bandwidth: str = DEFAULT_BANDWIDTH, latency: str = DEFAULT_LATENCY,
+                      gamma_s_per_byte: float = 0.0,
                       calibration: str | Path | None = None, overlap_slowdown: float = 1.0) -> TimingModel:
     """Build the model from ``conf/timing`` values. A ``calibration`` file, when given, supersedes
     bandwidth, latency and gamma (it was measured; they are assumptions)."""

@@ -164,7 +164,8 @@ def hierarchical_time(nbytes: float, nodes: int, per_node: int, intra: Link, int
     broadcast inside each node. Compression is applied on the inter-node ring only (intra-node
     traffic is fp32: compressing over shared memory or a fast local fabric costs more than it saves).
 
-    2·⌈log2 g⌉·(α_i + M·β_i) + ⌈log2 g⌉·M·γ_i + ring(M, n, α_e, β_e, γ_e, r, κ), g = per_node, n = nodes.
+    2·⌈log2 g⌉·(α_i + M·β_i) + ⌈log2 g⌉·M·γ_i + ring(M, n, α_e, β_e, γ_e, r, κ)
+    with g = per_node, n = nodes.
     """
     _check_nonneg("nbytes", nbytes)
     _check_workers("nodes", nodes)
@@ -320,9 +321,10 @@ def total_time(mode: str, iterations: int, compute_s: float, comm_s: float, upda
                overlap_slowdown: float = 1.0) -> float:
     """Seconds for ``iterations`` steps plus the final flush (every gradient applied once).
 
-    Pipe with K >= 2: the first compute has nothing to hide behind and the last reduction nothing to
-    hide, so T iterations cost (T−1)·P + (compute + comm + update) with P the steady state. This
-    does not depend on K: more width adds staleness, not speed (:func:`pipeline_schedule` checks it).
+    Pipe with K >= 2: the first compute has no reduction beside it and the last reduction no
+    compute beside it, so T iterations cost (T−1)·P + (compute + comm + update), P the steady state.
+    Exact when communication-bound, at most min(comm, K·update) pessimistic otherwise, and the same
+    for every K: more width adds staleness, not speed (:func:`pipeline_schedule` checks it).
     """
     _check_iterations(iterations)
     per_iter = iteration_time(mode, compute_s, comm_s, update_s, width, forward_fraction, p=p,

@@ -65,6 +65,6 @@ def format_bandwidth(bits_per_second: float) -> str:
     """The inverse of :func:`parse_bandwidth` for round decimal rates (``1e8`` -> ``"100mbit"``)."""
     for unit in ("tbit", "gbit", "mbit", "kbit"):
         scaled = bits_per_second / _RATE_UNITS[unit]
-        if scaled >= 1:
+        if scaled >= 1 - 1e-9:  # 8 / (8 / 1e9) is 999999999.9999999
             return f"{scaled:g}{unit}"
     return f"{bits_per_second:g}bit"
