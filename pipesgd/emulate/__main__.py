@@ -1,0 +1,3 @@
+from pipesgd.emulate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,277 @@
+"""pipesgd.emulate: refuses without root, shapes links, and leaves nothing behind on any exit path.
+
+Root-only tests build real namespaces and skip with the reason when that is impossible here. This
+file doubles as the stand-in rank for the CLI (`--module test_emulate`, PYTHONPATH=tests/):
+`python -m test_emulate mode=hang|fail hydra.run.dir=DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+# ---- stand-in rank (stdlib only, before the heavy imports: importing pipesgd imports torch) ------
+
+
+def _stand_in(argv: list[str]) -> int:
+    opts = dict(a.split("=", 1) for a in argv if "=" in a)
+    run_dir = Path(opts["hydra.run.dir"])
+    rank = int(os.environ["RANK"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / f"pid_rank{rank}").write_text(str(os.getpid()))
+    if opts["mode"] == "fail" and rank == 1:
+        deadline = time.monotonic() + 20
+        while not (run_dir / "pid_rank0").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # fail only once rank 0 is up, so there is something to terminate
+        return 3
+    time.sleep(120)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_stand_in(sys.argv[1:]))
+
+import pytest  # noqa: E402
+
+from pipesgd.emulate import Cluster, EmulateError, Shaping, format_rate, parse_rate  # noqa: E402
+from pipesgd.emulate.cli import resolve_run_dir  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+PY = sys.executable
+IS_ROOT = os.geteuid() == 0
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+
+def _namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _ours(pid: int) -> list[str]:
+    return [ns for ns in _namespaces() if ns.startswith(f"psgd{pid}-") or ns.startswith(f"psgd{pid}x")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _emulate(args: list[str], **kw: object) -> subprocess.Popen[str]:
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)])}
+    return subprocess.Popen(
+        [PY, "-m", "pipesgd.emulate", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _wait_for(paths: list[Path], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() and p.read_text() for p in paths):
+        assert time.monotonic() < deadline, f"timed out waiting for {paths}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def netns() -> None:
+    """Skip unless this process can really build a (one-worker) emulated cluster."""
+    if not IS_ROOT:
+        pytest.skip("emulated cluster needs root (network namespaces, veth, tc)")
+    try:
+        with Cluster(1, "100mbit", handle_signals=False):
+            pass
+    except EmulateError as e:
+        pytest.skip(f"cannot build an emulated cluster here: {e}")
+
+
+# ---- no root needed ------------------------------------------------------------------------------
+
+
+def test_parse_rate_si_units_and_rejects_bytes_per_second() -> None:
+    assert parse_rate("100mbit") == 100_000_000
+    assert parse_rate("1Gbit") == 10**9
+    assert parse_rate("1.5gbit") == 1_500_000_000
+    assert format_rate(parse_rate("250kbit")) == "250kbit"
+    for bad in ("100mbps", "fast", "10"):  # bytes/s, no number, below 8kbit
+        with pytest.raises(ValueError, match="rate="):
+            parse_rate(bad)
+
+
+def test_burst_is_two_ms_of_rate_but_at_least_16k() -> None:
+    assert Shaping.for_rate(10**9).tc_args() == [
+        "tbf", "rate", "1000000000bit", "burst", "250000", "latency", "50ms"
+    ]  # fmt: skip
+    assert Shaping.for_rate(10**6).burst_bytes == 16 * 1024
+
+
+def test_run_dir_chosen_once_user_value_wins() -> None:
+    now = time.strptime("2030-01-02 03:04:05", "%Y-%m-%d %H:%M:%S")
+    out, run_dir = resolve_run_dir(["a=1"], now)
+    assert run_dir == str(Path.cwd() / "outputs/emulate/2030-01-02_03-04-05")
+    assert out == ["a=1", f"hydra.run.dir={run_dir}"]
+    out, run_dir = resolve_run_dir(["hydra.run.dir=/x/${now:%H-%M}", "b=2"], now)
+    assert (out, run_dir) == (["hydra.run.dir=/x/03-04", "b=2"], "/x/03-04")
+    out, run_dir = resolve_run_dir(["++hydra.run.dir=o/${hydra.job.name}"], now)
+    assert (out, run_dir) == (["++hydra.run.dir=o/${hydra.job.name}"], None)
+
+
+def test_cluster_validates_at_construction() -> None:
+    with pytest.raises(ValueError, match="rates has 1 entries"):
+        Cluster(2, ["100mbit"])
+    with pytest.raises(ValueError, match="workers=0"):
+        Cluster(0, "100mbit")
+
+
+@pytest.mark.timeout(30)
+def test_refuses_without_root() -> None:
+    before = set(_namespaces())
+    if IS_ROOT:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root and setpriv is missing: cannot drop to a normal user")
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    else:
+        prefix = []
+    done = subprocess.run(
+        [*prefix, PY, "-m", "pipesgd.emulate", "--workers", "2", "--rate", "100mbit", "--", "x=1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 77, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs root" in lines[0], done.stderr
+    assert set(_namespaces()) == before
+
+
+# ---- root: real namespaces -----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_refuses_without_ip_and_tc(netns: None, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [PY, "-m", "pipesgd.emulate", "--workers", "2", "--rate", "1gbit"],
+        cwd=REPO,
+        env=os.environ | {"PATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 69
+    assert "needs the 'ip' command" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(40)
+def test_shaped_two_worker_run_measures_below_rate_and_cleans_up(
+    netns: None, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    proc = _emulate(
+        ["--workers", "2", "--rate", "50mbit", "--module", "pipesgd.emulate.probe", "--",
+         "bytes=2e6", "repeats=3", "pings=5", f"hydra.run.dir={run_dir}"]
+    )  # fmt: skip
+    out, _ = proc.communicate(timeout=35)
+    assert proc.returncode == 0, out
+    ranks = [json.loads((run_dir / f"probe_rank{r}.json").read_text()) for r in (0, 1)]
+    # All ranks in ONE run dir, agreeing on the allreduce.
+    assert [r["allreduce"] for r in ranks] == [3.0, 3.0]
+    for r in ranks:  # 0 -> 1 and 1 -> 0: both directions shaped
+        median = r["send_mbit_s"]["median"]
+        assert 35 < median < 50, f"rank {r['rank']} sent at {median} Mbit/s through a 50mbit link"
+        assert r["link"] == "50mbit"
+    info = json.loads((run_dir / "emulate.json").read_text())
+    assert info["rates"] == ["50mbit", "50mbit"] and info["workers"] == 2
+    assert "[rank 1] rank 1 -> 0" in out  # forwarded, rank-prefixed output
+    assert _ours(proc.pid) == []
+
+
+@pytest.mark.timeout(30)
+def test_failing_rank_stops_the_others_and_cleans_up(netns: None, tmp_path: Path) -> None:
+    proc = _emulate(
+        ["--workers", "2", "--rate", "1gbit", "--module", "test_emulate", "--",
+         "mode=fail", f"hydra.run.dir={tmp_path}"]
+    )  # fmt: skip
+    out, _ = proc.communicate(timeout=25)
+    assert proc.returncode == 3, out
+    pids = [int((tmp_path / f"pid_rank{r}").read_text()) for r in (0, 1)]
+    assert not any(_alive(p) for p in pids)
+    assert _ours(proc.pid) == []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_tears_everything_down(netns: None, tmp_path: Path, signum: int) -> None:
+    proc = _emulate(
+        ["--workers", "2", "--rate", "1gbit", "--module", "test_emulate", "--",
+         "mode=hang", f"hydra.run.dir={tmp_path}"]
+    )  # fmt: skip
+    pid_files = [tmp_path / f"pid_rank{r}" for r in (0, 1)]
+    _wait_for(pid_files)
+    assert len(_ours(proc.pid)) == 3  # bridge + 2 workers exist while running
+    proc.send_signal(signum)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == -signum, out  # re-raised: died of the same signal, after teardown
+    assert not any(_alive(int(p.read_text())) for p in pid_files)
+    assert _ours(proc.pid) == []
+
+
+@pytest.mark.timeout(30)
+def test_api_escalates_to_sigkill_and_sweeps_escaped_processes(netns: None, tmp_path: Path) -> None:
+    # Rank 0 ignores SIGTERM and leaves a grandchild in a new session (outside its group);
+    # rank 1 fails. Both must be gone when run() returns, namespaces when the block exits.
+    rank0 = (
+        "import os, signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "p = subprocess.Popen(['sleep', '300'], start_new_session=True); "
+        f"open('{tmp_path}/grandchild', 'w').write(str(p.pid)); "
+        f"open('{tmp_path}/pid_rank0', 'w').write(str(os.getpid())); time.sleep(300)"
+    )
+    rank1 = (
+        f"import os, time\nwhile not os.path.exists('{tmp_path}/grandchild'): time.sleep(0.05)\n"
+        "raise SystemExit(3)"
+    )
+    with Cluster(2, ["100mbit", "1gbit"], grace_s=0.5, handle_signals=False) as c:
+        assert c.rates == ["100mbit", "1gbit"] and len(set(c.addresses)) == 2
+        assert all(a.startswith("10.213.") for a in c.addresses)
+        assert set(c.namespaces) <= set(_namespaces())
+        code = c.run(lambda rank: [PY, "-c", rank1 if rank else rank0])
+        assert code == 3
+        for name in ("pid_rank0", "grandchild"):
+            assert not _alive(int((tmp_path / name).read_text())), name
+        assert c.run(lambda rank: [PY, "-c", "import time; time.sleep(60)"], timeout_s=0.5) == 124
+    assert _ours(os.getpid()) == []
+
+
+@pytest.mark.timeout(20)
+def test_setup_failure_tears_down_partial_cluster(
+    netns: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pipesgd.emulate.cluster as cluster_mod
+
+    real_sh = cluster_mod.sh
+
+    def failing_sh(args: list[str], **kw: object) -> object:
+        if args[0] == "tc" and "port1" in args:
+            raise EmulateError("injected tc failure")
+        return real_sh(args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cluster_mod, "sh", failing_sh)
+    c = Cluster(3, "1gbit", handle_signals=False)
+    with pytest.raises(EmulateError, match="injected"):
+        with c:
+            pass
+    assert set(c.namespaces + [c.bridge_namespace]) & set(_namespaces()) == set()
+
