@@ -60,6 +60,20 @@ def _ours(pid: int) -> list[str]:
     return [ns for ns in _namespaces() if ns.startswith(f"psgd{pid}-") or ns.startswith(f"psgd{pid}x")]
 
 
+def _processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains `text` (e.g. the relay names our namespaces)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline and _alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -176,13 +190,15 @@ def test_refuses_without_ip_and_tc(netns: None, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(40)
+@pytest.mark.parametrize("delay_ms", [0, 5])
 def test_shaped_two_worker_run_measures_below_rate_and_cleans_up(
-    netns: None, tmp_path: Path
+    netns: None, tmp_path: Path, delay_ms: int
 ) -> None:
     run_dir = tmp_path / "run"
     proc = _emulate(
-        ["--workers", "2", "--rate", "50mbit", "--module", "pipesgd.emulate.probe", "--",
-         "bytes=2e6", "repeats=3", "pings=5", f"hydra.run.dir={run_dir}"]
+        ["--workers", "2", "--rate", "50mbit", "--delay-ms", str(delay_ms), "--module",
+         "pipesgd.emulate.probe", "--", "bytes=2e6", "repeats=3", "pings=10",
+         f"hydra.run.dir={run_dir}"]
     )  # fmt: skip
     out, _ = proc.communicate(timeout=35)
     assert proc.returncode == 0, out
@@ -193,10 +209,16 @@ def test_shaped_two_worker_run_measures_below_rate_and_cleans_up(
         median = r["send_mbit_s"]["median"]
         assert 35 < median < 50, f"rank {r['rank']} sent at {median} Mbit/s through a 50mbit link"
         assert r["link"] == "50mbit"
+    rtt = ranks[0]["rtt_ms"]
+    if delay_ms:  # a round trip crosses the delay twice; never faster, CPU contention only adds
+        assert 2 * delay_ms <= rtt["min"] and rtt["median"] < 2 * delay_ms + 15, rtt
+    else:
+        assert rtt["min"] < 2, rtt
     info = json.loads((run_dir / "emulate.json").read_text())
     assert info["rates"] == ["50mbit", "50mbit"] and info["workers"] == 2
+    assert info["delay_ms"] == delay_ms
     assert "[rank 1] rank 1 -> 0" in out  # forwarded, rank-prefixed output
-    assert _ours(proc.pid) == []
+    assert _ours(proc.pid) == [] and _processes_mentioning(f"psgd{proc.pid}-") == []
 
 
 @pytest.mark.timeout(30)
@@ -213,20 +235,26 @@ def test_failing_rank_stops_the_others_and_cleans_up(netns: None, tmp_path: Path
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_signal_tears_everything_down(netns: None, tmp_path: Path, signum: int) -> None:
+@pytest.mark.parametrize(
+    ("signum", "delay_ms"), [(signal.SIGINT, 0), (signal.SIGTERM, 0), (signal.SIGTERM, 2)]
+)
+def test_signal_tears_everything_down(
+    netns: None, tmp_path: Path, signum: int, delay_ms: int
+) -> None:
     proc = _emulate(
-        ["--workers", "2", "--rate", "1gbit", "--module", "test_emulate", "--",
-         "mode=hang", f"hydra.run.dir={tmp_path}"]
+        ["--workers", "2", "--rate", "1gbit", "--delay-ms", str(delay_ms), "--module",
+         "test_emulate", "--", "mode=hang", f"hydra.run.dir={tmp_path}"]
     )  # fmt: skip
     pid_files = [tmp_path / f"pid_rank{r}" for r in (0, 1)]
     _wait_for(pid_files)
-    assert len(_ours(proc.pid)) == 3  # bridge + 2 workers exist while running
+    # 2 workers, plus the bridge namespace or (with a delay) the relay process
+    assert len(_ours(proc.pid)) == (2 if delay_ms else 3)
+    assert len(_processes_mentioning(f"psgd{proc.pid}-")) == (1 if delay_ms else 0)
     proc.send_signal(signum)
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == -signum, out  # re-raised: died of the same signal, after teardown
     assert not any(_alive(int(p.read_text())) for p in pid_files)
-    assert _ours(proc.pid) == []
+    assert _ours(proc.pid) == [] and _processes_mentioning(f"psgd{proc.pid}-") == []
 
 
 @pytest.mark.timeout(30)

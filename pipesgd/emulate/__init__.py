@@ -1,8 +1,9 @@
 """Emulated bandwidth-limited cluster: network namespaces + veth + bridge + tc tbf (root only).
 
 CLI: `python -m pipesgd.emulate --workers N --rate 100mbit -- <train overrides>` (see __main__).
-API: `Cluster(workers, rates)` as a context manager, for benchmarks. Details and measured link
-quality: docs/emulated-cluster.md.
+API: `Cluster(workers, rates, delay_s=0.0)` as a context manager, for benchmarks. With a delay,
+TUN devices and a userspace relay (relay.py) replace the veths: this kernel has no sch_netem.
+Details and measured link quality: docs/emulated-cluster.md.
 """
 
 from pipesgd.emulate.cluster import EXIT_TIMEOUT, Cluster, Interrupted, exit_status

@@ -87,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
         help="tbf queue length as ms at the link rate (tbf 'latency': max wait, not added delay)",
     )  # fmt: skip
     p.add_argument(
+        "--delay-ms", type=float, default=0.0,
+        help="one-way delay between any two hosts (round trip +2x). >0 replaces veth+bridge by "
+        "TUN devices and a userspace relay (no sch_netem here); costs CPU, suits <= ~100mbit",
+    )  # fmt: skip
+    p.add_argument(
         "--cleanup", action="store_true",
         help="remove namespaces left by emulate runs that were SIGKILLed, then exit",
     )  # fmt: skip
@@ -128,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rates[0] if args.rate else rates,
             burst_s=args.burst_ms / 1000,
             queue_s=args.queue_ms / 1000,
+            delay_s=args.delay_ms / 1000,
         )
     except ValueError as e:
         parser.error(str(e))
@@ -166,6 +172,7 @@ def _record(cluster: Cluster, run_dir: str, cmd: list[str], args: argparse.Names
         "workers": cluster.workers,
         "rates": cluster.rates,
         "tbf": [s.tc_args() for s in cluster.shaping],
+        "delay_ms": cluster.delay_s * 1000,
         "namespaces": cluster.namespaces,
         "addresses": cluster.addresses,
         "command": cmd,

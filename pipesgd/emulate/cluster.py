@@ -6,6 +6,11 @@ Topology (the bridge lives in its own namespace, so the host's interfaces are ne
     <prefix>-1: veth1 10.213.X.2 ──┼── veth ────┘
     ...                             (tbf on vethI: worker -> bridge; tbf on portI: bridge -> worker)
 
+With a one-way delay (`delay_s > 0`) the veths and the bridge are replaced by a TUN device per
+namespace and a userspace relay process (relay.py) that forwards each packet after the delay: the
+kernel here has no sch_netem, and this is the one honest way found to add latency (see
+docs/emulated-cluster.md for its cost). Rates stay tbf in the kernel on the uplink.
+
 Teardown is a LIFO registry (ExitStack) filled as things are created, so a failure halfway through
 setup removes exactly what exists. Worker processes run in their own process group; on teardown
 each group gets SIGTERM, then SIGKILL after a grace period, and anything still inside one of our
@@ -21,6 +26,7 @@ import logging
 import os
 import queue
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -32,6 +38,7 @@ from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import TextIO
 
+from pipesgd.emulate import relay
 from pipesgd.emulate.netns import (
     DEFAULT_BURST_S,
     DEFAULT_QUEUE_S,
@@ -85,6 +92,7 @@ class Cluster:
 
     `rates`: one rate for all links or one per worker ('100mbit', '1gbit', ... or bit/s as int).
     `burst_s`/`queue_s`: tbf bucket depth and queue length, in seconds of the link's rate.
+    `delay_s`: one-way delay added between any two hosts (round trip +2x), through the TUN relay.
     `output`: where the workers' merged stdout/stderr goes, one line at a time, prefixed
     '[rank i] ' (rank 0 unprefixed unless `prefix_rank0`).
     """
@@ -96,6 +104,7 @@ class Cluster:
         *,
         burst_s: float = DEFAULT_BURST_S,
         queue_s: float = DEFAULT_QUEUE_S,
+        delay_s: float = 0.0,
         output: TextIO | None = None,
         prefix_rank0: bool = False,
         grace_s: float = 5.0,
@@ -111,13 +120,16 @@ class Cluster:
             )
         if burst_s <= 0 or queue_s <= 0:
             raise ValueError(f"burst_s={burst_s} and queue_s={queue_s} must be > 0")
+        if not 0 <= delay_s <= 10:
+            raise ValueError(f"delay_s={delay_s} must be in [0, 10] seconds")
         self.workers = workers
         self.shaping = [Shaping.for_rate(parse_rate(r), burst_s, queue_s) for r in rate_list]
         n = next(_instances)
         self.prefix = f"psgd{os.getpid()}" + (f"x{n}" if n else "")
-        self.bridge_namespace = f"{self.prefix}-br"
+        self.delay_s = delay_s
+        self.bridge_namespace = None if delay_s else f"{self.prefix}-br"
         self.namespaces = [f"{self.prefix}-{i}" for i in range(workers)]
-        self.interfaces = [f"veth{i}" for i in range(workers)]
+        self.interfaces = [f"{'tun' if delay_s else 'veth'}{i}" for i in range(workers)]
         self.addresses: list[str] = []
         self._output = output
         self._prefix_rank0 = prefix_rank0
@@ -128,6 +140,11 @@ class Cluster:
         self._closing = False
         self._pending_signal: int | None = None
         self._write_lock = threading.Lock()
+        self._relay: subprocess.Popen[bytes] | None = None
+        self._up = False
+
+    def _all_namespaces(self) -> set[str]:
+        return {*self.namespaces, *([self.bridge_namespace] if self.bridge_namespace else [])}
 
     @property
     def rates(self) -> list[str]:
@@ -137,7 +154,7 @@ class Cluster:
 
     def __enter__(self) -> Cluster:
         preflight()
-        taken = set(list_namespaces()) & {self.bridge_namespace, *self.namespaces}
+        taken = set(list_namespaces()) & self._all_namespaces()
         if taken:
             raise EmulateError(f"namespaces {sorted(taken)} already exist; refusing to reuse them")
         self._stack = contextlib.ExitStack()
@@ -146,13 +163,15 @@ class Cluster:
         try:
             started = time.perf_counter()
             self._build()
+            self._up = True
             log.info(
-                "emulated cluster up in %.2fs: %d workers on %s.0/24, links %s (tbf burst %s B)",
+                "emulated cluster up in %.2fs: %d workers on %s.0/24, links %s (tbf burst %s B)%s",
                 time.perf_counter() - started,
                 self.workers,
                 self.subnet,
                 ",".join(self.rates),
                 ",".join(str(s.burst_bytes) for s in self.shaping),
+                f", one-way delay {self.delay_s * 1e3:g} ms (TUN relay)" if self.delay_s else "",
             )
         except BaseException:
             self.close()
@@ -172,11 +191,12 @@ class Cluster:
     def close(self) -> int | None:
         """Tear down everything created so far; idempotent. Returns a signal that arrived meanwhile."""
         self._closing = True
+        self._up = False
         try:
             if self._stack is not None:
                 self._stack.close()
                 self._stack = None
-            left = set(list_namespaces()) & {self.bridge_namespace, *self.namespaces}
+            left = set(list_namespaces()) & self._all_namespaces()
             if left:
                 log.error("namespaces left behind after teardown: %s", sorted(left))
         finally:
@@ -185,8 +205,13 @@ class Cluster:
         return pending
 
     def _build(self) -> None:
+        self.addresses = []
         self.subnet = pick_subnet(os.getpid())
+        if self.delay_s:
+            self._build_tun()
+            return
         br = self.bridge_namespace
+        assert br is not None
         self._add_namespace(br)
         sh(["ip", "-n", br, "link", "add", "br0", "type", "bridge"])
         sh(["ip", "-n", br, "link", "set", "br0", "up"])
@@ -207,6 +232,53 @@ class Cluster:
             sh(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", *shaping.tc_args()])
             sh(["tc", "-n", br, "qdisc", "add", "dev", port, "root", *shaping.tc_args()])
             self.addresses.append(address)
+
+    def _build_tun(self) -> None:
+        for i, (ns, ifname, shaping) in enumerate(
+            zip(self.namespaces, self.interfaces, self.shaping, strict=True)
+        ):
+            self._add_namespace(ns)
+            address = f"{self.subnet}.{i + 1}"
+            # Persistent, so it exists before the relay attaches and dies with the namespace.
+            sh(["ip", "-n", ns, "tuntap", "add", "dev", ifname, "mode", "tun"])
+            sh(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", ifname])
+            sh(["ip", "-n", ns, "link", "set", ifname, "up"])
+            sh(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", *shaping.tc_args()])
+            self.addresses.append(address)
+        links = [
+            f"{ns}:{ifname}:{address}:{shaping.rate_bps}"
+            for ns, ifname, address, shaping in zip(
+                self.namespaces, self.interfaces, self.addresses, self.shaping, strict=True
+            )
+        ]
+        cmd = [sys.executable, relay.__file__, "--delay-s", str(self.delay_s),
+               "--queue-s", str(self.shaping[0].queue_s), *links]  # fmt: skip
+        log.debug("$ %s", " ".join(cmd))
+        self._relay = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True
+        )
+        assert self._stack is not None
+        self._stack.callback(self._stop_relay)
+        assert self._relay.stdout is not None
+        ready, _, _ = select.select([self._relay.stdout], [], [], 30.0)
+        line = self._relay.stdout.readline() if ready else b""
+        if line.strip() != b"ready":
+            raise EmulateError(f"the delay relay did not start (exit status {self._relay.poll()})")
+
+    def _stop_relay(self) -> None:
+        if self._relay is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._relay.pid, signal.SIGTERM)
+        try:
+            self._relay.wait(timeout=self._grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._relay.pid, signal.SIGKILL)
+            self._relay.wait()
+        if self._relay.stdout is not None:
+            self._relay.stdout.close()
+        self._relay = None
 
     def _add_namespace(self, ns: str) -> None:
         assert self._stack is not None
@@ -254,8 +326,8 @@ class Cluster:
 
     def rank_env(self, rank: int, master_port: int = 29500) -> dict[str, str]:
         """The torchrun environment contract for `rank`, plus Gloo's interface and the link rate."""
-        if not self.addresses:
-            raise EmulateError("rank_env() needs an entered Cluster (no addresses yet)")
+        if not self._up:
+            raise EmulateError("rank_env() needs an entered Cluster")
         n = str(self.workers)
         return {
             "RANK": str(rank),
@@ -290,7 +362,7 @@ class Cluster:
         was killed); the other ranks are then terminated unless `keep_going`. `timeout_s`:
         terminate everything after that long and return 124.
         """
-        if not self.addresses:
+        if not self._up:
             raise EmulateError("run() needs an entered Cluster")
         exits: queue.Queue[tuple[int, int]] = queue.Queue()
         running: list[_Worker] = []
@@ -355,6 +427,9 @@ class Cluster:
             try:
                 rank, code = exits.get(timeout=0.2)
             except queue.Empty:
+                if self._relay is not None and self._relay.poll() is not None:
+                    log.error("the delay relay exited (%s): the network is gone", self._relay.poll())
+                    return first_failure or 1
                 if deadline is not None and time.monotonic() > deadline:
                     log.error("timeout after %ss: terminating ranks %s", timeout_s, sorted(remaining))
                     return first_failure or EXIT_TIMEOUT
