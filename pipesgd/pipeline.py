@@ -8,6 +8,8 @@ step t-K+1, so K-1 reductions are always in flight behind the caller's next forw
     apply:    -      g0     g1     g2           g3        (K = 2)
 
 K = 1 launches and waits at once: plain synchronous allreduce SGD through the same code.
+With ``warmup_sync_steps = N`` the first N steps run at width 1 before the pipeline fills (stale
+gradients with momentum are unstable while the early loss surface is steep; BytePS does the same).
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ class PipeSGD:
     once at the end. The update applied at step t is ``optimizer.step()`` with every ``p.grad`` set
     to the rank-average of the gradients computed at step t-K+1; steps t < K-1 apply nothing;
     ``flush()`` applies what is still in flight, in order. Every replica applies the same averaged
-    gradients in the same order, so replicas stay identical.
+    gradients in the same order, so replicas stay identical. With ``warmup_sync_steps = N``, steps
+    t < N apply their own step's average (width 1) and the rule above holds from step N on, counting
+    steps N..N+K-2 as the pipeline's fill.
 
     Communication runs on a background thread over ``group`` (default: the default group). Do not
     issue other collectives on the same group from another thread while reductions are in flight;
@@ -53,11 +57,15 @@ class PipeSGD:
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Iterable[Tensor], width: int = 2,
                  compressor: str | Compressor | None = "none",
-                 allreduce: str | Callable[..., CommStats] = "ring", group=None):
+                 allreduce: str | Callable[..., CommStats] = "ring", group=None,
+                 warmup_sync_steps: int = 0):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
+        if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
+            raise ValueError(f"warmup_sync_steps must be an integer >= 0, got {warmup_sync_steps!r}")
         self.optimizer = optimizer
         self.width = width
+        self.warmup_sync_steps = warmup_sync_steps
         self.compressor = get_compressor(compressor)
         fn = get_allreduce(allreduce) if isinstance(allreduce, str) else allreduce
         if fn is native_allreduce:
@@ -77,7 +85,8 @@ class PipeSGD:
         t0 = time.perf_counter()
         self._pending.append(self._reducer.launch())
         stats = StepStats(pack_s=time.perf_counter() - t0)
-        if len(self._pending) == self.width:
+        width = 1 if self.steps < self.warmup_sync_steps else self.width
+        if len(self._pending) == width:
             self._apply_oldest(stats)
         self.steps += 1
         self.last = stats

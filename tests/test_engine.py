@@ -34,9 +34,10 @@ def flat_params(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def reference(p: int, width: int, steps: int = STEPS) -> torch.Tensor:
+def reference(p: int, width: int, steps: int = STEPS, warmup_sync_steps: int = 0) -> torch.Tensor:
     """One process, p simulated ranks: the update at step t applies the rank-average of the
-    gradients computed at step t-width+1; a final flush applies the rest in order."""
+    gradients computed at step t-width+1 (at t-0 during the first warmup_sync_steps); a final
+    flush applies the rest in order."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     queue = []
@@ -53,7 +54,7 @@ def reference(p: int, width: int, steps: int = STEPS) -> torch.Tensor:
             loss_of(model, r, t).backward()
             grads.append([prm.grad.clone() for prm in model.parameters()])
         queue.append([sum(gs) / p for gs in zip(*grads)])
-        if len(queue) == width:
+        if len(queue) == (1 if t < warmup_sync_steps else width):
             apply(queue.pop(0))
     while queue:
         apply(queue.pop(0))
@@ -127,6 +128,22 @@ def test_lone_process_runs_the_same_rule():
             engine.step()
         engine.flush()
         assert (flat_params(model) - reference(1, width)).abs().max() <= 1e-6
+
+
+def test_warmup_sync_steps_then_pipeline():
+    for width, warm in [(2, 5), (3, 4)]:
+        model = make_model()
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        engine = PipeSGD(opt, model.parameters(), width=width, warmup_sync_steps=warm)
+        applied = []
+        for t in range(STEPS):
+            opt.zero_grad()
+            loss_of(model, 0, t).backward()
+            applied.append(engine.step().applied)
+        engine.flush()
+        assert applied == [t < warm or t >= warm + width - 1 for t in range(STEPS)]
+        assert (flat_params(model) - reference(1, width, warmup_sync_steps=warm)).abs().max() <= 1e-6
+        assert (flat_params(model) - reference(1, width)).abs().max() > 1e-5
 
 
 def test_state_dict_round_trip_resumes_exactly():

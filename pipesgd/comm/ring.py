@@ -78,15 +78,15 @@ def _ring(tensor: Tensor, comp: Compressor, group) -> CommStats:
     for s in range(p - 1):
         si, ri = (r - s) % p, (r - s - 1) % p
         payload, _ = comp.compress(chunk[si])
-        ctx_r = Ctx(chunk[ri].numel(), work.dtype)
+        ctx_r = Ctx((chunk[ri].numel(),), work.dtype)
         inbox = comp.payload_like(ctx_r)
         _exchange(payload, inbox, right, left, group)
         count(payload, chunk[si].numel())
-        chunk[ri].add_(comp.decompress(inbox, ctx_r).to(work.dtype))
+        chunk[ri].add_(comp.decompress(inbox, ctx_r))
 
     # The owner encodes its finished chunk once and keeps the decoded value, like every receiver.
     own = (r + 1) % p
-    ctx_own = Ctx(chunk[own].numel(), work.dtype)
+    ctx_own = Ctx((chunk[own].numel(),), work.dtype)
     final, _ = comp.compress(chunk[own])
     if not identity:
         chunk[own].copy_(comp.decompress(final, ctx_own))
@@ -95,7 +95,7 @@ def _ring(tensor: Tensor, comp: Compressor, group) -> CommStats:
     outgoing = final
     for s in range(p - 1):
         si, ri = (r + 1 - s) % p, (r - s) % p
-        ctx_r = Ctx(chunk[ri].numel(), work.dtype)
+        ctx_r = Ctx((chunk[ri].numel(),), work.dtype)
         inbox = chunk[ri] if identity else comp.payload_like(ctx_r)
         _exchange(outgoing, inbox, right, left, group)
         count(outgoing, chunk[si].numel())

@@ -21,23 +21,29 @@ _REGISTRY: dict[str, type[Compressor]] = {}
 
 @dataclass(frozen=True)
 class Ctx:
-    """What a receiver must know to decode a payload: the chunk's length and original dtype."""
+    """What a receiver must know to decode a payload: the tensor's shape and dtype."""
 
-    numel: int
+    shape: tuple[int, ...]
     dtype: torch.dtype
 
+    @classmethod
+    def of(cls, t: Tensor) -> Ctx:
+        return cls(tuple(t.shape), t.dtype)
+
     @property
-    def acc_dtype(self) -> torch.dtype:
-        """Dtype in which decoded values are accumulated: fp32, or fp64 for fp64 input."""
-        return torch.float64 if self.dtype == torch.float64 else torch.float32
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
 
 
 class Compressor(ABC):
     """Lossy (or identity) encoding of a flat tensor into one flat payload tensor.
 
     Subclasses set ``name`` and, if the transport may sum payloads element-wise (a plain cast,
-    as DDP's fp16 hook does), ``summable_dtype``. ``decompress`` returns ``ctx.acc_dtype`` so
-    that ring hops add in fp32 no matter what travelled.
+    as DDP's fp16 hook does), ``summable_dtype``. ``decompress`` restores ``ctx``'s shape and
+    dtype; transports that accumulate (ring hops) describe their fp32 work buffer in ``ctx``.
     """
 
     name: ClassVar[str]
@@ -45,7 +51,7 @@ class Compressor(ABC):
 
     @abstractmethod
     def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:
-        """Encode a 1-D tensor. Never modifies ``t``."""
+        """Encode a tensor of any shape. Never modifies ``t``."""
 
     @abstractmethod
     def decompress(self, payload: Tensor, ctx: Ctx) -> Tensor:

@@ -19,12 +19,12 @@ class BF16Truncation(Compressor):
     summable_dtype = torch.bfloat16
 
     def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:
-        bits = t.to(torch.float32).view(torch.int32)
-        return torch.bitwise_right_shift(bits, 16).to(torch.int16), Ctx(t.numel(), t.dtype)
+        bits = t.reshape(-1).to(torch.float32).view(torch.int32)
+        return torch.bitwise_right_shift(bits, 16).to(torch.int16), Ctx.of(t)
 
     def decompress(self, payload: Tensor, ctx: Ctx) -> Tensor:
         bits = torch.bitwise_left_shift(payload.to(torch.int32), 16)
-        return bits.view(torch.float32).to(ctx.acc_dtype)
+        return bits.view(torch.float32).to(ctx.dtype).view(ctx.shape)
 
     def payload_like(self, ctx: Ctx) -> Tensor:
         return torch.empty(ctx.numel, dtype=torch.int16)

@@ -14,10 +14,10 @@ class FP16(Compressor):
     summable_dtype = torch.float16
 
     def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:
-        return t.to(torch.float16), Ctx(t.numel(), t.dtype)
+        return t.reshape(-1).to(torch.float16), Ctx.of(t)
 
     def decompress(self, payload: Tensor, ctx: Ctx) -> Tensor:
-        return payload.to(ctx.acc_dtype)
+        return payload.to(ctx.dtype).view(ctx.shape)
 
     def payload_like(self, ctx: Ctx) -> Tensor:
         return torch.empty(ctx.numel, dtype=torch.float16)

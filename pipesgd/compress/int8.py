@@ -32,9 +32,9 @@ class Int8(Compressor):
         return math.ceil(numel / size), size
 
     def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:
-        ctx = Ctx(t.numel(), t.dtype)
+        ctx = Ctx.of(t)
         nblocks, size = self._blocks(ctx.numel)
-        x = t.to(torch.float32)
+        x = t.reshape(-1).to(torch.float32)
         pad = nblocks * size - ctx.numel
         if pad:
             x = torch.nn.functional.pad(x, (0, pad))
@@ -53,7 +53,7 @@ class Int8(Compressor):
         if pad:
             q = torch.nn.functional.pad(q, (0, pad))
         out = (q.view(nblocks, size) * scale.unsqueeze(1)).view(-1)[: ctx.numel]
-        return out.to(ctx.acc_dtype)
+        return out.to(ctx.dtype).view(ctx.shape)
 
     def payload_like(self, ctx: Ctx) -> Tensor:
         nblocks, _ = self._blocks(ctx.numel)

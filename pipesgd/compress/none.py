@@ -11,10 +11,10 @@ from .base import Compressor, Ctx, register
 @register("none")
 class NoCompression(Compressor):
     def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:
-        return t, Ctx(t.numel(), t.dtype)
+        return t.reshape(-1), Ctx.of(t)
 
     def decompress(self, payload: Tensor, ctx: Ctx) -> Tensor:
-        return payload.to(ctx.acc_dtype)
+        return payload.to(ctx.dtype).view(ctx.shape)
 
     def payload_like(self, ctx: Ctx) -> Tensor:
         return torch.empty(ctx.numel, dtype=ctx.dtype)

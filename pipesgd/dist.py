@@ -1,0 +1,87 @@
+"""The only module that creates or destroys process groups.
+
+Workers always come up through the torchrun environment contract (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT), whether torchrun, the local launcher or the emulated cluster started
+them. Two groups exist: the default group for the training loop's own collectives (evaluation
+counts, final checks) and a second one, ``comm_group``, that the engine's background thread owns,
+so the two threads never interleave messages on one group.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    device: torch.device
+    comm_group: object | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def initialized(self) -> bool:
+        return self.world_size > 1 or dist.is_initialized()
+
+
+def resolve_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"dist.backend={backend!r} is not known; allowed: {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return backend
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value is None else int(value)
+
+
+def init(backend: str = "auto", timeout_s: float = 300.0) -> DistContext:
+    """Join the job described by the environment; a lone process (no WORLD_SIZE) gets no group."""
+    backend = resolve_backend(backend)
+    rank, world = env_int("RANK", 0), env_int("WORLD_SIZE", 1)
+    local_rank, local_world = env_int("LOCAL_RANK", 0), env_int("LOCAL_WORLD_SIZE", world)
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if "WORLD_SIZE" not in os.environ:
+        return DistContext(0, 1, 0, 1, backend, device)
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, timeout=timeout, rank=rank, world_size=world)
+    comm_group = dist.new_group(backend=backend, timeout=timeout)
+    log.debug("rank %d/%d joined (%s)", rank, world, backend)
+    return DistContext(rank, world, local_rank, local_world, backend, device, comm_group)
+
+
+def broadcast_object(obj, ctx: DistContext):
+    """Rank 0's ``obj`` on every rank (identity in a lone process)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj if ctx.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def destroy() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,115 @@
+"""Training modes: how a model and optimizer become a data-parallel (model, engine) pair.
+
+Every engine has the PipeSGD surface the trainer uses: ``step() -> StepStats``, ``flush()``,
+``state_dict()``, ``load_state_dict()``, ``close()``, ``width``. ``MODES`` maps ``trainer.mode``
+to a builder; adding a mode is one function here (or in its own module) and one entry.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .comm import CommStats
+from .comm.ring import chunk_bounds
+from .compress import Compressor
+from .compress.none import NoCompression
+from .pipeline import PipeSGD, StepStats
+
+
+@dataclass
+class ModeArgs:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    width: int
+    compressor: Compressor
+    allreduce: Callable[..., CommStats]
+    group: object | None
+    world_size: int
+    warmup_sync_steps: int
+    device: torch.device
+
+
+class DDPEngine:
+    """``optimizer.step()`` behind the engine surface: DDP already averaged the gradients during
+    backward, so nothing is in flight between steps. ``comm`` bytes are those of an ideal ring
+    for the bucket dtype (DDP does not expose what it sent)."""
+
+    width = 1
+
+    def __init__(self, optimizer: torch.optim.Optimizer, numel: int, wire_elem: int, world_size: int):
+        self.optimizer = optimizer
+        sent = 2 * sum(b - a for a, b in chunk_bounds(numel, world_size)[1:]) if world_size > 1 else 0
+        self._comm = CommStats(wire_bytes=sent * wire_elem, raw_bytes=sent * 4)
+        self.steps = 0
+        self.last = StepStats()
+
+    def step(self) -> StepStats:
+        t0 = time.perf_counter()
+        self.optimizer.step()
+        self.steps += 1
+        self.last = StepStats(update_s=time.perf_counter() - t0, applied=True,
+                              comm=CommStats(self._comm.wire_bytes, self._comm.raw_bytes))
+        return self.last
+
+    def flush(self) -> StepStats:
+        return StepStats()
+
+    def state_dict(self) -> dict:
+        return {"width": 1, "steps": self.steps, "pending": []}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+
+    def close(self) -> None:
+        pass
+
+
+def _pipesgd(width: int | None) -> Callable[[ModeArgs], tuple[nn.Module, object]]:
+    """PipeSGD at a fixed width, or at ``trainer.width`` when ``width`` is None."""
+
+    def build(a: ModeArgs) -> tuple[nn.Module, object]:
+        return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=width or a.width,
+                                compressor=a.compressor, allreduce=a.allreduce, group=a.group,
+                                warmup_sync_steps=a.warmup_sync_steps)
+
+    return build
+
+
+_DDP_HOOKS = {"none": None, "fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook"}
+
+
+def _ddp(a: ModeArgs) -> tuple[nn.Module, object]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if a.compressor.name not in _DDP_HOOKS:
+        raise ValueError(f"trainer.mode=ddp supports compressor={'|'.join(_DDP_HOOKS)} (DDP's own hooks), "
+                         f"got {a.compressor.name!r}")
+    numel = sum(p.numel() for p in a.model.parameters() if p.requires_grad)
+    if a.world_size == 1:
+        return a.model, DDPEngine(a.optimizer, numel, 4, 1)
+    ids = [a.device.index] if a.device.type == "cuda" else None
+    model = DDP(a.model, device_ids=ids)
+    hook = _DDP_HOOKS[a.compressor.name]
+    if hook is not None:
+        model.register_comm_hook(None, getattr(default_hooks, hook))
+    wire = 4 if isinstance(a.compressor, NoCompression) else 2
+    return model, DDPEngine(a.optimizer, numel, wire, a.world_size)
+
+
+MODES: dict[str, Callable[[ModeArgs], tuple[nn.Module, object]]] = {
+    "sync": _pipesgd(1),
+    "pipe": _pipesgd(None),
+    "ddp": _ddp,
+}
+
+
+def build(mode: str, args: ModeArgs) -> tuple[nn.Module, object]:
+    if mode not in MODES:
+        raise ValueError(f"trainer.mode={mode!r} is not known; allowed: {', '.join(MODES)}")
+    return MODES[mode](args)

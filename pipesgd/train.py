@@ -1,0 +1,206 @@
+"""Hydra entry and composition root: logging -> dist -> instantiate -> fit -> teardown.
+
+``python -m pipesgd.train +experiment=resnet_cifar`` resolves the config ONCE in the launching
+process, validates it and prepares the data there (bad input fails before any worker starts),
+then starts ``dist.nproc`` workers that share the launcher's run directory. Under torchrun (or
+``pipesgd.emulate``) every process is a worker and rank 0's run directory is the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from . import dist as pdist
+from . import launch
+from .config import ConfigError, validate
+from .data import DatasetError
+from .metrics import make_writer
+from .modes import ModeArgs, build
+from .runinfo import git_commit, write_json_atomic
+from .trainer import Trainer, median
+
+log = logging.getLogger("pipesgd.train")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        validate(cfg)
+        _check_buildable(cfg)
+        if not launch.under_torchrun() or pdist.env_int("LOCAL_RANK", 0) == 0:
+            instantiate(cfg.data).prepare()
+    except (ConfigError, DatasetError, ValueError) as e:
+        log.error("%s", e)
+        sys.exit(2)
+    except InstantiationException as e:
+        log.error("%s", e.__cause__ if e.__cause__ is not None else str(e).strip().splitlines()[0])
+        sys.exit(2)
+
+    container = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        launch.run(worker, (container, str(run_dir)), nproc=cfg.dist.nproc,
+                   max_restarts=cfg.dist.max_restarts)
+    except launch.WorkerFailed as e:
+        log.error("%s (run dir %s)", e, run_dir)
+        sys.exit(1)
+    summary_path = run_dir / "summary.json"
+    if launch.under_torchrun() and pdist.env_int("RANK", 0) != 0:
+        return None
+    summary = json.loads(summary_path.read_text())
+    log.info("done: test accuracy %.2f%%, median iteration %.1f ms, %s",
+             100 * summary["test_accuracy"], summary["median_iter_ms"], summary_path)
+    return summary["test_accuracy"]
+
+
+def _check_buildable(cfg: DictConfig) -> None:
+    """Instantiate the cheap objects once so their own argument checks run before workers start."""
+    compressor = instantiate(cfg.compressor)
+    allreduce = instantiate(cfg.comm)
+    if cfg.trainer.mode == "ddp" and compressor.name not in ("none", "fp16", "bf16"):
+        raise ConfigError(f"compressor={compressor.name} is not available with trainer.mode=ddp; "
+                          "allowed: none, fp16, bf16 (DDP's own compression hooks)")
+    if cfg.trainer.mode != "ddp":
+        from .comm.native import check_native, native_allreduce
+
+        if allreduce is native_allreduce:
+            check_native(compressor)
+    instantiate(cfg.data)
+
+
+def worker(container: dict, run_dir: str) -> None:
+    """One rank of the job: everything from process group to summary.json, torn down in one place."""
+    cfg = OmegaConf.create(container)
+    rank = pdist.env_int("RANK", 0)
+    _setup_logging(rank, run_dir)
+    threads = cfg.dist.threads_per_worker or pdist.env_int("OMP_NUM_THREADS", 0) or max(
+        1, (os.cpu_count() or 1) // pdist.env_int("LOCAL_WORLD_SIZE", 1))
+    torch.set_num_threads(threads)
+    ctx = pdist.init(cfg.dist.backend, cfg.dist.timeout_s)
+    engine = writer = None
+    try:
+        run_dir = pdist.broadcast_object(run_dir, ctx)
+        torch.manual_seed(cfg.seed)
+        dataset = instantiate(cfg.data)
+        train_split, test_split = dataset.load()
+        train_loader = dataset.train_loader(train_split, ctx.rank, ctx.world_size, cfg.seed)
+        eval_loader = dataset.eval_loader(test_split, ctx.rank, ctx.world_size)
+
+        model = instantiate(cfg.model, num_classes=dataset.num_classes, in_channels=dataset.in_channels,
+                            image_size=dataset.image_size).to(ctx.device)
+        _broadcast_parameters(model)
+        global_batch = train_loader.batch_size * ctx.world_size
+        ref = cfg.trainer.lr_reference_batch
+        lr = cfg.optimizer.lr * (global_batch / ref if ref else 1.0)
+        optimizer = instantiate(cfg.optimizer)(model.parameters(), lr=lr)
+        compressor = instantiate(cfg.compressor)
+        model, engine = build(cfg.trainer.mode, ModeArgs(
+            model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
+            allreduce=instantiate(cfg.comm), group=ctx.comm_group, world_size=ctx.world_size,
+            warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device))
+        steps_per_epoch = len(train_loader)
+        total = cfg.trainer.epochs * steps_per_epoch
+        total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
+        scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total, steps_per_epoch=steps_per_epoch)
+        writer = make_writer(run_dir, ctx.is_main)
+        log.info("mode=%s width=%d compressor=%s comm=%s world=%d global batch %d lr %.4g threads/worker %d",
+                 cfg.trainer.mode, engine.width, compressor.name, cfg.comm.name, ctx.world_size,
+                 global_batch, lr, threads)
+        trainer = Trainer(model, engine, optimizer, scheduler, train_loader, eval_loader, writer,
+                          epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
+                          log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main)
+        result = trainer.fit()
+        if ctx.is_main:
+            h = trainer.history
+            applied_bytes = [b for b in h.wire_bytes if b]
+            ratio = median([r for r, b in zip(h.ratio, h.wire_bytes) if b]) or 1.0
+            predicted = _predict_iter_ms(cfg, engine, ctx.world_size, model, h, ratio, compressor.name)
+            writer.scalars({"time/predicted_iter_ms": predicted, "time/measured_iter_ms": median(h.iter_ms)},
+                           trainer.step)
+            summary = {
+                "mode": cfg.trainer.mode, "width": engine.width, "compressor": compressor.name,
+                "allreduce": cfg.comm.name, "world_size": ctx.world_size, "backend": ctx.backend,
+                "steps": trainer.step, "epochs": result["epochs"],
+                "final_train_loss": result["final_train_loss"], "test_accuracy": result["test_accuracy"],
+                "test_loss": result["test_loss"],
+                "median_iter_ms": median(h.iter_ms), "measured_iter_ms": median(h.iter_ms),
+                "predicted_iter_ms": predicted, "median_compute_ms": median(h.compute_ms),
+                "median_update_ms": median(h.update_ms),
+                "median_exposed_comm_ms": median(h.exposed_comm_ms),
+                "median_comm_ms": median([c for c, b in zip(h.comm_ms, h.wire_bytes) if b]),
+                "bytes_per_step": median(applied_bytes) if applied_bytes else 0,
+                "compression_ratio": ratio,
+                "global_batch": global_batch, "lr": lr, "threads_per_worker": threads,
+                "wall_seconds": result["wall_seconds"], "evals": h.evals,
+                "git_commit": git_commit(), "config": container,
+            }
+            write_json_atomic(Path(run_dir) / "summary.json", summary)
+    finally:
+        if writer is not None:
+            writer.close()
+        if engine is not None:
+            engine.close()
+        pdist.destroy()
+
+
+def _predict_iter_ms(cfg: DictConfig, engine, world_size: int, model: torch.nn.Module, h, ratio: float,
+                     compressor: str) -> float | None:
+    """The timing model's iteration time for this run, fed with the compute time it measured."""
+    if not h.compute_ms:
+        return None
+    timing = instantiate(cfg.timing)
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    # ddp times its allreduce inside backward; separate compute is not observable there.
+    algorithm = "ring" if cfg.comm.name in ("ring", "native") else cfg.comm.name
+    return timing.iter_ms(cfg.trainer.mode, algorithm, nbytes, world_size, median(h.compute_ms) / 1e3,
+                          (median(h.update_ms) or 0.0) / 1e3, engine.width, ratio, compressor)
+
+
+def _broadcast_parameters(model: torch.nn.Module) -> None:
+    """Start every replica from rank 0's weights, whatever each rank's RNG did."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        for t in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(t.data, src=0)
+
+
+def _setup_logging(rank: int, run_dir: str) -> None:
+    root = logging.getLogger()
+    if rank != 0:
+        root.setLevel(logging.WARNING)
+        if not root.handlers:
+            h = logging.StreamHandler()
+            h.setFormatter(logging.Formatter(f"[%(asctime)s][rank {rank}][%(levelname)s] - %(message)s"))
+            root.addHandler(h)
+        return
+    root.setLevel(logging.INFO)
+    if not root.handlers:
+        fmt = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+        for h in (logging.StreamHandler(), logging.FileHandler(Path(run_dir) / "train.log")):
+            h.setFormatter(fmt)
+            root.addHandler(h)
+
+
+def cli() -> None:
+    """``python -m pipesgd.train``: under torchrun, ranks other than 0 must not create run
+    directories of their own (each would resolve ``${now:}`` separately); rank 0's is shared."""
+    if launch.under_torchrun() and os.environ.get("RANK") != "0":
+        sys.argv += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none",
+                     "hydra/hydra_logging=none"]
+    main()
+
+
+if __name__ == "__main__":
+    cli()

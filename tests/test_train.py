@@ -1,0 +1,136 @@
+"""The Hydra entry end to end: every experiment composes and runs, multirun gives each job its own
+run dir and port, summary.json has the contract's fields, bad input fails before any worker."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+SUMMARY_FIELDS = {
+    "mode", "width", "compressor", "allreduce", "world_size", "steps", "epochs", "final_train_loss",
+    "test_accuracy", "median_iter_ms", "median_compute_ms", "median_exposed_comm_ms", "bytes_per_step",
+    "wall_seconds", "config", "git_commit", "predicted_iter_ms", "measured_iter_ms",
+}
+
+
+def train(*overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    return subprocess.run([sys.executable, "-m", "pipesgd.train", *overrides], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def fast(tmp_path, data_root) -> list[str]:
+    return [f"data.root={data_root}", f"data.cache_dir={tmp_path / 'cache'}", "trainer.log_every=1"]
+
+
+def worker_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "torch.distributed.elastic" in line or "spawn_main" in line]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_experiment_runs_two_steps(experiment, tmp_path, shared_data):
+    run_dir = tmp_path / "run"
+    r = train(f"+experiment={experiment}", *fast(tmp_path, shared_data), "trainer.max_steps=2",
+              "data.eval_batch_size=1000", f"hydra.run.dir={run_dir}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert SUMMARY_FIELDS <= summary.keys(), SUMMARY_FIELDS - summary.keys()
+    assert summary["steps"] == 2 and summary["world_size"] == 2
+    assert 0.0 <= summary["test_accuracy"] <= 1.0
+    assert list((run_dir / "tb").glob("events.out.tfevents.*")), "rank 0 writes TensorBoard events"
+    assert (run_dir / ".hydra" / "config.yaml").exists()
+    assert "step 2/2" in r.stderr, "progress is shown"
+
+
+@pytest.mark.timeout(300)
+def test_multirun_gives_every_job_its_own_dir(tmp_path, shared_data):
+    sweep = tmp_path / "sweep"
+    r = train("-m", "+experiment=mnist_mlp", *fast(tmp_path, shared_data), "trainer.max_steps=3",
+              "trainer.mode=sync,pipe", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/summary.json"))]
+    assert [s["mode"] for s in summaries] == ["sync", "pipe"]
+    assert [s["width"] for s in summaries] == [1, 2]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode,compressor,comm", [("ddp", "fp16", "ring"), ("sync", "bf16", "native"),
+                                                  ("pipe", "int8", "ring")])
+def test_modes_compressors_and_comms_compose(mode, compressor, comm, tmp_path, shared_data):
+    run_dir = tmp_path / "run"
+    r = train("+experiment=mnist_mlp", *fast(tmp_path, shared_data), "trainer.max_steps=4",
+              f"trainer.mode={mode}", f"compressor={compressor}", f"comm={comm}", "trainer.width=3",
+              "seed=3", "dist.nproc=3", f"hydra.run.dir={run_dir}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert (s["mode"], s["compressor"], s["allreduce"], s["world_size"]) == (mode, compressor, comm, 3)
+    assert s["width"] == {"ddp": 1, "sync": 1, "pipe": 3}[mode]
+    assert s["config"]["seed"] == 3
+    if mode != "ddp":
+        assert s["compression_ratio"] > 1.9
+
+
+BAD_INPUT = [
+    (["trainer.width=0"], "trainer.width=0 is invalid: must be an integer >= 1"),
+    (["dist.nproc=0"], "dist.nproc=0 is invalid: must be an integer >= 1"),
+    (["trainer.mode=fast"], "trainer.mode='fast' is not known; allowed: sync, pipe, ddp"),
+    (["compressor=nope"], "Could not find 'compressor/nope'"),
+    (["comm=native", "compressor=int8"], "compressor='int8' cannot ride the backend's all_reduce"),
+    (["trainer.mode=ddp", "compressor=int8"], "compressor=int8 is not available with trainer.mode=ddp"),
+    (["compressor=int8", "compressor.block_size=-4"], "block_size must be an integer >= 0, got -4"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overrides,message", BAD_INPUT, ids=[b[0][-1] for b in BAD_INPUT])
+def test_bad_config_fails_before_workers_start(overrides, message, tmp_path, shared_data):
+    run_dir = tmp_path / "run"
+    r = train("+experiment=mnist_mlp", *fast(tmp_path, shared_data), *overrides, f"hydra.run.dir={run_dir}")
+    assert r.returncode != 0
+    assert message in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert not (run_dir / "summary.json").exists()
+    assert "rank 0" not in r.stderr and "training" not in r.stderr, "no worker may have started"
+
+
+@pytest.mark.timeout(120)
+def test_missing_dataset_names_the_root(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = train("+experiment=mnist_mlp", f"data.root={empty}", "data.download=false",
+              f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode != 0
+    assert str(empty) in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_corrupt_archive_is_reported_and_nothing_half_extracted(tmp_path, shared_data):
+    root = tmp_path / "root"
+    root.mkdir()
+    src = shared_data / "cifar-10-python.tar.gz"
+    (root / "cifar-10-python.tar.gz").write_bytes(src.read_bytes()[: 5_000_000])
+    cache = tmp_path / "cache"
+    r = train("+experiment=resnet_cifar", f"data.root={root}", f"data.cache_dir={cache}",
+              f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode != 0
+    assert "cifar-10-python.tar.gz" in r.stderr and "Traceback" not in r.stderr
+    assert not (cache / "cifar-10-batches-py").exists()
+    assert not [p for p in cache.rglob("*") if p.is_file() and "lock" not in p.name]
+
+
+@pytest.mark.timeout(120)
+def test_failing_worker_exits_nonzero_and_leaves_no_process(tmp_path, shared_data):
+    """A worker that dies (here: lr=nan makes the loss non-finite) fails the job with its message."""
+    r = train("+experiment=mnist_mlp", *fast(tmp_path, shared_data), "optimizer.lr=nan",
+              "trainer.max_steps=5", f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "worker rank" in r.stderr and "loss is nan" in r.stderr
+    assert not worker_processes()
