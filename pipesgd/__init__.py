@@ -2,7 +2,8 @@
 
 from .comm import native_allreduce, ring_allreduce
 from .compress import Compressor, get_compressor
-from .pipeline import PipeSGD, StepStats
+from .pipeline import NonFiniteGradient, PipeSGD, ReductionError, StepStats
 
 __version__ = "0.1.0"
-__all__ = ["Compressor", "PipeSGD", "StepStats", "get_compressor", "native_allreduce", "ring_allreduce"]
+__all__ = ["Compressor", "NonFiniteGradient", "PipeSGD", "ReductionError", "StepStats", "get_compressor",
+           "native_allreduce", "ring_allreduce"]

@@ -18,7 +18,7 @@ from .comm import CommStats
 from .comm.ring import chunk_bounds
 from .compress import Compressor
 from .compress.none import NoCompression
-from .pipeline import PipeSGD, StepStats
+from .pipeline import NonFinitePolicy, PipeSGD, StepStats
 
 
 @dataclass
@@ -32,38 +32,53 @@ class ModeArgs:
     world_size: int
     warmup_sync_steps: int
     device: torch.device
+    nonfinite: str = "abort"
+    timeout_s: float | None = None
 
 
 class DDPEngine:
     """``optimizer.step()`` behind the engine surface: DDP already averaged the gradients during
     backward, so nothing is in flight between steps. ``comm`` bytes are those of an ideal ring
-    for the bucket dtype (DDP does not expose what it sent)."""
+    for the bucket dtype (DDP does not expose what it sent). The averaged gradients are identical
+    on every rank, so checking them for NaN/inf is a collective decision without a flag (DDP does
+    not say which rank produced them)."""
 
     width = 1
 
-    def __init__(self, optimizer: torch.optim.Optimizer, numel: int, wire_elem: int, world_size: int):
+    def __init__(self, optimizer: torch.optim.Optimizer, numel: int, wire_elem: int, world_size: int,
+                 nonfinite: str = "abort"):
         self.optimizer = optimizer
         sent = 2 * sum(b - a for a, b in chunk_bounds(numel, world_size)[1:]) if world_size > 1 else 0
         self._comm = CommStats(wire_bytes=sent * wire_elem, raw_bytes=sent * 4)
+        self.nonfinite = NonFinitePolicy(nonfinite)
         self.steps = 0
         self.last = StepStats()
 
     def step(self) -> StepStats:
         t0 = time.perf_counter()
-        self.optimizer.step()
         self.steps += 1
-        self.last = StepStats(update_s=time.perf_counter() - t0, applied=True,
-                              comm=CommStats(self._comm.wire_bytes, self._comm.raw_bytes))
+        comm = CommStats(self._comm.wire_bytes, self._comm.raw_bytes)
+        grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        # One pass over the gradients and one device sync per step.
+        if grads and not torch.stack([torch.isfinite(g).all() for g in grads]).all().item():
+            self.nonfinite.bad(self.steps, "averaged by DDP, which does not say which rank")
+            self.last = StepStats(comm=comm, skipped=True)
+            return self.last
+        self.nonfinite.good()
+        self.optimizer.step()
+        self.last = StepStats(update_s=time.perf_counter() - t0, applied=True, comm=comm)
         return self.last
 
     def flush(self) -> StepStats:
         return StepStats()
 
     def state_dict(self) -> dict:
-        return {"width": 1, "steps": self.steps, "pending": []}
+        return {"width": 1, "steps": self.steps, "pending": [], "nonfinite": self.nonfinite.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.steps = int(state["steps"])
+        if "nonfinite" in state:
+            self.nonfinite.load_state_dict(state["nonfinite"])
 
     def close(self) -> None:
         pass
@@ -75,7 +90,8 @@ def _pipesgd(width: int | None) -> Callable[[ModeArgs], tuple[nn.Module, object]
     def build(a: ModeArgs) -> tuple[nn.Module, object]:
         return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=width or a.width,
                                 compressor=a.compressor, allreduce=a.allreduce, group=a.group,
-                                warmup_sync_steps=a.warmup_sync_steps)
+                                warmup_sync_steps=a.warmup_sync_steps, nonfinite=a.nonfinite,
+                                timeout_s=a.timeout_s)
 
     return build
 
@@ -92,14 +108,14 @@ def _ddp(a: ModeArgs) -> tuple[nn.Module, object]:
                          f"got {a.compressor.name!r}")
     numel = sum(p.numel() for p in a.model.parameters() if p.requires_grad)
     if a.world_size == 1:
-        return a.model, DDPEngine(a.optimizer, numel, 4, 1)
+        return a.model, DDPEngine(a.optimizer, numel, 4, 1, a.nonfinite)
     ids = [a.device.index] if a.device.type == "cuda" else None
     model = DDP(a.model, device_ids=ids)
     hook = _DDP_HOOKS[a.compressor.name]
     if hook is not None:
         model.register_comm_hook(None, getattr(default_hooks, hook))
     wire = 4 if isinstance(a.compressor, NoCompression) else 2
-    return model, DDPEngine(a.optimizer, numel, wire, a.world_size)
+    return model, DDPEngine(a.optimizer, numel, wire, a.world_size, a.nonfinite)
 
 
 MODES: dict[str, Callable[[ModeArgs], tuple[nn.Module, object]]] = {

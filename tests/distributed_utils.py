@@ -27,6 +27,7 @@ def _entry(fn, rank, world_size, port, args, results):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # the torchrun env contract
     try:
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
@@ -44,8 +45,10 @@ def _entry(fn, rank, world_size, port, args, results):
             dist.destroy_process_group()
 
 
-def run_workers(fn, world_size: int, *args, timeout: float = 120.0) -> list:
-    """Return ``[fn(rank, world_size, *args) for each rank]``, computed in ``world_size`` processes."""
+def run_workers(fn, world_size: int, *args, timeout: float = 120.0, expect: list[int] | None = None) -> list:
+    """Return ``[fn(rank, world_size, *args) for each rank]``, computed in ``world_size`` processes.
+    With ``expect``, wait only for those ranks' results (in that order) and kill the others."""
+    expect = list(range(world_size)) if expect is None else expect
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -57,19 +60,19 @@ def run_workers(fn, world_size: int, *args, timeout: float = 120.0) -> list:
         for p in procs:
             p.start()
         out: dict[int, object] = {}
-        while len(out) < world_size:
+        while not set(expect) <= out.keys():
             try:
                 rank, status, value = results.get(timeout=timeout)
             except queue.Empty:
-                raise TimeoutError(f"ranks {sorted(set(range(world_size)) - set(out))} gave no result in {timeout}s")
+                raise TimeoutError(f"ranks {sorted(set(expect) - set(out))} gave no result in {timeout}s")
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
             import torch
 
             out[rank] = torch.load(io.BytesIO(value), weights_only=False)
-        for p in procs:
-            p.join(timeout=30)
-        return [out[r] for r in range(world_size)]
+        for r in expect:
+            procs[r].join(timeout=30)
+        return [out[r] for r in expect]
     finally:
         for p in procs:
             if p.is_alive():

@@ -34,15 +34,19 @@ def flat_params(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def reference(p: int, width: int, steps: int = STEPS, warmup_sync_steps: int = 0) -> torch.Tensor:
+def reference(p: int, width: int, steps: int = STEPS, warmup_sync_steps: int = 0,
+              skip_step: int | None = None) -> torch.Tensor:
     """One process, p simulated ranks: the update at step t applies the rank-average of the
     gradients computed at step t-width+1 (at t-0 during the first warmup_sync_steps); a final
-    flush applies the rest in order."""
+    flush applies the rest in order. The update with step ``skip_step``'s gradient is dropped."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     queue = []
 
-    def apply(avg):
+    def apply(entry):
+        t, avg = entry
+        if t == skip_step:
+            return
         for prm, g in zip(model.parameters(), avg):
             prm.grad = g.clone()
         opt.step()
@@ -53,7 +57,7 @@ def reference(p: int, width: int, steps: int = STEPS, warmup_sync_steps: int = 0
             model.zero_grad()
             loss_of(model, r, t).backward()
             grads.append([prm.grad.clone() for prm in model.parameters()])
-        queue.append([sum(gs) / p for gs in zip(*grads)])
+        queue.append((t, [sum(gs) / p for gs in zip(*grads)]))
         if len(queue) == (1 if t < warmup_sync_steps else width):
             apply(queue.pop(0))
     while queue:
@@ -189,4 +193,4 @@ def test_gradients_are_double_buffered():
     engine.step()
     for p in model.parameters():
         p.grad.mul_(100.0)  # in-place accumulation, as a non-zeroed backward would do
-    assert torch.equal(engine.state_dict()["pending"][0], launched)
+    assert torch.equal(engine.state_dict()["pending"][0][:-1], launched)  # the last value is the flag

@@ -3,7 +3,7 @@ summing ``tensor`` in place across the group; ``ALLREDUCE`` maps config names to
 
 from collections.abc import Callable
 
-from .base import CommStats, CommThread, CompletedHandle, FutureHandle, Handle
+from .base import CommError, CommStats, CommThread, CompletedHandle, FutureHandle, Handle, note, one_line
 from .native import native_allreduce
 from .ring import ring_allreduce
 
@@ -20,6 +20,6 @@ def get_allreduce(name: str) -> Callable[..., CommStats]:
 
 
 __all__ = [
-    "ALLREDUCE", "CommStats", "CommThread", "CompletedHandle", "FutureHandle", "Handle",
-    "get_allreduce", "native_allreduce", "ring_allreduce",
+    "ALLREDUCE", "CommError", "CommStats", "CommThread", "CompletedHandle", "FutureHandle", "Handle",
+    "get_allreduce", "native_allreduce", "note", "one_line", "ring_allreduce",
 ]

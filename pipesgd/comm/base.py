@@ -3,10 +3,14 @@
 "Launch now, wait later" is the whole pipeline idea: width 1 waits at once, width K waits K-1
 steps later. Work is run on one :class:`CommThread` per engine, in submission order, so every rank
 issues its point-to-point messages in the same order without any extra coordination.
+
+Algorithms call :func:`note` before each blocking wait ("receiving from rank 1"), so when a peer
+stops answering the error (or a watchdog asking :attr:`CommThread.activity`) says whom we waited on.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -41,9 +45,33 @@ class CommStats:
         return self.raw_bytes / self.wire_bytes if self.wire_bytes else 1.0
 
 
+_ACTIVITY: dict[int, str] = {}
+_SOURCE_REF = re.compile(r"\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")  # "[.../unbound_buffer.cc:78] "
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line, without the C++ source locations backends prepend."""
+    return " ".join(_SOURCE_REF.sub("", str(exc)).split())
+
+
+def note(what: str) -> None:
+    """Record what the calling thread is about to block on; one dict store, cheap enough per hop."""
+    _ACTIVITY[threading.get_ident()] = what
+
+
+class CommError(RuntimeError):
+    """A reduction failed; the message says what the communication thread was doing at the time
+    (e.g. ``ring allreduce reduce-scatter hop 1/1: receiving from rank 1``) and the backend's error."""
+
+    def __init__(self, message: str, activity: str | None = None):
+        super().__init__(message)
+        self.activity = activity
+
+
 class Handle(Protocol[T]):
-    def wait(self) -> T:
-        """Block until the result is ready and return it (re-raises the worker's exception)."""
+    def wait(self, timeout: float | None = None) -> T:
+        """Block until the result is ready and return it (re-raises the worker's exception).
+        With ``timeout`` (seconds), raise ``TimeoutError`` if it is not ready by then."""
 
     def done(self) -> bool: ...
 
@@ -54,7 +82,7 @@ class CompletedHandle(Generic[T]):
     def __init__(self, value: T):
         self._value = value
 
-    def wait(self) -> T:
+    def wait(self, timeout: float | None = None) -> T:
         return self._value
 
     def done(self) -> bool:
@@ -65,8 +93,8 @@ class FutureHandle(Generic[T]):
     def __init__(self, future: Future):
         self._future = future
 
-    def wait(self) -> T:
-        return self._future.result()
+    def wait(self, timeout: float | None = None) -> T:
+        return self._future.result(timeout)
 
     def done(self) -> bool:
         return self._future.done()
@@ -77,25 +105,37 @@ class CommThread:
 
     Gloo and NCCL release the GIL while bytes move, so the caller's forward/backward runs
     concurrently. A failed job poisons the thread: later jobs fail fast with the first error
-    instead of hanging on peers that have already given up.
+    instead of hanging on peers that have already given up. A job's exception reaches the waiter
+    as a :class:`CommError` naming what the thread was blocked on (see :func:`note`).
     """
 
     def __init__(self, name: str = "pipesgd-comm"):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._error: BaseException | None = None
         self._lock = threading.Lock()
+        self._ident: int | None = None
+
+    @property
+    def activity(self) -> str | None:
+        """What the thread last said it was blocking on (None before its first job or between jobs)."""
+        return None if self._ident is None else _ACTIVITY.get(self._ident)
 
     def submit(self, fn: Callable[[], T]) -> FutureHandle[T]:
         def run() -> T:
+            self._ident = threading.get_ident()
             with self._lock:
                 if self._error is not None:
-                    raise RuntimeError("an earlier reduction on this rank failed") from self._error
+                    raise CommError(f"an earlier reduction on this rank failed: {self._error}") from self._error
+            _ACTIVITY[self._ident] = "running a reduction"
             try:
-                return fn()
+                result = fn()
             except BaseException as e:
                 with self._lock:
                     self._error = e
-                raise
+                activity = _ACTIVITY.get(self._ident)
+                raise CommError(f"{activity}: {type(e).__name__}: {one_line(e)}", activity) from e
+            _ACTIVITY.pop(self._ident, None)
+            return result
 
         return FutureHandle(self._pool.submit(run))
 

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from ..compress import Compressor, get_compressor
 from ..compress.none import NoCompression
-from .base import CommStats, timed
+from .base import CommStats, note, timed
 from .ring import chunk_bounds
 
 
@@ -29,6 +29,7 @@ def native_allreduce(tensor: Tensor, compressor: Compressor | str | None = None,
         p = dist.get_world_size(group)
         if p == 1 or tensor.numel() == 0:
             return CommStats()
+        note(f"dist.all_reduce over {p} ranks (the backend does not say which peer is late)")
         if isinstance(comp, NoCompression):
             dist.all_reduce(tensor, group=group)
             wire = tensor.element_size()

@@ -1,0 +1,99 @@
+"""Faults inside the engine, on real Gloo ranks: a NaN gradient on one rank is skipped (or aborts)
+on every rank alike, also through a lossy compressor, and matches the reference that drops that
+update; a SIGSTOPped peer makes the others fail with an error naming it (heartbeats)."""
+
+import os
+import re
+import signal
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distributed_utils import run_workers
+from pipesgd import NonFiniteGradient, PipeSGD, ReductionError
+from pipesgd.watchdog import Watchdog
+from test_engine import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, reference
+
+BAD_RANK, BAD_STEP = 1, 5  # step index 5 = the 6th step, "step 6" in messages
+
+
+def _nan_worker(rank, p, policy, compressor):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    engine = PipeSGD(opt, model.parameters(), width=2, compressor=compressor, nonfinite=policy)
+    stats = []
+    try:
+        for t in range(STEPS):
+            opt.zero_grad()
+            loss_of(model, rank, t).backward()
+            if rank == BAD_RANK and t == BAD_STEP:
+                next(model.parameters()).grad.view(-1)[3] = float("nan")
+            s = engine.step()
+            stats.append((s.applied, s.skipped))
+        engine.flush()
+    except NonFiniteGradient as e:
+        return "raised", str(e), engine.steps
+    finally:
+        engine.close()
+    return flat_params(model), stats, engine.nonfinite.skipped
+
+
+@pytest.mark.timeout(120)
+def test_nan_on_one_rank_is_skipped_on_every_rank():
+    results = run_workers(_nan_worker, 2, "skip", "none")
+    (p0, stats0, skipped0), (p1, stats1, skipped1) = results
+    assert skipped0 == skipped1 == [BAD_STEP + 1]
+    assert stats0 == stats1 and stats0[BAD_STEP + 1] == (False, True), "skipped when it would be applied"
+    assert torch.equal(p0, p1), "replicas must stay bit-identical"
+    assert torch.isfinite(p0).all()
+    assert (p0 - reference(2, 2, skip_step=BAD_STEP)).abs().max() <= 1e-5
+    assert (p0 - reference(2, 2)).abs().max() > 1e-5, "the dropped update must matter"
+
+
+@pytest.mark.timeout(120)
+def test_nan_survives_lossy_compression_and_aborts_every_rank():
+    """int8 quantises the flag with the gradient: inf stays non-finite, so both ranks abort."""
+    for outcome in run_workers(_nan_worker, 2, "abort", "int8"):
+        assert outcome[0] == "raised" and outcome[2] == BAD_STEP + 2
+        assert outcome[1].startswith(f"non-finite gradient at step {BAD_STEP + 1} (1 NaN/inf values on rank(s) 1)")
+        assert "trainer.nonfinite=abort" in outcome[1]
+
+
+def _stalled_peer_worker(rank, p):
+    group = dist.new_group(timeout=timedelta(seconds=3))
+    watchdog = Watchdog.from_env(rank, p, timeout_s=3).start()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    engine = PipeSGD(opt, model.parameters(), width=2, group=group, timeout_s=6)
+    try:
+        for t in range(STEPS):
+            watchdog.set("compute", t + 1)
+            opt.zero_grad()
+            loss_of(model, rank, t).backward()
+            if rank == 1 and t == 2:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            watchdog.set("engine step")
+            engine.step()
+    except ReductionError as e:
+        return str(watchdog.explain(e))
+    finally:
+        watchdog.close()
+        engine.close()
+    return "finished"
+
+
+@pytest.mark.timeout(120)
+def test_stopped_peer_is_named_by_every_other_rank():
+    """Rank 1 stops (SIGSTOP) in step 3's compute. Rank 0 waits on its ring neighbour rank 2, which
+    waits on rank 1: the backend can only say "rank 2"; the heartbeats name rank 1."""
+    msg0, msg2 = run_workers(_stalled_peer_worker, 3, expect=[0, 2])
+    for rank, msg in ((0, msg0), (2, msg2)):
+        assert msg.startswith(f"rank {rank} failed at step ") and "during engine step" in msg, msg
+        # Its own wait times out, or is cut short when the other survivor gives up first.
+        assert "ring allreduce" in msg and ("Timed out" in msg or "Connection" in msg), msg
+        # Its last heartbeat is from step 3 or, if it stopped within one poll of starting it, step 2.
+        assert re.search(r"silent: rank 1 \(pid \d+ on [^;]+; last heartbeat [\d.]+ s ago, at step [23], [^)]+\)$",
+                         msg), msg
+    assert "from rank 2" in msg0, "rank 0's own wait is on its ring neighbour"
