@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 BACKENDS = ("auto", "gloo", "nccl")
 
 
+class RendezvousError(RuntimeError):
+    """This process could not host or reach the job's store at MASTER_ADDR:MASTER_PORT."""
+
+
 @dataclass(frozen=True)
 class DistContext:
     rank: int
@@ -66,11 +70,43 @@ def init(backend: str = "auto", timeout_s: float = 300.0) -> DistContext:
         device = torch.device("cpu")
     if "WORLD_SIZE" not in os.environ:
         return DistContext(0, 1, 0, 1, backend, device)
-    timeout = timedelta(seconds=timeout_s)
-    dist.init_process_group(backend, timeout=timeout, rank=rank, world_size=world)
+    timeout = timedelta(seconds=timeout_s)  # both groups: a silent peer fails any wait within it
+    try:
+        store = _job_store(rank, world, timeout)
+    except dist.DistNetworkError as e:
+        raise _rendezvous_error(rank, e) from None
+    dist.init_process_group(backend, store=store, timeout=timeout, rank=rank, world_size=world)
     comm_group = dist.new_group(backend=backend, timeout=timeout)
     log.debug("rank %d/%d joined (%s)", rank, world, backend)
     return DistContext(rank, world, local_rank, local_world, backend, device, comm_group)
+
+
+def _job_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
+    """The job's TCP store at MASTER_ADDR:MASTER_PORT (what ``env://`` would connect to), with
+    every key under a per-attempt prefix.
+
+    Under torchrun / elastic the agent hosts the store and keeps it across restarts, and torch
+    does not namespace the process groups' keys by attempt: a restarted job's ``new_group`` can
+    read the dead attempt's Gloo addresses and fail with "connectFullMesh ... Connection
+    refused" (seen with torch 2.13). Without an agent, rank 0 hosts the store, as ``env://`` does.
+    """
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = dist.TCPStore(host, port, world, is_master=rank == 0 and not agent, timeout=timeout,
+                          multi_tenant=True)
+    return dist.PrefixStore(f"pipesgd/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+
+
+def _rendezvous_error(rank: int, e: Exception) -> RendezvousError:
+    addr, port = os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?")
+    if "EADDRINUSE" in str(e) or "address already in use" in str(e).lower():
+        return RendezvousError(
+            f"rank {rank} cannot host the job's store on MASTER_ADDR:MASTER_PORT={addr}:{port}: the port is already "
+            f"in use (another job or a leftover process); pick a free one (torchrun --master-port=N, or "
+            f"torchrun --standalone / the local launcher, which choose one) or free it (ss -ltnp | grep :{port})")
+    detail = " ".join(str(e).split())[:300]
+    return RendezvousError(f"rank {rank} could not join the job's store at {addr}:{port}: {detail}; check "
+                           "MASTER_ADDR / MASTER_PORT and that rank 0 is running")
 
 
 def broadcast_object(obj, ctx: DistContext):
