@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 
 def git_commit() -> str:
@@ -22,17 +24,25 @@ def git_commit() -> str:
         return "unknown"
 
 
-def write_json_atomic(path: str | os.PathLike, obj) -> None:
-    """Write JSON to a temp file in the same directory, fsync, then rename over ``path``."""
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+    """``write(f)`` into a temp file in ``path``'s directory, fsync, then rename over ``path``:
+    readers see the old file or the complete new one, never a torn one; a failure (even Ctrl-C)
+    deletes the temp file."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False, default=str)
-            f.write("\n")
+        os.fchmod(fd, 0o644)  # mkstemp makes it 0600
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: str | os.PathLike, obj) -> None:
+    """Write ``obj`` as indented JSON with :func:`write_atomic`."""
+    text = json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
+    write_atomic(path, lambda f: f.write(text.encode()))

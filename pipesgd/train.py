@@ -22,11 +22,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import dist as pdist
-from . import launch
-from .config import ConfigError, validate
+from . import launch, schema  # noqa: F401  (schema: registers the structured config with Hydra)
+from .config import ConfigError, check_batch, validate
 from .data import DatasetError
 from .metrics import make_writer
 from .modes import ModeArgs, build
+from .reliability import Reliability
 from .runinfo import git_commit, write_json_atomic
 from .trainer import Trainer, median
 
@@ -48,11 +49,11 @@ def main(cfg: DictConfig) -> float | None:
         log.error("%s", e.__cause__ if e.__cause__ is not None else str(e).strip().splitlines()[0])
         sys.exit(2)
 
-    container = OmegaConf.to_container(cfg, resolve=True)
+    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     try:
         launch.run(worker, (container, str(run_dir)), nproc=cfg.dist.nproc,
                    max_restarts=cfg.dist.max_restarts)
-    except launch.WorkerFailed as e:
+    except (launch.WorkerFailed, pdist.RendezvousError) as e:
         log.error("%s (run dir %s)", e, run_dir)
         sys.exit(1)
     summary_path = run_dir / "summary.json"
@@ -76,7 +77,9 @@ def _check_buildable(cfg: DictConfig) -> None:
 
         if allreduce is native_allreduce:
             check_native(compressor)
-    instantiate(cfg.data)
+    data = instantiate(cfg.data)
+    world = pdist.env_int("WORLD_SIZE", 1) if launch.under_torchrun() else cfg.dist.nproc
+    check_batch(data.batch_size, data.train_size, world)
 
 
 def worker(container: dict, run_dir: str) -> None:
@@ -108,7 +111,8 @@ def worker(container: dict, run_dir: str) -> None:
         model, engine = build(cfg.trainer.mode, ModeArgs(
             model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
             allreduce=instantiate(cfg.comm), group=ctx.comm_group, world_size=ctx.world_size,
-            warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device))
+            warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
+            nonfinite=cfg.trainer.nonfinite, timeout_s=cfg.dist.timeout_s))
         steps_per_epoch = len(train_loader)
         total = cfg.trainer.epochs * steps_per_epoch
         total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
@@ -117,10 +121,18 @@ def worker(container: dict, run_dir: str) -> None:
         log.info("mode=%s width=%d compressor=%s comm=%s world=%d global batch %d lr %.4g threads/worker %d",
                  cfg.trainer.mode, engine.width, compressor.name, cfg.comm.name, ctx.world_size,
                  global_batch, lr, threads)
+        t = cfg.trainer
+        reliability = Reliability(
+            model=model, optimizer=optimizer, scheduler=scheduler, engine=engine, compressor=compressor,
+            rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, run_dir=run_dir, config=container,
+            timeout_s=cfg.dist.timeout_s, checkpoint_every=t.checkpoint_every, keep=t.keep_checkpoints,
+            resume=t.resume, check_every=t.check_every)
         trainer = Trainer(model, engine, optimizer, scheduler, train_loader, eval_loader, writer,
                           epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
-                          log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main)
-        result = trainer.fit()
+                          log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main,
+                          hooks=reliability)
+        with reliability.guard():
+            result = trainer.fit()
         if ctx.is_main:
             h = trainer.history
             applied_bytes = [b for b in h.wire_bytes if b]
@@ -143,7 +155,7 @@ def worker(container: dict, run_dir: str) -> None:
                 "compression_ratio": ratio,
                 "global_batch": global_batch, "lr": lr, "threads_per_worker": threads,
                 "wall_seconds": result["wall_seconds"], "evals": h.evals,
-                "git_commit": git_commit(), "config": container,
+                "git_commit": git_commit(), "config": container, **reliability.summary(),
             }
             write_json_atomic(Path(run_dir) / "summary.json", summary)
     finally:

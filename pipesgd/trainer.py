@@ -1,10 +1,10 @@
 """The loop: steps, evaluation, metrics, progress. No communication or compression code here:
-the engine decides when gradients move, the trainer only calls ``engine.step()``."""
+the engine decides when gradients move, the trainer only calls ``engine.step()``. Checkpoints,
+resume, replica checks and fault injection hang off :class:`TrainerHooks` (pipesgd.reliability)."""
 
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -37,10 +37,33 @@ def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+class TrainerHooks:
+    """Where the loop calls out; every method is a no-op here. ``on_fit_start`` may restore state
+    (including ``trainer.step``) and returns the (epoch, batch index within it) to start from;
+    ``on_step_end`` gets the position of the next batch; ``on_epoch_end`` runs after the
+    epoch's evaluation with the number of the epoch about to start."""
+
+    def on_fit_start(self, trainer: Trainer) -> tuple[int, int]:
+        return 0, 0
+
+    def on_backward_end(self, trainer: Trainer) -> None:
+        pass
+
+    def on_step_end(self, trainer: Trainer, epoch: int, next_batch: int) -> None:
+        pass
+
+    def on_eval_start(self, trainer: Trainer) -> None:
+        pass
+
+    def on_epoch_end(self, trainer: Trainer, next_epoch: int) -> None:
+        pass
+
+
 class Trainer:
     def __init__(self, model: nn.Module, engine, optimizer: torch.optim.Optimizer, scheduler,
                  train_loader, eval_loader, writer: MetricWriter, *, epochs: int,
-                 max_steps: int | None, log_every: int, device: torch.device, is_main: bool):
+                 max_steps: int | None, log_every: int, device: torch.device, is_main: bool,
+                 hooks: TrainerHooks | None = None):
         self.model, self.engine, self.optimizer, self.scheduler = model, engine, optimizer, scheduler
         self.train_loader, self.eval_loader = train_loader, eval_loader
         self.writer = writer
@@ -48,6 +71,7 @@ class Trainer:
         per_epoch = len(train_loader)
         self.total_steps = min(epochs * per_epoch, max_steps) if max_steps else epochs * per_epoch
         self.is_main = is_main
+        self.hooks = hooks or TrainerHooks()
         self.history = History()
         self.step = 0
         self.last_losses: list[float] = []
@@ -55,25 +79,26 @@ class Trainer:
     def fit(self) -> dict:
         """Train to ``total_steps``; evaluate after every epoch and at the end. Returns metrics."""
         start = time.perf_counter()
+        epoch, batch = self.hooks.on_fit_start(self)
         log.info("training %d steps (%d per epoch) on %s", self.total_steps, len(self.train_loader), self.device)
-        epoch = 0
         while self.step < self.total_steps:
-            self._train_epoch(epoch, start)
-            epoch += 1
+            self._train_epoch(epoch, start, batch)
+            epoch, batch = epoch + 1, 0
             if self.step < self.total_steps:
                 self._evaluate(epoch, start)
+                self.hooks.on_epoch_end(self, epoch)
         self.engine.flush()
         result = self._evaluate(epoch, start)
         result["epochs"] = epoch
         result["wall_seconds"] = time.perf_counter() - start
         return result
 
-    def _train_epoch(self, epoch: int, start: float) -> None:
+    def _train_epoch(self, epoch: int, start: float, first_batch: int = 0) -> None:
         self.model.train()
         self.train_loader.set_epoch(epoch)
         h = self.history
         t_prev = time.perf_counter()
-        for x, y in self.train_loader:
+        for batch, (x, y) in enumerate(self.train_loader.iter_epoch(epoch, first_batch), first_batch):
             if self.step >= self.total_steps:
                 break
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -81,6 +106,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(self.model(x), y)
             loss.backward()
+            self.hooks.on_backward_end(self)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()  # CPU-GPU sync point: only so compute time is real
             t1 = time.perf_counter()
@@ -110,10 +136,11 @@ class Trainer:
                 "comm/bytes_per_step": stats.comm.wire_bytes if stats.applied else None,
                 "comm/compression_ratio": stats.comm.ratio if stats.applied else None,
             }, self.step)
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(f"loss is {loss_value} at step {self.step} (epoch {epoch})")
+            # A non-finite loss is not checked here (one rank alone would stop): its gradient is,
+            # by every rank together, in the engine (trainer.nonfinite).
             if self.step % self.log_every == 0 or self.step == self.total_steps:
                 self._progress(epoch, loss_value, start)
+            self.hooks.on_step_end(self, epoch, batch + 1)
 
     def _progress(self, epoch: int, loss: float, start: float) -> None:
         recent = self.history.iter_ms[-self.log_every:]
@@ -128,6 +155,7 @@ class Trainer:
     @torch.no_grad()
     def _evaluate(self, epoch: int, start: float) -> dict:
         """Accuracy over the whole test set: each rank scores its shard, counts are summed."""
+        self.hooks.on_eval_start(self)
         _average_buffers(self.model)
         self.model.eval()
         counts = torch.zeros(3, dtype=torch.float64)

@@ -65,6 +65,18 @@ class Compressor(ABC):
         """Bytes one payload for a chunk described by ``ctx`` puts on the wire."""
         return self.payload_like(ctx).nbytes
 
+    def state_dict(self) -> dict:
+        """This rank's state to checkpoint (error-feedback residuals, ...): tensors and plain
+        Python containers only, so it loads with ``torch.load(weights_only=True)``. Stateless
+        compressors have none."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict()`` returned on the same rank."""
+        if state:
+            raise ValueError(f"{self!r} is stateless but the checkpoint holds compressor state "
+                             f"{sorted(state)}; was it written with another compressor?")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

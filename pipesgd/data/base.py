@@ -51,6 +51,7 @@ class ImageDataset(ABC):
     """
 
     num_classes: ClassVar[int] = 10
+    train_size: ClassVar[int]  # samples in the training split, known before anything is read
     in_channels: ClassVar[int]
     image_size: ClassVar[int]
     mean: ClassVar[tuple[float, ...]]

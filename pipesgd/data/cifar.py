@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 OFFICIAL_MD5 = "c58f30108f718f92721af3b95e74349a"
+OFFICIAL_SIZE = 170_498_071  # bytes
 ARCHIVE = "cifar-10-python.tar.gz"
 FOLDER = "cifar-10-batches-py"
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -190,7 +191,13 @@ def extract(archive: Path, dest: Path) -> None:
                     _copy(src, tmp / parts[1])
         except DatasetError:
             raise
-        except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+        except EOFError as e:  # gzip: "Compressed file ended before the end-of-stream marker"
+            raise DatasetError(
+                f"truncated archive {archive}: its compressed data stops after "
+                f"{archive.stat().st_size} bytes (the official archive has {OFFICIAL_SIZE}); the "
+                f"download or copy was cut short: delete it and fetch it again"
+            ) from e
+        except (tarfile.TarError, zlib.error, OSError) as e:
             raise DatasetError(f"corrupt archive {archive}: {e}; {_EXPECTED}") from e
         missing = [f"{FOLDER}/{name}" for name in REQUIRED if not (tmp / name).is_file()]
         if missing:
@@ -219,6 +226,7 @@ class CIFAR10(ImageDataset):
     """
 
     num_classes = 10
+    train_size = len(TRAIN_BATCHES) * ROWS_PER_BATCH
     in_channels = 3
     image_size = 32
     mean = (0.4914, 0.4822, 0.4465)

@@ -80,7 +80,12 @@ def read_idx(path: Path, spec: IdxFile, md5: str | None = None) -> np.ndarray:
             raw.seek(0)
             with gzip.GzipFile(fileobj=raw) if compressed else raw as f:
                 data = f.read(spec.nbytes + 1)
-    except (OSError, EOFError, zlib.error) as e:
+    except EOFError as e:  # gzip: "Compressed file ended before the end-of-stream marker"
+        raise DatasetError(
+            f"truncated file {path}: its gzip stream stops after {path.stat().st_size} bytes; the "
+            f"download or copy was cut short: delete it and fetch it again ({spec.name})"
+        ) from e
+    except (OSError, zlib.error) as e:
         raise DatasetError(f"cannot read {path}: {e}; expected the IDX file {spec.name}") from e
     header = 4 + 4 * len(spec.shape)
     if len(data) < 4 or struct.unpack(">I", data[:4])[0] != spec.magic:
@@ -107,6 +112,7 @@ class _IdxDataset(ImageDataset):
 
     in_channels = 1
     image_size = 28
+    train_size = 60_000
     files: ClassVar[tuple[IdxFile, IdxFile, IdxFile, IdxFile]]
     subdirs: ClassVar[tuple[str, ...]]  # under root; the first is also the cache folder name
     system_dirs: ClassVar[tuple[str, ...]] = ()

@@ -1,0 +1,86 @@
+"""Deterministic fault injection for the reliability tests (docs/reliability.md).
+
+``PIPESGD_FAULT=kind:rank:step[,kind:rank:step...]`` makes rank ``rank`` misbehave right after
+the backward pass of step ``step`` (1-based, as the progress log counts), on the job's first
+attempt only (``TORCHELASTIC_RESTART_COUNT`` unset or 0), like a transient fault:
+
+* ``kill``: SIGKILL itself (a preempted or crashed worker);
+* ``stop``: SIGSTOP itself (a peer that stops answering but keeps its sockets open);
+* ``nan``: set its first gradient value to NaN (a numerical blow-up on one rank);
+* ``perturb``: add 1e-3 to its first parameter value (silent replica drift).
+
+An environment variable rather than a config key: it is not a setting of the run, it reaches
+workers started by any launcher, and an unset variable costs one dict lookup per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+ENV = "PIPESGD_FAULT"
+KINDS = ("kill", "stop", "nan", "perturb")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    step: int
+
+
+def parse(spec: str) -> list[Fault]:
+    """``"kill:1:35,nan:0:3"`` -> faults; ValueError naming the bad part and the format."""
+    faults = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        fields = part.split(":")
+        try:
+            kind, rank, step = fields[0], int(fields[1]), int(fields[2])
+            if len(fields) != 3 or kind not in KINDS or rank < 0 or step < 1:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise ValueError(f"{ENV}={spec!r}: bad fault {part!r}; expected kind:rank:step with kind one of "
+                             f"{', '.join(KINDS)}, rank >= 0 and step >= 1, e.g. kill:1:35") from None
+        faults.append(Fault(kind, rank, step))
+    return faults
+
+
+class Faults:
+    """The faults of this rank on this attempt; :meth:`after_backward` fires the due ones."""
+
+    def __init__(self, faults: list[Fault], rank: int, attempt: int = 0):
+        self.mine = [f for f in faults if f.rank == rank] if attempt == 0 else []
+        self.rank = rank
+
+    @classmethod
+    def from_env(cls, rank: int) -> Faults:
+        return cls(parse(os.environ.get(ENV, "")), rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+
+    def after_backward(self, step: int, model: nn.Module) -> None:
+        for f in self.mine:
+            if f.step == step:
+                self._fire(f, model)
+
+    def _fire(self, f: Fault, model: nn.Module) -> None:
+        log.warning("fault injection (%s): rank %d (pid %d) does %r at step %d",
+                    ENV, self.rank, os.getpid(), f.kind, f.step)
+        for h in logging.getLogger().handlers:
+            h.flush()
+        if f.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif f.kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            p = next(p for p in model.parameters() if p.requires_grad)
+            with torch.no_grad():
+                if f.kind == "nan":
+                    p.grad.view(-1)[0] = float("nan")
+                else:
+                    p.view(-1)[0] += 1e-3

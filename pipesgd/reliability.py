@@ -1,0 +1,245 @@
+"""The trainer's reliability hooks: checkpoint and resume, replica checks, hang context, faults.
+
+One :class:`Reliability` per rank, handed to the Trainer as its hooks. What a checkpoint holds:
+
+* shared by every replica (saved from rank 0): model parameters and buffers, optimizer,
+  LR scheduler, the engine (step count, non-finite policy, and the in-flight reductions:
+  policy "save in flight", see below), data position (epoch, index of the next batch in it),
+  global step, world size and the config digest;
+* per rank (gathered to rank 0, which alone writes): torch / CUDA / numpy / Python RNG
+  states, compressor state (error-feedback residuals, if any), the model's buffers (BatchNorm
+  statistics differ across ranks until evaluation averages them) and the recent losses.
+
+In-flight policy: with width K, K-1 averaged gradients are launched but not applied at any step
+boundary. A checkpoint waits for them (without applying them) and stores them, and the restored
+engine applies them at the same steps the uninterrupted run would: nothing is drained early, so
+resume is bit-exact. The wait exposes at most one reduction time once per checkpoint.
+
+Every collective here runs on the default process group from the main thread; the engine's
+reductions own the other group (:mod:`pipesgd.dist`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, config_digest, hashed_config,
+                         param_checksum, rng_state, set_rng_state)
+from .faults import Faults
+from .trainer import Trainer, TrainerHooks
+from .watchdog import Watchdog, is_comm_failure
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaMismatch(RuntimeError):
+    """The replicas' parameters differ; raised on every rank with the same message."""
+
+
+def describe_mismatch(digests: list[str], step: int) -> str | None:
+    """None if every rank has the same digest, else one line naming which ranks differ."""
+    groups: dict[str, list[int]] = {}
+    for rank, d in enumerate(digests):
+        groups.setdefault(d, []).append(rank)
+    if len(groups) == 1:
+        return None
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))
+    (top, majority), rest = ordered[0], ordered[1:]
+
+    def ranks(rs: list[int]) -> str:
+        return f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+
+    if 2 * len(majority) > len(digests):
+        odd = sorted(r for _, rs in rest for r in rs)
+        verb = "differ" if len(odd) > 1 else "differs"
+        return (f"replicas diverged at step {step}: {ranks(odd)} {verb} from the majority ({ranks(majority)}, "
+                f"parameter sha256 {top[:12]}); " + "; ".join(f"{ranks(rs)}: {d[:12]}" for d, rs in rest))
+    return f"replicas diverged at step {step}: " + "; ".join(f"{ranks(rs)}: sha256 {d[:12]}" for d, rs in ordered)
+
+
+class Reliability(TrainerHooks):
+    """Checkpoints every ``checkpoint_every`` steps and at each epoch end (None: never), keeping
+    ``keep`` in ``<run_dir>/checkpoints``; ``resume`` is ``auto`` (the newest valid checkpoint
+    there), ``never`` or a checkpoint path; the replicas' parameter checksums are compared every
+    ``check_every`` steps (None: never). ``config`` is the resolved config as plain containers.
+    """
+
+    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, engine,
+                 compressor, rank: int, world_size: int, device: torch.device, run_dir: str | Path,
+                 config: dict, timeout_s: float, checkpoint_every: int | None = None, keep: int = 2,
+                 resume: str = "auto", check_every: int | None = None):
+        self.module = getattr(model, "module", model)
+        self.optimizer, self.scheduler, self.engine, self.compressor = optimizer, scheduler, engine, compressor
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.checkpoints = CheckpointDir(Path(run_dir) / "checkpoints", keep)
+        self.checkpoint_every, self.check_every, self.resume = checkpoint_every, check_every, resume
+        self.config = hashed_config(config)
+        self.digest = config_digest(config)
+        self.watchdog = Watchdog.from_env(rank, world_size, timeout_s).start()
+        self.faults = Faults.from_env(rank)
+        self.resumed_from: int | None = None
+
+    # ---- hooks ----
+
+    def on_fit_start(self, trainer: Trainer) -> tuple[int, int]:
+        self.watchdog.set("resume (rank 0 reads the checkpoint and broadcasts it)", trainer.step)
+        state = self._load_for_resume()
+        epoch, batch = 0, 0
+        if state is not None:
+            self._restore(state, trainer)
+            epoch, batch = state["epoch"], state["batch"]
+        self.watchdog.set("compute", trainer.step + 1)
+        return epoch, batch
+
+    def on_backward_end(self, trainer: Trainer) -> None:
+        self.faults.after_backward(trainer.step + 1, trainer.model)
+        self.watchdog.set("engine step (launch, wait for and apply reductions)")
+
+    def on_step_end(self, trainer: Trainer, epoch: int, next_batch: int) -> None:
+        step = trainer.step
+        if self.check_every and step % self.check_every == 0:
+            self.check_replicas(step)
+        if self.checkpoint_every and step % self.checkpoint_every == 0:
+            self.save(trainer, epoch, next_batch)
+        self.watchdog.set("compute", step + 1)
+
+    def on_eval_start(self, trainer: Trainer) -> None:
+        self.watchdog.set("eval (all_reduce of buffers and counts)")
+
+    def on_epoch_end(self, trainer: Trainer, next_epoch: int) -> None:
+        if self.checkpoint_every:
+            self.save(trainer, next_epoch, 0)
+        self.watchdog.set("compute", trainer.step + 1)
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Run the loop; a timeout or lost peer becomes a :class:`~pipesgd.watchdog.HangError`
+        naming this rank's step and phase, what it waited on, and the silent peers."""
+        try:
+            yield
+        except Exception as e:
+            if is_comm_failure(e):
+                raise self.watchdog.explain(e) from e
+            raise
+        finally:
+            self.watchdog.close()
+
+    def summary(self) -> dict:
+        """Fields for summary.json."""
+        policy = getattr(self.engine, "nonfinite", None)
+        return {"param_checksum": param_checksum(self.module), "resumed_from_step": self.resumed_from,
+                "nonfinite_skipped_steps": list(policy.skipped) if policy is not None else []}
+
+    # ---- replica check ----
+
+    def check_replicas(self, step: int) -> None:
+        """All-gather every rank's parameter sha256 (32 bytes each) on the default group; raise
+        :class:`ReplicaMismatch` on every rank if they differ."""
+        if self.world_size == 1:
+            return
+        self.watchdog.set("replica check (all_gather of parameter checksums)")
+        mine = torch.tensor(list(bytes.fromhex(param_checksum(self.module))), dtype=torch.uint8, device=self.device)
+        out = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(out, mine)
+        problem = describe_mismatch([bytes(t.cpu().tolist()).hex() for t in out], step)
+        if problem:
+            raise ReplicaMismatch(problem + " (trainer.check_every found it; pipesgd applies identical updates on "
+                                  "every rank, so this is memory corruption, a bug or non-deterministic hardware)")
+
+    # ---- checkpoint ----
+
+    def save(self, trainer: Trainer, epoch: int, batch: int) -> None:
+        """Collective: every rank contributes its own state, rank 0 writes the checkpoint."""
+        self.watchdog.set("checkpoint (gather of every rank's state to rank 0)")
+        t0 = time.perf_counter()
+        engine = self.engine.state_dict()  # waits for in-flight reductions on every rank alike
+        mine = {"rng": rng_state(), "compressor": self.compressor.state_dict(),
+                "buffers": {k: b.detach().cpu().clone() for k, b in self.module.named_buffers()},
+                "losses": list(trainer.last_losses)}
+        ranks = self._gather(mine)
+        if self.rank != 0:
+            return
+        state = {
+            "format": FORMAT, "step": trainer.step, "epoch": epoch, "batch": batch,
+            "world_size": self.world_size, "config_digest": self.digest, "config": self.config,
+            "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "engine": engine, "ranks": ranks,
+        }
+        path = self.checkpoints.save(state, trainer.step)
+        log.info("checkpoint %s (step %d, epoch %d batch %d) in %.0f ms", path, trainer.step, epoch + 1, batch,
+                 (time.perf_counter() - t0) * 1e3)
+
+    def _gather(self, mine: dict) -> list[dict]:
+        if self.world_size == 1:
+            return [mine]
+        out = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(mine, out, dst=0)
+        return out
+
+    def _load_for_resume(self) -> dict | None:
+        """Rank 0 finds and verifies the checkpoint and broadcasts it; every rank gets the same
+        state, or None, or raises the same CheckpointError."""
+        box: list = [None]
+        if self.rank == 0:
+            try:
+                box[0] = self._find()
+            except CheckpointError as e:
+                box[0] = e
+        if self.world_size > 1:
+            dist.broadcast_object_list(box, src=0)
+        if isinstance(box[0], CheckpointError):
+            raise box[0]
+        return box[0]
+
+    def _find(self) -> dict | None:
+        if self.resume == "never":
+            return None
+        if self.resume == "auto":
+            self.checkpoints.remove_temporaries()  # no writer is running before training starts
+            found = self.checkpoints.newest_valid()
+            if found is None:
+                return None
+            path, state = found
+        else:
+            path, state = Path(self.resume), CheckpointDir.load(self.resume, require_checksum=False)
+        if state["world_size"] != self.world_size:
+            raise CheckpointError(f"checkpoint {path} was written by {state['world_size']} ranks, this job has "
+                                  f"{self.world_size}: the data shards and per-rank state would not line up; run "
+                                  f"with {state['world_size']} workers or set trainer.resume=never")
+        if state["config_digest"] != self.digest:
+            diff = "; ".join(config_diff(state["config"], self.config)) or "(keys differ)"
+            if self.resume == "auto":
+                raise CheckpointError(f"checkpoint {path} belongs to a run with another config ({diff}); use a new "
+                                      "run dir, set trainer.resume=never to start over, or trainer.resume=PATH to "
+                                      "continue from it anyway")
+            log.warning("resuming from %s although its config differs: %s", path, diff)
+        log.info("resuming from %s: step %d, epoch %d, batch %d", path, state["step"], state["epoch"] + 1,
+                 state["batch"])
+        return state
+
+    def _restore(self, state: dict, trainer: Trainer) -> None:
+        try:
+            self.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(dict(state["scheduler"]))
+            self.engine.load_state_dict(state["engine"])
+            mine = state["ranks"][self.rank]
+            self.compressor.load_state_dict(mine["compressor"])
+            buffers = dict(self.module.named_buffers())
+            for name, value in mine["buffers"].items():
+                buffers[name].copy_(value)
+        except (KeyError, RuntimeError, ValueError) as e:
+            raise CheckpointError(f"checkpoint of step {state['step']} does not fit this model/optimizer/engine: "
+                                  f"{type(e).__name__}: {' '.join(str(e).split())[:400]}") from e
+        set_rng_state(mine["rng"])
+        trainer.last_losses = list(mine["losses"])
+        trainer.step = state["step"]
+        self.resumed_from = state["step"]

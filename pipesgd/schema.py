@@ -1,0 +1,80 @@
+"""Structured config: the types of the top level, ``trainer`` and ``dist``, registered in Hydra's
+ConfigStore so that composition itself rejects an unknown key or a wrongly typed value, with
+Hydra's own message (``Key 'widht' not in 'TrainerConfig'``, ``Value 'two' of type 'str' could not
+be converted to Integer``), before anything else runs.
+
+The groups whose keys are constructor arguments (model, data, compressor, comm, optimizer,
+scheduler, timing) stay untyped here: ``instantiate`` checks them against the constructor's own
+signature and the constructor validates the values. Ranges and cross-field rules that a type cannot
+express (width >= 1, a known mode, a resume path that exists) live in :mod:`pipesgd.config`.
+
+``conf/config.yaml`` lists ``pipesgd_schema`` first in its defaults, so every YAML file and every
+override is merged onto these dataclasses. A new key in ``conf/trainer/*.yaml`` or a new top-level
+group needs a field here too. Importing this module registers the schema (in memory, no I/O).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+# OmegaConf reads these annotations at runtime: keep typing.Optional (not `X | None`) for
+# compatibility with every omegaconf 2.3 release.
+
+
+class NonFinite(str, Enum):
+    """What the ranks do, together, when a step's gradient has a NaN or inf on any rank."""
+
+    skip = "skip"    # drop that update on every rank (the schedule does not advance)
+    abort = "abort"  # stop the run on every rank with an error naming the step and the ranks
+
+
+@dataclass
+class TrainerConfig:
+    mode: str = "pipe"
+    width: int = 2
+    warmup_sync_steps: int = 0
+    epochs: int = 1
+    max_steps: Optional[int] = None
+    log_every: int = 50
+    lr_reference_batch: Optional[int] = 256
+    checkpoint_every: Optional[int] = 1000
+    keep_checkpoints: int = 2
+    resume: str = "auto"
+    nonfinite: NonFinite = NonFinite.abort
+    check_every: Optional[int] = 100
+
+
+@dataclass
+class DistConfig:
+    nproc: int = 2
+    backend: str = "auto"
+    timeout_s: float = 300.0
+    max_restarts: int = 0
+    threads_per_worker: Optional[int] = None
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    dist: DistConfig = field(default_factory=DistConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    model: Any = MISSING
+    data: Any = MISSING
+    compressor: Any = MISSING
+    comm: Any = MISSING
+    optimizer: Any = MISSING
+    scheduler: Any = MISSING
+    timing: Any = MISSING
+
+
+def register() -> None:
+    """Make ``pipesgd_schema`` available to Hydra's defaults list (idempotent)."""
+    ConfigStore.instance().store(name="pipesgd_schema", node=Config)
+
+
+register()

@@ -1,0 +1,233 @@
+"""Reliability end to end (docs/reliability.md): a worker SIGKILLed midway under the local launcher
+and under torchrun finishes bit-identical to an uninterrupted run; a corrupt newest checkpoint
+falls back to the previous one; a SIGSTOPped peer fails the job within dist.timeout_s naming it,
+with no process left; a NaN on one rank is skipped by all; a perturbed replica is named; a taken
+MASTER_PORT is explained; bad config is rejected by the schema with Hydra's message.
+
+Faults are injected with PIPESGD_FAULT (pipesgd/faults.py) at a chosen step, never by timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import pipesgd.schema  # noqa: F401  (registers the structured config)
+from conftest import SHARED_DATA
+from pipesgd.config import ConfigError, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+# 30 steps per epoch (60000 / 2 ranks / 1000), so 40 steps cross an epoch boundary (eval + an
+# epoch-end checkpoint at 30); checkpoints at 8, 16, 24, 30, 32, 40 (the newest 2 kept).
+MNIST = ["+experiment=mnist_mlp", "trainer.max_steps=40", "data.batch_size=1000", "optimizer.lr=0.05",
+         "trainer.lr_reference_batch=null", "trainer.checkpoint_every=8", "trainer.check_every=4",
+         "trainer.log_every=10", "dist.threads_per_worker=1"]
+KILL_STEP, RESUME_STEP = 35, 32
+
+
+def run(*overrides: str, tmp: Path, fault: str | None = None, prefix: tuple[str, ...] = ("-m", "pipesgd.train"),
+        extra_env: dict | None = None, timeout: float = 280) -> subprocess.CompletedProcess:
+    """``python <prefix> <overrides>`` from the repo root with a test tag in the environment."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(GLOO_SOCKET_IFNAME="lo", PIPESGD_TEST_TAG=uuid.uuid4().hex, **(extra_env or {}))
+    if fault:
+        env["PIPESGD_FAULT"] = fault
+    data = [f"data.root={SHARED_DATA}", f"data.cache_dir={tmp / 'cache'}"]
+    r = subprocess.run([sys.executable, *prefix, *overrides, *data], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    r.tag = env["PIPESGD_TEST_TAG"]
+    return r
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Live processes started with ``PIPESGD_TEST_TAG=tag`` in their environment."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and f"PIPESGD_TEST_TAG={tag}".encode() in (proc / "environ").read_bytes():
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+needs_mnist = pytest.mark.skipif(not (SHARED_DATA / "mnist").is_dir(), reason=f"no MNIST under {SHARED_DATA}")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[Path, dict]:
+    """The uninterrupted run: its run dir and summary."""
+    if not (SHARED_DATA / "mnist").is_dir():
+        pytest.skip(f"offline datasets not found at {SHARED_DATA}")
+    tmp = tmp_path_factory.mktemp("reference")
+    r = run(*MNIST, f"hydra.run.dir={tmp / 'run'}", tmp=tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = summary(tmp / "run")
+    assert s["steps"] == 40 and s["resumed_from_step"] is None and re.fullmatch(r"[0-9a-f]{64}", s["param_checksum"])
+    assert s["test_accuracy"] > 0.5, "the run must really train, or equality proves little"
+    return tmp / "run", s
+
+
+@needs_mnist
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_killed_worker_restarts_and_finishes_bit_identical(launcher, reference, tmp_path):
+    run_dir = tmp_path / "run"
+    if launcher == "local":
+        r = run(*MNIST, "dist.max_restarts=2", f"hydra.run.dir={run_dir}", tmp=tmp_path,
+                fault=f"kill:1:{KILL_STEP}")
+    else:
+        r = run(*MNIST, f"hydra.run.dir={run_dir}", tmp=tmp_path, fault=f"kill:1:{KILL_STEP}",
+                prefix=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=2",
+                        "-m", "pipesgd.train"))
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert f"does 'kill' at step {KILL_STEP}" in r.stderr, "the fault must have fired"
+    assert f"resuming from {run_dir / 'checkpoints' / f'step-{RESUME_STEP:08d}.pt'}" in r.stderr
+    s = summary(run_dir)
+    assert s["resumed_from_step"] == RESUME_STEP and s["steps"] == 40
+    assert s["param_checksum"] == reference[1]["param_checksum"], "final weights must be bit-identical"
+    assert s["test_accuracy"] == reference[1]["test_accuracy"]
+    assert not tagged_processes(r.tag)
+
+
+@needs_mnist
+@pytest.mark.timeout(400)
+def test_corrupt_newest_checkpoint_is_reported_and_the_previous_used(reference, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference[0], run_dir)
+    newest = run_dir / "checkpoints" / "step-00000040.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    r = run(*MNIST, f"hydra.run.dir={run_dir}", tmp=tmp_path)  # trainer.resume=auto is the default
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"checkpoint .*step-00000040\.pt is corrupt: sha256 [0-9a-f]+ does not match", r.stderr)
+    assert f"resuming from {run_dir / 'checkpoints' / 'step-00000032.pt'}" in r.stderr
+    s = summary(run_dir)
+    assert s["resumed_from_step"] == 32 and s["param_checksum"] == reference[1]["param_checksum"]
+
+
+@needs_mnist
+@pytest.mark.timeout(300)
+def test_stopped_peer_fails_the_job_naming_it_and_leaves_no_process(tmp_path):
+    """Rank 1 SIGSTOPs itself in step 5; rank 0 gives up after dist.timeout_s and names it."""
+    r = run(*MNIST, "dist.timeout_s=10", f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path, fault="stop:1:5")
+    assert r.returncode == 1, r.stderr[-3000:]
+    error = next(line for line in r.stderr.splitlines() if "[ERROR]" in line)
+    assert "worker rank 0 failed (exit code 1): HangError: rank 0 failed at step 6 during engine step" in error
+    assert "receiving from rank 1" in error and "Timed out waiting 10000ms" in error
+    stopped = int(re.search(r"rank 1 \(pid (\d+)\) does 'stop' at step 5", r.stderr).group(1))
+    assert re.search(rf"silent: rank 1 \(pid {stopped} on [^;]+; last heartbeat [\d.]+ s ago", error), error
+    assert "Traceback" not in error
+    assert not tagged_processes(r.tag), "no worker (in particular the stopped one) may outlive the launcher"
+
+
+@needs_mnist
+@pytest.mark.timeout(300)
+def test_nan_on_one_rank_is_skipped_by_every_rank(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run(*MNIST, "trainer.max_steps=12", "trainer.nonfinite=skip", "trainer.check_every=1",
+            f"hydra.run.dir={run_dir}", tmp=tmp_path, fault="nan:1:7")
+    assert r.returncode == 0, r.stderr[-3000:]
+    skips = [line for line in r.stderr.splitlines()
+             if "non-finite gradient at step 7 (1 NaN/inf values on rank(s) 1): update skipped on every rank" in line]
+    assert len(skips) == 2 and any("[rank 1]" in line for line in skips), "both ranks decide, the same step"
+    s = summary(run_dir)
+    assert s["nonfinite_skipped_steps"] == [7] and s["steps"] == 12  # check_every=1 passed at every step
+
+
+@needs_mnist
+@pytest.mark.timeout(300)
+def test_perturbed_replica_is_named(tmp_path):
+    """Two ranks have no majority: both digests are named (the 3-rank wording is unit-tested)."""
+    r = run(*MNIST, "trainer.max_steps=12", f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path, fault="perturb:1:5")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert re.search(r"ReplicaMismatch: replicas diverged at step 8: rank 0: sha256 [0-9a-f]{12}; rank 1: sha256 "
+                     r"[0-9a-f]{12} \(trainer.check_every found it", r.stderr), r.stderr[-3000:]
+    assert not tagged_processes(r.tag)
+
+
+@pytest.mark.timeout(120)
+def test_taken_master_port_is_explained(tmp_path):
+    """Under a torchrun environment rank 0 hosts the store on MASTER_PORT; if that port is taken
+    the run stops with a message saying so (the local launcher always picks a free port)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run("+experiment=mnist_mlp", f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path, extra_env={
+            "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert (f"rank 0 cannot host the job's store on MASTER_ADDR:MASTER_PORT=127.0.0.1:{port}: the port is already "
+            "in use") in r.stderr
+    assert "torchrun --master-port" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------- config validation (no workers)
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=["+experiment=mnist_mlp", *overrides])
+
+
+@pytest.mark.parametrize("override,message", [
+    ("trainer.widht=3", "Could not override 'trainer.widht'"),
+    ("dist.timeot_s=3", "Could not override 'dist.timeot_s'"),
+    ("trainer.width=two", "Value 'two' of type 'str' could not be converted to Integer"),
+    ("dist.timeout_s=soon", "Value 'soon' of type 'str' could not be converted to Float"),
+    ("trainer.nonfinite=maybe", "Invalid value 'maybe', expected one of [skip, abort]"),
+    ("trainer.checkpoint_every=often", "could not be converted to Integer"),
+])
+def test_schema_rejects_unknown_keys_and_wrong_types_with_hydras_message(override, message):
+    with pytest.raises(Exception) as err:
+        composed(override)
+    text = f"{err.value} {err.value.__cause__}"
+    assert message in text, text
+
+
+@pytest.mark.parametrize("override,message", [
+    ("+trainer.widht=3", "trainer.widht is not a setting; did you mean trainer.width? allowed: mode, width"),
+    ("+dist.procs=3", "dist.procs is not a setting; did you mean dist.nproc?"),
+    ("+sed=1", "sed is not a setting; did you mean seed?"),
+    ("trainer.keep_checkpoints=0", "trainer.keep_checkpoints=0 is invalid: must be an integer >= 1"),
+    ("trainer.checkpoint_every=0", "trainer.checkpoint_every=0 is invalid: must be an integer >= 1 (steps between "
+                                   "checkpoints, or null for none)"),
+    ("trainer.check_every=-1", "trainer.check_every=-1 is invalid"),
+    ("trainer.resume=/nonexistent/step-00000008.pt", "trainer.resume='/nonexistent/step-00000008.pt' is not a "
+                                                     "checkpoint file; allowed: auto"),
+])
+def test_forced_keys_and_ranges_are_explained(override, message):
+    """``+key=value`` appends past a schema by Hydra's design; validate() names such keys."""
+    with pytest.raises(ConfigError) as err:
+        validate(composed(override))
+    assert message in str(err.value)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("override,message", [
+    ("trainer.widht=3", "Could not override 'trainer.widht'"),
+    ("data.batch_size=40000", "data.batch_size=40000 is larger than the 30000 training samples each of the 2 ranks"),
+])
+def test_bad_config_on_the_command_line_fails_before_workers_start(override, message, tmp_path):
+    r = run("+experiment=mnist_mlp", override, f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path)
+    assert r.returncode != 0 and message in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "] - training " not in r.stderr, "no worker may have started"
