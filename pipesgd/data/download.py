@@ -179,6 +179,8 @@ def download(
                     out.write(chunk)
                     h.update(chunk)
                     received += len(chunk)
+                out.flush()
+                os.fsync(out.fileno())  # the rename below must not publish unwritten blocks
         except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
             reason = getattr(e, "reason", None) or e
             raise DatasetError(f"could not download {url}: {reason}") from e
