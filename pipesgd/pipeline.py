@@ -169,9 +169,9 @@ class PipeSGD:
         stats.wait_s += t1 - t0
         stats.comm += reduced.stats
         if reduced.nonfinite:
-            counts = self._reducer.gather(int(reduced.local_nonfinite))
-            ranks = [str(r) for r, c in enumerate(counts) if c]
-            where = (f"{sum(counts)} NaN/inf values on rank(s) {', '.join(ranks)}" if ranks else
+            flags = self._reducer.gather(int(reduced.local_nonfinite))
+            ranks = [str(r) for r, bad in enumerate(flags) if bad]
+            where = (f"NaN/inf on rank(s) {', '.join(ranks)}" if ranks else
                      "no rank reports NaN/inf of its own: the sum overflowed, or it was restored from a checkpoint")
             self.nonfinite.bad(step, where)
             stats.skipped = True
@@ -201,8 +201,7 @@ class PipeSGD:
         parameter order, then the non-finite flag. Waiting for them here exposes at most one
         reduction's time once per checkpoint; the values are identical on every rank."""
         done = [self._wait(h, self.steps - len(self._pending) + 1 + i) for i, h in enumerate(self._pending)]
-        self._pending = deque(CompletedHandle(Reduced(r.flat.clone(), CommStats(), r.local_nonfinite))
-                              for r in done)
+        self._pending = deque(CompletedHandle(Reduced(r.flat, CommStats(), r.local_nonfinite)) for r in done)
         return {"width": self.width, "steps": self.steps, "pending": [r.flat.clone() for r in done],
                 "nonfinite": self.nonfinite.state_dict()}
 

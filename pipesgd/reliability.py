@@ -70,12 +70,14 @@ class Reliability(TrainerHooks):
     ``keep`` in ``<run_dir>/checkpoints``; ``resume`` is ``auto`` (the newest valid checkpoint
     there), ``never`` or a checkpoint path; the replicas' parameter checksums are compared every
     ``check_every`` steps (None: never). ``config`` is the resolved config as plain containers.
+    ``watchdog`` (default: no heartbeats) records where this rank is, its heartbeat runs from
+    ``on_fit_start`` until :meth:`guard` exits; ``faults`` (default: none) are fired after backward.
     """
 
     def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, engine,
                  compressor, rank: int, world_size: int, device: torch.device, run_dir: str | Path,
-                 config: dict, timeout_s: float, checkpoint_every: int | None = None, keep: int = 2,
-                 resume: str = "auto", check_every: int | None = None):
+                 config: dict, checkpoint_every: int | None = None, keep: int = 2, resume: str = "auto",
+                 check_every: int | None = None, watchdog: Watchdog | None = None, faults: Faults | None = None):
         self.module = getattr(model, "module", model)
         self.optimizer, self.scheduler, self.engine, self.compressor = optimizer, scheduler, engine, compressor
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -83,13 +85,14 @@ class Reliability(TrainerHooks):
         self.checkpoint_every, self.check_every, self.resume = checkpoint_every, check_every, resume
         self.config = hashed_config(config)
         self.digest = config_digest(config)
-        self.watchdog = Watchdog.from_env(rank, world_size, timeout_s).start()
-        self.faults = Faults.from_env(rank)
+        self.watchdog = watchdog or Watchdog(rank, world_size, timeout_s=300.0)
+        self.faults = faults or Faults([], rank)
         self.resumed_from: int | None = None
 
     # ---- hooks ----
 
     def on_fit_start(self, trainer: Trainer) -> tuple[int, int]:
+        self.watchdog.start()
         self.watchdog.set("resume (rank 0 reads the checkpoint and broadcasts it)", trainer.step)
         state = self._load_for_resume()
         epoch, batch = 0, 0

@@ -25,11 +25,13 @@ from . import dist as pdist
 from . import launch, schema  # noqa: F401  (schema: registers the structured config with Hydra)
 from .config import ConfigError, check_batch, validate
 from .data import DatasetError
+from .faults import Faults
 from .metrics import make_writer
 from .modes import ModeArgs, build
 from .reliability import Reliability
 from .runinfo import git_commit, write_json_atomic
 from .trainer import Trainer, median
+from .watchdog import Watchdog
 
 log = logging.getLogger("pipesgd.train")
 
@@ -125,8 +127,9 @@ def worker(container: dict, run_dir: str) -> None:
         reliability = Reliability(
             model=model, optimizer=optimizer, scheduler=scheduler, engine=engine, compressor=compressor,
             rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, run_dir=run_dir, config=container,
-            timeout_s=cfg.dist.timeout_s, checkpoint_every=t.checkpoint_every, keep=t.keep_checkpoints,
-            resume=t.resume, check_every=t.check_every)
+            checkpoint_every=t.checkpoint_every, keep=t.keep_checkpoints, resume=t.resume,
+            check_every=t.check_every, faults=Faults.from_env(ctx.rank),
+            watchdog=Watchdog.from_env(ctx.rank, ctx.world_size, cfg.dist.timeout_s))
         trainer = Trainer(model, engine, optimizer, scheduler, train_loader, eval_loader, writer,
                           epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
                           log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main,
