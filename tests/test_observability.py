@@ -1,16 +1,18 @@
-"""What users look at, from one real 2-job multirun (sync and pipe, traced): the trace-event JSON,
-the timeline PNG, the TensorBoard events read back with TensorBoard's own reader, and the sweep
-report. The run is shared by the module (one multirun, ~2 x 15 s) to keep the suite fast."""
+"""What users look at, from one real 2-job multirun (sync and pipe, traced) made by
+examples/sweep.sh: the trace-event JSON, the timeline PNG, the TensorBoard events read back with
+TensorBoard's own reader, and the sweep report. The module shares the one multirun (~2 x 15 s on
+a quiet machine) to keep the suite fast."""
 
 import csv
 import json
+import os
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_train import ROOT, fast, train
+from test_train import ROOT, fast
 
 from pipesgd.report import ReportError, sweep_report
 from pipesgd.trace import CATEGORIES
@@ -25,14 +27,19 @@ def sweep(tmp_path_factory, request):
         pytest.skip(f"offline datasets not found at {data}")
     tmp = tmp_path_factory.mktemp("obs")
     out = tmp / "sweep"
-    r = train("-m", "+experiment=mnist_mlp", *fast(tmp, data), f"trainer.max_steps={STEPS}",
-              "trainer.mode=sync,pipe", "trainer.trace=true", f"hydra.sweep.dir={out}")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(GLOO_SOCKET_IFNAME="lo", PYTHON=sys.executable)
+    r = subprocess.run(["bash", "examples/sweep.sh", str(out), "+experiment=mnist_mlp", *fast(tmp, data),
+                        f"trainer.max_steps={STEPS}", "trainer.mode=sync,pipe", "trainer.trace=true"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("| job | mode | width | compressor |"), "sweep.sh ends with the report"
     return out
 
 
 def jobs(sweep: Path) -> dict[str, Path]:
-    return {json.loads((d / "summary.json").read_text())["mode"]: d for d in sorted(sweep.iterdir()) if d.is_dir()}
+    return {json.loads((d / "summary.json").read_text())["mode"]: d for d in sorted(sweep.iterdir())
+            if (d / "summary.json").exists()}
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -126,12 +133,8 @@ def test_tensorboard_events_read_back(sweep):
 
 
 @pytest.mark.timeout(300)
-def test_sweep_report_from_a_real_multirun(sweep, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pipesgd.report", "sweep", str(sweep), "--out", str(tmp_path)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("| job | mode | width | compressor |")
-    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+def test_sweep_report_from_a_real_multirun(sweep):
+    rows = list(csv.DictReader((sweep / "sweep.csv").open()))
     assert [(row["mode"], row["width"], row["compressor"], row["p"]) for row in rows] == [
         ("sync", "1", "none", "2"), ("pipe", "2", "none", "2")]
     sync, pipe = (json.loads((jobs(sweep)[m] / "summary.json").read_text()) for m in ("sync", "pipe"))
@@ -139,10 +142,10 @@ def test_sweep_report_from_a_real_multirun(sweep, tmp_path):
     assert float(rows[1]["speedup_vs_sync"]) == pytest.approx(sync["median_iter_ms"] / pipe["median_iter_ms"])
     assert float(rows[1]["test_accuracy"]) == pytest.approx(pipe["test_accuracy"])
     assert float(rows[1]["iter_ms"]) == pytest.approx(pipe["median_iter_ms"])
-    md = (tmp_path / "sweep.md").read_text()
+    md = (sweep / "sweep.md").read_text()
     assert md.count("\n| ") == 4 and "| 1 | pipe | 2 | none | ring | 2 |" in md
     for name in ("sweep_accuracy.png", "sweep_breakdown.png"):
-        width, height = png_size(tmp_path / name)
+        width, height = png_size(sweep / name)
         assert width > 500 and height > 200
 
 
