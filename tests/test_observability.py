@@ -160,3 +160,18 @@ def test_sweep_report_names_a_dir_without_summaries(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pipesgd.report", "timeline", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "trainer.trace=true" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.timeout(60)
+def test_overlap_stats_clip_to_the_window():
+    from pipesgd.report.timeline import Span, Trace, overlap_stats
+
+    spans = [Span(0, 1, "reduce-scatter", "comm", 0.0, 8.0, None),   # 6 ms inside [2, 12]
+             Span(0, 1, "decode+add", "compress", 8.0, 10.0, None),  # 2 ms
+             Span(1, 1, "allgather", "comm", 11.0, 20.0, None),      # 1 ms
+             Span(0, 0, "wait", "wait", 9.0, 10.0, 5),               # 1 ms
+             Span(1, 0, "wait", "wait", 1.0, 3.0, 5),                # 1 ms
+             Span(0, 0, "forward", "compute", 2.0, 9.0, 6)]          # not communication
+    stats = overlap_stats(Trace(spans, {}, {}), 2.0, 12.0)
+    assert stats == pytest.approx({"comm_busy_ms": 9.0, "waited_ms": 2.0, "hidden_fraction": 7 / 9})
+    assert overlap_stats(Trace(spans[3:], {}, {}), 2.0, 12.0)["hidden_fraction"] == 0.0

@@ -6,8 +6,11 @@ import sys
 import threading
 
 import pytest
+from hydra import compose, initialize_config_dir
+from test_train import ROOT
 
 from pipesgd import trace
+from pipesgd.config import ConfigError, validate
 
 
 def _work(tracer, name, cat, n, step=-1):
@@ -89,3 +92,15 @@ def test_install_switches_every_caller():
         trace.install(trace.NULL_TRACER)
     assert [s[1] for s in tr.part().spans] == ["wait"]
     assert trace.current() is trace.NULL_TRACER
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("override,message", [
+    ("trainer.trace_steps=0", "trainer.trace_steps=0 is invalid: must be an integer >= 1"),
+    ("trainer.trace=sometimes", "trainer.trace='sometimes' is invalid: must be true or false"),
+])
+def test_trace_settings_are_checked_before_workers_start(override, message):
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[override])
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)

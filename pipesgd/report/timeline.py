@@ -146,10 +146,13 @@ def render_timeline(run_dir: str | Path, out: str | Path | None = None, steps: i
     m = trace.meta
     what = (f"{m.get('mode', '?')} (width {m.get('width', '?')}), compressor {m.get('compressor', '?')}, "
             f"{m.get('allreduce', '?')} allreduce, {len({r for r, _ in lanes})} ranks")
-    ax.set_title(f"{what}: steps {chosen[0]}-{chosen[-1]}\n"
-                 f"communication hidden behind compute: {100 * stats['hidden_fraction']:.0f}% "
-                 f"(comm threads busy {stats['comm_busy_ms']:.1f} ms, training threads waited "
-                 f"{stats['waited_ms']:.1f} ms, summed over ranks)", fontsize=9, pad=16)
+    if stats["comm_busy_ms"] > 0:
+        verdict = (f"communication hidden behind compute: {100 * stats['hidden_fraction']:.0f}% "
+                   f"(comm threads busy {stats['comm_busy_ms']:.1f} ms, training threads waited "
+                   f"{stats['waited_ms']:.1f} ms, summed over ranks)")
+    else:
+        verdict = "no communication-thread spans here (one process, or DDP, which communicates inside backward)"
+    ax.set_title(f"{what}: steps {chosen[0]}-{chosen[-1]}\n{verdict}", fontsize=9, pad=16)
     run_dir = Path(run_dir)
     path = Path(out) if out is not None else (run_dir if run_dir.is_dir() else run_dir.parent) / "timeline.png"
     fig.savefig(path)
