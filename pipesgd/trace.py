@@ -22,6 +22,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from .runinfo import write_json_atomic
 
 CATEGORIES = ("compute", "pack", "wait", "update", "comm", "compress", "eval")
 """Span categories: the trainer's forward/backward (compute) and evaluation (eval); the engine's
@@ -180,8 +183,6 @@ def save(tracer: Tracer, run_dir: str, metadata: dict | None = None) -> None:
     """
     import torch.distributed as dist
 
-    from .runinfo import write_json_atomic
-
     install(NULL_TRACER)
     part = tracer.part()
     if dist.is_available() and dist.is_initialized():
@@ -190,6 +191,4 @@ def save(tracer: Tracer, run_dir: str, metadata: dict | None = None) -> None:
     else:
         parts = [part]
     if parts is not None:
-        from pathlib import Path
-
         write_json_atomic(Path(run_dir) / "trace.json", chrome_trace(parts, metadata))

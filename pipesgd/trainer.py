@@ -115,8 +115,8 @@ class Trainer:
             h.ratio.append(stats.comm.ratio)
             t_prev = t2
             self.step += 1
-            # Comm time the thread spent while the caller was not waiting for it (never negative:
-            # at width 1 the wait also covers the hand-off to the thread).
+            # hidden = the reduction's time on the comm thread minus the caller's wait, floored at 0
+            # (at width 1 the wait also covers the hand-off to the thread); DDP times no reduction.
             timed_comm = stats.applied and stats.comm.seconds > 0
             self.writer.scalars({
                 "train/loss": loss_value,
@@ -188,4 +188,3 @@ def _average_buffers(model: nn.Module) -> None:
         if b.is_floating_point():
             dist.all_reduce(b)
             b /= dist.get_world_size()
-

@@ -46,7 +46,7 @@ def test_plain_loop_falls_back_to_synthetic_data(tmp_path):
     r = run(sys.executable, str(EXAMPLES / "plain_loop.py"), "--steps", "30", "--log-every", "10",
             "--data-root", str(tmp_path), "--compressor", "int8", "--width", "3")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f"MNIST not found: looked for" in r.stderr and "training on synthetic data instead" in r.stderr
+    assert "MNIST not found: looked for" in r.stderr and "training on synthetic data instead" in r.stderr
     assert "test accuracy" in r.stderr and "on 1 worker(s), width 3, compressor int8" in r.stderr
 
 

@@ -50,7 +50,9 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def overlap_ms(a: list[dict], b: list[dict]) -> float:
-    return sum(max(0.0, min(x["ts"] + x["dur"], y["ts"] + y["dur"]) - max(x["ts"], y["ts"])) for x in a for y in b) / 1e3
+    """Total time (ms) during which a span of ``a`` and a span of ``b`` both run."""
+    return sum(max(0.0, min(x["ts"] + x["dur"], y["ts"] + y["dur"]) - max(x["ts"], y["ts"]))
+               for x in a for y in b) / 1e3
 
 
 @pytest.mark.timeout(300)
