@@ -128,6 +128,7 @@ def worker(container: dict, run_dir: str) -> None:
         result = trainer.fit()
         if tracer.enabled:
             trace.save(tracer, run_dir, {"mode": cfg.trainer.mode, "width": engine.width,
+                                         "warmup_sync_steps": cfg.trainer.warmup_sync_steps,
                                          "compressor": compressor.name, "allreduce": cfg.comm.name})
         if ctx.is_main:
             h = trainer.history

@@ -177,3 +177,15 @@ def test_overlap_stats_clip_to_the_window():
     stats = overlap_stats(Trace(spans, {}, {}), 2.0, 12.0)
     assert stats == pytest.approx({"comm_busy_ms": 9.0, "waited_ms": 2.0, "hidden_fraction": 7 / 9})
     assert overlap_stats(Trace(spans[3:], {}, {}), 2.0, 12.0)["hidden_fraction"] == 0.0
+
+
+@pytest.mark.timeout(60)
+def test_default_window_skips_the_warm_up_and_fill():
+    from pipesgd.report.timeline import Span, Trace, pick_steps
+
+    spans = [Span(0, 0, "forward", "compute", float(s), s + 0.5, s) for s in range(20)]
+    assert pick_steps(Trace(spans, {}, {"width": 2, "warmup_sync_steps": 10}), 4) == [13, 14, 15, 16]
+    assert pick_steps(Trace(spans, {}, {}), 4) == [8, 9, 10, 11]
+    assert pick_steps(Trace(spans, {}, {"width": 2, "warmup_sync_steps": 50}), 4) == [8, 9, 10, 11]
+    with pytest.raises(ReportError, match="step 30 is not in the trace; traced steps are 0..19"):
+        pick_steps(Trace(spans, {}, {}), 4, first=30)

@@ -69,12 +69,14 @@ def load_trace(path: str | Path) -> Trace:
 
 def pick_steps(trace: Trace, count: int, first: int | None = None) -> list[int]:
     """``count`` consecutive traced steps starting at ``first``; by default from the middle of
-    the trace, past the pipeline's fill and any synchronous warm-up at the start."""
+    the traced steps that come after the synchronous warm-up and the pipeline's fill."""
     steps = sorted({s.step for s in trace.spans if s.name == "forward" and s.step is not None})
     if not steps:
         raise ReportError("the trace has no forward spans with a step number")
     if first is None:
-        first = steps[max(0, len(steps) // 2 - count // 2)]
+        fill = int(trace.meta.get("warmup_sync_steps") or 0) + int(trace.meta.get("width") or 1) - 1
+        steady = [s for s in steps if s >= fill] or steps
+        first = steady[max(0, len(steady) // 2 - count // 2)]
     elif first not in steps:
         raise ReportError(f"step {first} is not in the trace; traced steps are {steps[0]}..{steps[-1]}")
     chosen = [s for s in steps if first <= s < first + count]
