@@ -35,6 +35,10 @@ def validate(cfg: DictConfig) -> None:
     _int_at_least(cfg, "trainer.epochs", 1)
     _int_at_least(cfg, "trainer.max_steps", 1, "or null for whole epochs", optional=True)
     _int_at_least(cfg, "trainer.log_every", 1)
+    _int_at_least(cfg, "trainer.trace_steps", 1, "steps recorded when trainer.trace=true, or null for all",
+                  optional=True)
+    if not isinstance(cfg.trainer.trace, bool):
+        raise ConfigError(f"trainer.trace={cfg.trainer.trace!r} is invalid: must be true or false")
     _int_at_least(cfg, "seed", 0)
     _int_at_least(cfg, "dist.threads_per_worker", 1, "or null for cores / local workers", optional=True)
     if cfg.dist.timeout_s is None or cfg.dist.timeout_s <= 0:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from . import trace
 from .comm import CommStats
 from .comm.ring import chunk_bounds
 from .compress import Compressor
@@ -50,7 +51,8 @@ class DDPEngine:
 
     def step(self) -> StepStats:
         t0 = time.perf_counter()
-        self.optimizer.step()
+        with trace.current().span("update", "update", self.steps):
+            self.optimizer.step()
         self.steps += 1
         self.last = StepStats(update_s=time.perf_counter() - t0, applied=True,
                               comm=CommStats(self._comm.wire_bytes, self._comm.raw_bytes))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from . import trace
 from .comm import CommStats, CompletedHandle, Handle, get_allreduce
 from .comm.native import check_native, native_allreduce
 from .compress import Compressor, get_compressor
@@ -30,13 +31,15 @@ from .reducer import Reduced, Reducer
 
 @dataclass
 class StepStats:
-    """Where the caller's time went inside one ``step()``; ``comm`` is the applied reduction's cost."""
+    """Where the caller's time went inside one ``step()``; ``comm`` is the applied reduction's cost.
+    ``staleness``: how many steps old the applied gradient is (0 = this step's; K-1 in a full pipeline)."""
 
     pack_s: float = 0.0
     wait_s: float = 0.0
     update_s: float = 0.0
     applied: bool = False
     comm: CommStats = field(default_factory=CommStats)
+    staleness: int = 0
 
 
 class PipeSGD:
@@ -83,7 +86,8 @@ class PipeSGD:
     def step(self) -> StepStats:
         """Launch this step's reduction; apply the one from K-1 steps ago if there is one."""
         t0 = time.perf_counter()
-        self._pending.append(self._reducer.launch())
+        with trace.current().span("pack", "pack", self.steps):
+            self._pending.append(self._reducer.launch())
         stats = StepStats(pack_s=time.perf_counter() - t0)
         width = 1 if self.steps < self.warmup_sync_steps else self.width
         if len(self._pending) == width:
@@ -100,11 +104,15 @@ class PipeSGD:
         return stats
 
     def _apply_oldest(self, stats: StepStats) -> None:
+        tr = trace.current()
         t0 = time.perf_counter()
-        reduced = self._pending.popleft().wait()
+        with tr.span("wait", "wait", self.steps):
+            reduced = self._pending.popleft().wait()
         t1 = time.perf_counter()
-        self._reducer.unflatten(reduced.flat)
-        self.optimizer.step()
+        with tr.span("update", "update", self.steps):
+            self._reducer.unflatten(reduced.flat)
+            self.optimizer.step()
+        stats.staleness = len(self._pending)
         stats.wait_s += t1 - t0
         stats.update_s += time.perf_counter() - t1
         stats.applied = True

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from . import trace
 from .comm import CommStats, CommThread, CompletedHandle, Handle
 from .compress import Compressor
 
@@ -62,7 +63,8 @@ class Reducer:
 
         def job() -> Reduced:
             stats = self.allreduce(flat, self.compressor, self.group)
-            flat.div_(world)
+            with trace.current().span("average", "comm"):
+                flat.div_(world)
             return Reduced(flat, stats)
 
         return self._thread.submit(job)

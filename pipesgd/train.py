@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import dist as pdist
-from . import launch
+from . import launch, trace
 from .config import ConfigError, validate
 from .data import DatasetError
 from .metrics import make_writer
@@ -90,6 +90,8 @@ def worker(container: dict, run_dir: str) -> None:
     ctx = pdist.init(cfg.dist.backend, cfg.dist.timeout_s)
     engine = writer = None
     try:
+        tracer = trace.Tracer(ctx.rank, cfg.trainer.trace_steps) if cfg.trainer.trace else trace.NULL_TRACER
+        trace.install(tracer)
         run_dir = pdist.broadcast_object(run_dir, ctx)
         torch.manual_seed(cfg.seed)
         dataset = instantiate(cfg.data)
@@ -117,17 +119,26 @@ def worker(container: dict, run_dir: str) -> None:
         log.info("mode=%s width=%d compressor=%s comm=%s world=%d global batch %d lr %.4g threads/worker %d",
                  cfg.trainer.mode, engine.width, compressor.name, cfg.comm.name, ctx.world_size,
                  global_batch, lr, threads)
+        timing = instantiate(cfg.timing)
         trainer = Trainer(model, engine, optimizer, scheduler, train_loader, eval_loader, writer,
                           epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
-                          log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main)
+                          log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main,
+                          predict=lambda h: _predict_iter_ms(cfg, timing, engine, ctx.world_size, model, h,
+                                                             compressor.name))
         result = trainer.fit()
+        if tracer.enabled:
+            trace.save(tracer, run_dir, {"mode": cfg.trainer.mode, "width": engine.width,
+                                         "warmup_sync_steps": cfg.trainer.warmup_sync_steps,
+                                         "compressor": compressor.name, "allreduce": cfg.comm.name})
         if ctx.is_main:
             h = trainer.history
             applied_bytes = [b for b in h.wire_bytes if b]
-            ratio = median([r for r, b in zip(h.ratio, h.wire_bytes) if b]) or 1.0
-            predicted = _predict_iter_ms(cfg, engine, ctx.world_size, model, h, ratio, compressor.name)
-            writer.scalars({"time/predicted_iter_ms": predicted, "time/measured_iter_ms": median(h.iter_ms)},
-                           trainer.step)
+            ratio = _ratio(h)
+            predicted = _predict_iter_ms(cfg, timing, engine, ctx.world_size, model, h, compressor.name)
+            writer.hparams(_hparams(cfg, engine.width, compressor.name, ctx.world_size, global_batch), {
+                "hparams/test_accuracy": result["test_accuracy"], "hparams/test_loss": result["test_loss"],
+                "hparams/iter_ms": median(h.iter_ms), "hparams/predicted_iter_ms": predicted,
+                "hparams/wall_seconds": result["wall_seconds"]}, trainer.step)
             summary = {
                 "mode": cfg.trainer.mode, "width": engine.width, "compressor": compressor.name,
                 "allreduce": cfg.comm.name, "world_size": ctx.world_size, "backend": ctx.backend,
@@ -147,6 +158,7 @@ def worker(container: dict, run_dir: str) -> None:
             }
             write_json_atomic(Path(run_dir) / "summary.json", summary)
     finally:
+        trace.install(trace.NULL_TRACER)
         if writer is not None:
             writer.close()
         if engine is not None:
@@ -154,12 +166,27 @@ def worker(container: dict, run_dir: str) -> None:
         pdist.destroy()
 
 
-def _predict_iter_ms(cfg: DictConfig, engine, world_size: int, model: torch.nn.Module, h, ratio: float,
+def _ratio(h) -> float:
+    """Median measured compression ratio of the steps that applied a reduction."""
+    return median([r for r, b in zip(h.ratio, h.wire_bytes) if b]) or 1.0
+
+
+def _hparams(cfg: DictConfig, width: int, compressor: str, world_size: int, global_batch: int) -> dict:
+    """What a sweep varies, flat, for TensorBoard's HParams tab."""
+    return {"mode": cfg.trainer.mode, "width": width, "compressor": compressor, "comm": cfg.comm.name,
+            "world_size": world_size, "model": cfg.model._target_.rsplit(".", 1)[-1],
+            "data": cfg.data._target_.rsplit(".", 1)[-1], "global_batch": global_batch,
+            "lr": float(cfg.optimizer.lr), "warmup_sync_steps": cfg.trainer.warmup_sync_steps,
+            "seed": cfg.seed}
+
+
+def _predict_iter_ms(cfg: DictConfig, timing, engine, world_size: int, model: torch.nn.Module, h,
                      compressor: str) -> float | None:
-    """The timing model's iteration time for this run, fed with the compute time it measured."""
+    """The timing model's iteration time for this run, fed with the compute time and compression
+    ratio it measured so far (None before the first step)."""
     if not h.compute_ms:
         return None
-    timing = instantiate(cfg.timing)
+    ratio = _ratio(h)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     # ddp times its allreduce inside backward; separate compute is not observable there.
     algorithm = "ring" if cfg.comm.name in ("ring", "native") else cfg.comm.name

@@ -7,6 +7,7 @@ import logging
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -14,7 +15,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from . import trace
 from .metrics import MetricWriter
+from .progress import Status, make_progress
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +41,13 @@ def median(xs: list[float]) -> float | None:
 
 
 class Trainer:
+    """``predict(history) -> ms``, if given, is the timing model's iteration time for what the run
+    has measured so far; it is logged next to the measured median at every progress point."""
+
     def __init__(self, model: nn.Module, engine, optimizer: torch.optim.Optimizer, scheduler,
                  train_loader, eval_loader, writer: MetricWriter, *, epochs: int,
-                 max_steps: int | None, log_every: int, device: torch.device, is_main: bool):
+                 max_steps: int | None, log_every: int, device: torch.device, is_main: bool,
+                 predict: Callable[[History], float | None] | None = None):
         self.model, self.engine, self.optimizer, self.scheduler = model, engine, optimizer, scheduler
         self.train_loader, self.eval_loader = train_loader, eval_loader
         self.writer = writer
@@ -48,6 +55,8 @@ class Trainer:
         per_epoch = len(train_loader)
         self.total_steps = min(epochs * per_epoch, max_steps) if max_steps else epochs * per_epoch
         self.is_main = is_main
+        self.predict = predict
+        self.progress = make_progress(self.total_steps, log_every, is_main)
         self.history = History()
         self.step = 0
         self.last_losses: list[float] = []
@@ -57,13 +66,16 @@ class Trainer:
         start = time.perf_counter()
         log.info("training %d steps (%d per epoch) on %s", self.total_steps, len(self.train_loader), self.device)
         epoch = 0
-        while self.step < self.total_steps:
-            self._train_epoch(epoch, start)
-            epoch += 1
-            if self.step < self.total_steps:
-                self._evaluate(epoch, start)
-        self.engine.flush()
-        result = self._evaluate(epoch, start)
+        try:
+            while self.step < self.total_steps:
+                self._train_epoch(epoch, start)
+                epoch += 1
+                if self.step < self.total_steps:
+                    self._evaluate(epoch, start)
+            self.engine.flush()
+            result = self._evaluate(epoch, start)
+        finally:
+            self.progress.close()
         result["epochs"] = epoch
         result["wall_seconds"] = time.perf_counter() - start
         return result
@@ -72,6 +84,7 @@ class Trainer:
         self.model.train()
         self.train_loader.set_epoch(epoch)
         h = self.history
+        tr = trace.current()
         t_prev = time.perf_counter()
         for x, y in self.train_loader:
             if self.step >= self.total_steps:
@@ -79,8 +92,10 @@ class Trainer:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             t0 = time.perf_counter()
             self.optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(self.model(x), y)
-            loss.backward()
+            with tr.span("forward", "compute", self.step):
+                loss = F.cross_entropy(self.model(x), y)
+            with tr.span("backward", "compute", self.step):
+                loss.backward()
             if self.device.type == "cuda":
                 torch.cuda.synchronize()  # CPU-GPU sync point: only so compute time is real
             t1 = time.perf_counter()
@@ -100,30 +115,39 @@ class Trainer:
             h.ratio.append(stats.comm.ratio)
             t_prev = t2
             self.step += 1
+            # hidden = the reduction's time on the comm thread minus the caller's wait, floored at 0
+            # (at width 1 the wait also covers the hand-off to the thread); DDP times no reduction.
+            timed_comm = stats.applied and stats.comm.seconds > 0
             self.writer.scalars({
                 "train/loss": loss_value,
                 "train/lr": self.optimizer.param_groups[0]["lr"],
+                "train/staleness": stats.staleness if stats.applied else None,
                 "time/iter_ms": h.iter_ms[-1],
                 "time/compute_ms": h.compute_ms[-1],
                 "time/exposed_comm_ms": h.exposed_comm_ms[-1],
                 "time/comm_ms": h.comm_ms[-1] if stats.applied else None,
+                "time/hidden_comm_ms": max(0.0, h.comm_ms[-1] - h.exposed_comm_ms[-1]) if timed_comm else None,
                 "comm/bytes_per_step": stats.comm.wire_bytes if stats.applied else None,
                 "comm/compression_ratio": stats.comm.ratio if stats.applied else None,
             }, self.step)
             if not math.isfinite(loss_value):
                 raise FloatingPointError(f"loss is {loss_value} at step {self.step} (epoch {epoch})")
             if self.step % self.log_every == 0 or self.step == self.total_steps:
-                self._progress(epoch, loss_value, start)
+                self._log_prediction()
+            if self.progress.due(self.step):
+                self.progress.show(self._status(epoch, loss_value))
 
-    def _progress(self, epoch: int, loss: float, start: float) -> None:
-        recent = self.history.iter_ms[-self.log_every:]
-        it_ms = statistics.median(recent)
-        eta = (self.total_steps - self.step) * it_ms / 1e3
-        log.info("epoch %d step %d/%d loss %.4f iter %.1f ms (compute %.1f, exposed comm %.1f) ETA %s",
-                 epoch + 1, self.step, self.total_steps, loss, it_ms,
-                 statistics.median(self.history.compute_ms[-self.log_every:]),
-                 statistics.median(self.history.exposed_comm_ms[-self.log_every:]),
-                 _fmt_seconds(eta))
+    def _status(self, epoch: int, loss: float) -> Status:
+        h, n = self.history, self.log_every
+        return Status(epoch=epoch + 1, step=self.step, total=self.total_steps, loss=loss,
+                      iter_ms=statistics.median(h.iter_ms[-n:]), compute_ms=statistics.median(h.compute_ms[-n:]),
+                      exposed_comm_ms=statistics.median(h.exposed_comm_ms[-n:]))
+
+    def _log_prediction(self) -> None:
+        """Predicted vs measured median iteration time over the steps so far (cost: one sort)."""
+        if self.predict is not None:
+            self.writer.scalars({"time/predicted_iter_ms": self.predict(self.history),
+                                 "time/measured_iter_ms": median(self.history.iter_ms)}, self.step)
 
     @torch.no_grad()
     def _evaluate(self, epoch: int, start: float) -> dict:
@@ -131,12 +155,13 @@ class Trainer:
         _average_buffers(self.model)
         self.model.eval()
         counts = torch.zeros(3, dtype=torch.float64)
-        for x, y in self.eval_loader:
-            x, y = x.to(self.device), y.to(self.device)
-            logits = self.model(x)
-            counts[0] += (logits.argmax(1) == y).sum().item()
-            counts[1] += y.numel()
-            counts[2] += F.cross_entropy(logits, y, reduction="sum").item()
+        with trace.current().span("eval", "eval", self.step):
+            for x, y in self.eval_loader:
+                x, y = x.to(self.device), y.to(self.device)
+                logits = self.model(x)
+                counts[0] += (logits.argmax(1) == y).sum().item()
+                counts[1] += y.numel()
+                counts[2] += F.cross_entropy(logits, y, reduction="sum").item()
         train_loss = torch.tensor([sum(self.last_losses) / max(1, len(self.last_losses))], dtype=torch.float64)
         if dist.is_initialized():
             dist.all_reduce(counts)
@@ -163,8 +188,3 @@ def _average_buffers(model: nn.Module) -> None:
         if b.is_floating_point():
             dist.all_reduce(b)
             b /= dist.get_world_size()
-
-
-def _fmt_seconds(s: float) -> str:
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

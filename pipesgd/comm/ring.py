@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .. import trace
 from ..compress import Compressor, Ctx, get_compressor
 from ..compress.none import NoCompression
 from .base import CommStats, timed
@@ -74,22 +75,29 @@ def _ring(tensor: Tensor, comp: Compressor, group) -> CommStats:
         stats.wire_bytes += payload.nbytes
         stats.raw_bytes += numel * raw_size
 
+    # Per-hop spans for the timeline; a shared no-op object when tracing is off.
+    tr = trace.current()
+
     # Reduce-scatter.
     for s in range(p - 1):
         si, ri = (r - s) % p, (r - s - 1) % p
-        payload, _ = comp.compress(chunk[si])
-        ctx_r = Ctx((chunk[ri].numel(),), work.dtype)
-        inbox = comp.payload_like(ctx_r)
-        _exchange(payload, inbox, right, left, group)
+        with tr.span("encode", "compress", hop=s):
+            payload, _ = comp.compress(chunk[si])
+            ctx_r = Ctx((chunk[ri].numel(),), work.dtype)
+            inbox = comp.payload_like(ctx_r)
+        with tr.span("reduce-scatter", "comm", hop=s):
+            _exchange(payload, inbox, right, left, group)
         count(payload, chunk[si].numel())
-        chunk[ri].add_(comp.decompress(inbox, ctx_r))
+        with tr.span("decode+add", "compress", hop=s):
+            chunk[ri].add_(comp.decompress(inbox, ctx_r))
 
     # The owner encodes its finished chunk once and keeps the decoded value, like every receiver.
     own = (r + 1) % p
     ctx_own = Ctx((chunk[own].numel(),), work.dtype)
-    final, _ = comp.compress(chunk[own])
-    if not identity:
-        chunk[own].copy_(comp.decompress(final, ctx_own))
+    with tr.span("encode", "compress", hop=p - 1):
+        final, _ = comp.compress(chunk[own])
+        if not identity:
+            chunk[own].copy_(comp.decompress(final, ctx_own))
 
     # Allgather: forward finished payloads unchanged.
     outgoing = final
@@ -97,10 +105,12 @@ def _ring(tensor: Tensor, comp: Compressor, group) -> CommStats:
         si, ri = (r + 1 - s) % p, (r - s) % p
         ctx_r = Ctx((chunk[ri].numel(),), work.dtype)
         inbox = chunk[ri] if identity else comp.payload_like(ctx_r)
-        _exchange(outgoing, inbox, right, left, group)
+        with tr.span("allgather", "comm", hop=s):
+            _exchange(outgoing, inbox, right, left, group)
         count(outgoing, chunk[si].numel())
         if not identity:
-            chunk[ri].copy_(comp.decompress(inbox, ctx_r))
+            with tr.span("decode", "compress", hop=s):
+                chunk[ri].copy_(comp.decompress(inbox, ctx_r))
         outgoing = inbox
 
     if work.data_ptr() != flat.data_ptr():
