@@ -8,6 +8,7 @@ then starts ``dist.nproc`` workers that share the launcher's run directory. Unde
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -107,7 +108,7 @@ def worker(container: dict, run_dir: str) -> None:
         compressor = instantiate(cfg.compressor)
         model, engine = build(cfg.trainer.mode, ModeArgs(
             model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
-            allreduce=instantiate(cfg.comm), group=ctx.comm_group, world_size=ctx.world_size,
+            allreduce=_build_allreduce(cfg), group=ctx.comm_group, world_size=ctx.world_size,
             warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device))
         steps_per_epoch = len(train_loader)
         total = cfg.trainer.epochs * steps_per_epoch
@@ -152,6 +153,16 @@ def worker(container: dict, run_dir: str) -> None:
         if engine is not None:
             engine.close()
         pdist.destroy()
+
+
+def _build_allreduce(cfg: DictConfig):
+    """The configured algorithm; a partial (comm=hierarchical) is completed with the node groups,
+    created here collectively, once per run."""
+    allreduce = instantiate(cfg.comm)
+    if isinstance(allreduce, functools.partial):
+        groups = pdist.node_groups(cfg.comm.get("group_size"), cfg.dist.timeout_s)
+        allreduce = allreduce(intra=groups.intra, leaders=groups.leaders)
+    return allreduce
 
 
 def _predict_iter_ms(cfg: DictConfig, engine, world_size: int, model: torch.nn.Module, h, ratio: float,
