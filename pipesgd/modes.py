@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from . import ps
 from .comm import CommStats
 from .comm.ring import chunk_bounds
 from .compress import Compressor
@@ -106,6 +107,8 @@ MODES: dict[str, Callable[[ModeArgs], tuple[nn.Module, object]]] = {
     "sync": _pipesgd(1),
     "pipe": _pipesgd(None),
     "ddp": _ddp,
+    "ps_sync": ps.build_sync,
+    "ps_async": ps.build_async,
 }
 
 

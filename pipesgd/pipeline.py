@@ -30,13 +30,15 @@ from .reducer import Reduced, Reducer
 
 @dataclass
 class StepStats:
-    """Where the caller's time went inside one ``step()``; ``comm`` is the applied reduction's cost."""
+    """Where the caller's time went inside one ``step()``; ``comm`` is the applied reduction's cost;
+    ``metrics``: engine-specific scalars for TensorBoard (e.g. ``ps/staleness_mean``)."""
 
     pack_s: float = 0.0
     wait_s: float = 0.0
     update_s: float = 0.0
     applied: bool = False
     comm: CommStats = field(default_factory=CommStats)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class PipeSGD:

@@ -145,6 +145,7 @@ def worker(container: dict, run_dir: str) -> None:
                 "global_batch": global_batch, "lr": lr, "threads_per_worker": threads,
                 "wall_seconds": result["wall_seconds"], "evals": h.evals,
                 "git_commit": git_commit(), "config": container,
+                **(engine.summary() if hasattr(engine, "summary") else {}),  # e.g. ps staleness
             }
             write_json_atomic(Path(run_dir) / "summary.json", summary)
     finally:
@@ -174,8 +175,13 @@ def _predict_iter_ms(cfg: DictConfig, engine, world_size: int, model: torch.nn.M
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     # ddp times its allreduce inside backward; separate compute is not observable there.
     algorithm = "ring" if cfg.comm.name in ("ring", "native") else cfg.comm.name
+    options: dict = {}
+    if cfg.trainer.mode in ("ps_sync", "ps_async"):  # pipesgd.ps: rank 0 is worker and server
+        algorithm, options = "ps", {"server_on_worker": True}
+    elif algorithm == "hierarchical":
+        options = {"per_node": cfg.comm.get("group_size") or pdist.env_int("LOCAL_WORLD_SIZE", world_size)}
     return timing.iter_ms(cfg.trainer.mode, algorithm, nbytes, world_size, median(h.compute_ms) / 1e3,
-                          (median(h.update_ms) or 0.0) / 1e3, engine.width, ratio, compressor)
+                          (median(h.update_ms) or 0.0) / 1e3, engine.width, ratio, compressor, **options)
 
 
 def _broadcast_parameters(model: torch.nn.Module) -> None:
