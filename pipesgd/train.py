@@ -109,7 +109,8 @@ def worker(container: dict, run_dir: str) -> None:
         model, engine = build(cfg.trainer.mode, ModeArgs(
             model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
             allreduce=_build_allreduce(cfg), group=ctx.comm_group, world_size=ctx.world_size,
-            warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device))
+            warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
+            bucket_mb=cfg.trainer.get("bucket_mb")))
         steps_per_epoch = len(train_loader)
         total = cfg.trainer.epochs * steps_per_epoch
         total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
