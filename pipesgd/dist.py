@@ -4,7 +4,8 @@ Workers always come up through the torchrun environment contract (RANK, WORLD_SI
 MASTER_ADDR, MASTER_PORT), whether torchrun, the local launcher or the emulated cluster started
 them. Two groups exist: the default group for the training loop's own collectives (evaluation
 counts, final checks) and a second one, ``comm_group``, that the engine's background thread owns,
-so the two threads never interleave messages on one group.
+so the two threads never interleave messages on one group. ``comm=hierarchical`` adds its node
+groups and leaders' group through :func:`node_groups`, called once per run by every rank.
 """
 
 from __future__ import annotations

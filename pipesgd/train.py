@@ -132,7 +132,8 @@ def worker(container: dict, run_dir: str) -> None:
                            trainer.step)
             summary = {
                 "mode": cfg.trainer.mode, "width": engine.width, "compressor": compressor.name,
-                "allreduce": cfg.comm.name, "world_size": ctx.world_size, "backend": ctx.backend,
+                "allreduce": "ps" if cfg.trainer.mode.startswith("ps_") else cfg.comm.name,
+                "world_size": ctx.world_size, "backend": ctx.backend,
                 "steps": trainer.step, "epochs": result["epochs"],
                 "final_train_loss": result["final_train_loss"], "test_accuracy": result["test_accuracy"],
                 "test_loss": result["test_loss"],
@@ -181,6 +182,11 @@ def _predict_iter_ms(cfg: DictConfig, engine, world_size: int, model: torch.nn.M
         algorithm, options = "ps", {"server_on_worker": True}
     elif algorithm == "hierarchical":
         options = {"per_node": cfg.comm.get("group_size") or pdist.env_int("LOCAL_WORLD_SIZE", world_size)}
+    bucket = cfg.trainer.get("bucket_mb")
+    if bucket is not None:  # config.validate allows it for sync, pipe and ddp only
+        cap = bucket * 2**20  # pipesgd.buckets: every bucket (the first too) holds up to bucket_mb
+        options |= {"bucket_cap_bytes": cap} if cfg.trainer.mode == "ddp" else \
+            {"sync_buckets": engine.width == 1, "bucket_cap_bytes": cap, "first_bucket_bytes": cap}
     return timing.iter_ms(cfg.trainer.mode, algorithm, nbytes, world_size, median(h.compute_ms) / 1e3,
                           (median(h.update_ms) or 0.0) / 1e3, engine.width, ratio, compressor, **options)
 

@@ -97,3 +97,18 @@ def test_bad_bucket_mb_names_the_value(bad):
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     with pytest.raises(ValueError, match=f"bucket_mb must be a number > 0.*got {bad!r}"):
         PipeSGD(opt, model.parameters(), bucket_mb=bad)
+
+
+def test_timing_model_overlaps_sync_buckets_like_ddp_and_not_pipe():
+    from pipesgd.timing import Link, predict_iter_ms
+
+    link, nbytes, compute = Link.parse("100mbit", "50us"), 1_078_888, 0.172
+    cap = 256 * 1024
+    plain = predict_iter_ms("sync", "ring", nbytes, 2, link, compute)
+    bucketed = predict_iter_ms("sync", "ring", nbytes, 2, link, compute, sync_buckets=True,
+                               bucket_cap_bytes=cap, first_bucket_bytes=cap)
+    ddp = predict_iter_ms("ddp", "ring", nbytes, 2, link, compute, bucket_cap_bytes=cap, first_bucket_bytes=cap)
+    assert bucketed == pytest.approx(ddp) and bucketed < plain
+    pipe = predict_iter_ms("pipe", "ring", nbytes, 2, link, compute, width=2)
+    assert predict_iter_ms("pipe", "ring", nbytes, 2, link, compute, width=2, sync_buckets=True,
+                           bucket_cap_bytes=cap, first_bucket_bytes=cap) == pipe
