@@ -56,8 +56,8 @@ def test_ps_sync_with_int8_pushes_keeps_replicas_identical():
     assert all(ratio > 3 for _, _, ratio in results), "pushes are compressed"
 
 
-def _async_worker(rank, p):
-    params, engine = _run(rank, lambda opt, m: ParameterServerEngine(opt, get_compressor("none"),
+def _async_worker(rank, p, compressor):
+    params, engine = _run(rank, lambda opt, m: ParameterServerEngine(opt, get_compressor(compressor),
                                                                      asynchronous=True))
     loss_after = sum(loss_of_model(params, rank, t) for t in range(STEPS))
     return params, engine.summary(), loss_after
@@ -71,9 +71,9 @@ def loss_of_model(flat, rank, t):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("p", [2, 3])
-def test_ps_async_applies_every_gradient_and_ends_identical(p):
-    results = run_workers(_async_worker, p)
+@pytest.mark.parametrize("p,compressor", [(2, "none"), (3, "none"), (2, "int8")])
+def test_ps_async_applies_every_gradient_and_ends_identical(p, compressor):
+    results = run_workers(_async_worker, p, compressor)
     params0, summary, loss_after = results[0]
     for params, _, _ in results[1:]:
         assert torch.equal(params, params0), "flush() leaves every rank with the server's weights"
