@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from .buckets import BucketReducer
 from .comm import CommStats, CompletedHandle, Handle, get_allreduce
 from .comm.native import check_native, native_allreduce
 from .compress import Compressor, get_compressor
-from .buckets import BucketReducer
 from .reducer import Reduced, Reducer
 
 
