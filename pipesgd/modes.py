@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from . import ps
 from . import trace
 from .comm import CommStats
 from .comm.ring import chunk_bounds
@@ -33,6 +34,7 @@ class ModeArgs:
     world_size: int
     warmup_sync_steps: int
     device: torch.device
+    bucket_mb: float | None = None
 
 
 class DDPEngine:
@@ -77,7 +79,7 @@ def _pipesgd(width: int | None) -> Callable[[ModeArgs], tuple[nn.Module, object]
     def build(a: ModeArgs) -> tuple[nn.Module, object]:
         return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=width or a.width,
                                 compressor=a.compressor, allreduce=a.allreduce, group=a.group,
-                                warmup_sync_steps=a.warmup_sync_steps)
+                                warmup_sync_steps=a.warmup_sync_steps, bucket_mb=a.bucket_mb)
 
     return build
 
@@ -96,7 +98,7 @@ def _ddp(a: ModeArgs) -> tuple[nn.Module, object]:
     if a.world_size == 1:
         return a.model, DDPEngine(a.optimizer, numel, 4, 1)
     ids = [a.device.index] if a.device.type == "cuda" else None
-    model = DDP(a.model, device_ids=ids)
+    model = DDP(a.model, device_ids=ids, **({} if a.bucket_mb is None else {"bucket_cap_mb": a.bucket_mb}))
     hook = _DDP_HOOKS[a.compressor.name]
     if hook is not None:
         model.register_comm_hook(None, getattr(default_hooks, hook))
@@ -108,6 +110,8 @@ MODES: dict[str, Callable[[ModeArgs], tuple[nn.Module, object]]] = {
     "sync": _pipesgd(1),
     "pipe": _pipesgd(None),
     "ddp": _ddp,
+    "ps_sync": ps.build_sync,
+    "ps_async": ps.build_async,
 }
 
 

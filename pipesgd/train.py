@@ -8,6 +8,7 @@ then starts ``dist.nproc`` workers that share the launcher's run directory. Unde
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -109,8 +110,9 @@ def worker(container: dict, run_dir: str) -> None:
         compressor = instantiate(cfg.compressor)
         model, engine = build(cfg.trainer.mode, ModeArgs(
             model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
-            allreduce=instantiate(cfg.comm), group=ctx.comm_group, world_size=ctx.world_size,
-            warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device))
+            allreduce=_build_allreduce(cfg), group=ctx.comm_group, world_size=ctx.world_size,
+            warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
+            bucket_mb=cfg.trainer.get("bucket_mb")))
         steps_per_epoch = len(train_loader)
         total = cfg.trainer.epochs * steps_per_epoch
         total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
@@ -141,7 +143,8 @@ def worker(container: dict, run_dir: str) -> None:
                 "hparams/wall_seconds": result["wall_seconds"]}, trainer.step)
             summary = {
                 "mode": cfg.trainer.mode, "width": engine.width, "compressor": compressor.name,
-                "allreduce": cfg.comm.name, "world_size": ctx.world_size, "backend": ctx.backend,
+                "allreduce": "ps" if cfg.trainer.mode.startswith("ps_") else cfg.comm.name,
+                "world_size": ctx.world_size, "backend": ctx.backend,
                 "steps": trainer.step, "epochs": result["epochs"],
                 "final_train_loss": result["final_train_loss"], "test_accuracy": result["test_accuracy"],
                 "test_loss": result["test_loss"],
@@ -155,6 +158,7 @@ def worker(container: dict, run_dir: str) -> None:
                 "global_batch": global_batch, "lr": lr, "threads_per_worker": threads,
                 "wall_seconds": result["wall_seconds"], "evals": h.evals,
                 "git_commit": git_commit(), "config": container,
+                **(engine.summary() if hasattr(engine, "summary") else {}),  # e.g. ps staleness
             }
             write_json_atomic(Path(run_dir) / "summary.json", summary)
     finally:
@@ -164,6 +168,16 @@ def worker(container: dict, run_dir: str) -> None:
         if engine is not None:
             engine.close()
         pdist.destroy()
+
+
+def _build_allreduce(cfg: DictConfig):
+    """The configured algorithm; a partial (comm=hierarchical) is completed with the node groups,
+    created here collectively, once per run."""
+    allreduce = instantiate(cfg.comm)
+    if isinstance(allreduce, functools.partial):
+        groups = pdist.node_groups(cfg.comm.get("group_size"), cfg.dist.timeout_s)
+        allreduce = allreduce(intra=groups.intra, leaders=groups.leaders)
+    return allreduce
 
 
 def _ratio(h) -> float:
@@ -190,8 +204,18 @@ def _predict_iter_ms(cfg: DictConfig, timing, engine, world_size: int, model: to
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     # ddp times its allreduce inside backward; separate compute is not observable there.
     algorithm = "ring" if cfg.comm.name in ("ring", "native") else cfg.comm.name
+    options: dict = {}
+    if cfg.trainer.mode in ("ps_sync", "ps_async"):  # pipesgd.ps: rank 0 is worker and server
+        algorithm, options = "ps", {"server_on_worker": True}
+    elif algorithm == "hierarchical":
+        options = {"per_node": cfg.comm.get("group_size") or pdist.env_int("LOCAL_WORLD_SIZE", world_size)}
+    bucket = cfg.trainer.get("bucket_mb")
+    if bucket is not None:  # config.validate allows it for sync, pipe and ddp only
+        cap = bucket * 2**20  # pipesgd.buckets: every bucket (the first too) holds up to bucket_mb
+        options |= {"bucket_cap_bytes": cap} if cfg.trainer.mode == "ddp" else \
+            {"sync_buckets": engine.width == 1, "bucket_cap_bytes": cap, "first_bucket_bytes": cap}
     return timing.iter_ms(cfg.trainer.mode, algorithm, nbytes, world_size, median(h.compute_ms) / 1e3,
-                          (median(h.update_ms) or 0.0) / 1e3, engine.width, ratio, compressor)
+                          (median(h.update_ms) or 0.0) / 1e3, engine.width, ratio, compressor, **options)
 
 
 def _broadcast_parameters(model: torch.nn.Module) -> None:

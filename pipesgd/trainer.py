@@ -129,6 +129,7 @@ class Trainer:
                 "time/hidden_comm_ms": max(0.0, h.comm_ms[-1] - h.exposed_comm_ms[-1]) if timed_comm else None,
                 "comm/bytes_per_step": stats.comm.wire_bytes if stats.applied else None,
                 "comm/compression_ratio": stats.comm.ratio if stats.applied else None,
+                **stats.metrics,
             }, self.step)
             if not math.isfinite(loss_value):
                 raise FloatingPointError(f"loss is {loss_value} at step {self.step} (epoch {epoch})")

@@ -6,10 +6,12 @@ from collections.abc import Callable
 from .base import CommStats, CommThread, CompletedHandle, FutureHandle, Handle
 from .native import native_allreduce
 from .ring import ring_allreduce
+from .tree import tree_allreduce
 
 ALLREDUCE: dict[str, Callable[..., CommStats]] = {
     "ring": ring_allreduce,
     "native": native_allreduce,
+    "tree": tree_allreduce,
 }
 
 
@@ -21,5 +23,5 @@ def get_allreduce(name: str) -> Callable[..., CommStats]:
 
 __all__ = [
     "ALLREDUCE", "CommStats", "CommThread", "CompletedHandle", "FutureHandle", "Handle",
-    "get_allreduce", "native_allreduce", "ring_allreduce",
+    "get_allreduce", "native_allreduce", "ring_allreduce", "tree_allreduce",
 ]

@@ -85,14 +85,16 @@ class TimingModel:
             raise ValueError(f"overlap_slowdown must be >= 1 (1 = no interference), got {self.overlap_slowdown!r}")
 
     def iter_ms(self, mode: str, algorithm: str, nbytes: float, p: int, compute_s: float,
-                update_s: float = 0.0, width: int = 2, ratio: float = 1.0, compressor: str = "none") -> float:
+                update_s: float = 0.0, width: int = 2, ratio: float = 1.0, compressor: str = "none",
+                **options) -> float:
         """:func:`predict_iter_ms` with this model's link, κ of ``compressor`` and slowdown.
 
-        ``ratio`` should be the ratio the run measured (wire bytes / raw bytes from its comm stats).
+        ``ratio`` should be the ratio the run measured (wire bytes / raw bytes from its comm stats);
+        ``options`` go to :func:`predict_iter_ms` (``per_node``, ``server_on_worker``, ...).
         """
         kappa = 0.0 if compressor == "none" else self.compress_s_per_byte.get(compressor, 0.0)
         return predict_iter_ms(mode, algorithm, nbytes, p, self.link, compute_s, update_s, width, ratio, kappa,
-                               overlap_slowdown=self.overlap_slowdown)
+                               overlap_slowdown=self.overlap_slowdown, **options)
 
 
 def load_timing_model(bandwidth: str = DEFAULT_BANDWIDTH, latency: str = DEFAULT_LATENCY,
