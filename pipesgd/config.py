@@ -35,6 +35,7 @@ def validate(cfg: DictConfig) -> None:
     _int_at_least(cfg, "trainer.epochs", 1)
     _int_at_least(cfg, "trainer.max_steps", 1, "or null for whole epochs", optional=True)
     _int_at_least(cfg, "trainer.log_every", 1)
+    _int_at_least(cfg, "trainer.eval_max_batches", 1, "or null for the whole test set", optional=True)
     _int_at_least(cfg, "seed", 0)
     _int_at_least(cfg, "dist.threads_per_worker", 1, "or null for cores / local workers", optional=True)
     if cfg.dist.timeout_s is None or cfg.dist.timeout_s <= 0:

@@ -119,13 +119,15 @@ def worker(container: dict, run_dir: str) -> None:
                  global_batch, lr, threads)
         trainer = Trainer(model, engine, optimizer, scheduler, train_loader, eval_loader, writer,
                           epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
-                          log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main)
+                          log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main,
+                          eval_max_batches=cfg.trainer.eval_max_batches)
         result = trainer.fit()
         if ctx.is_main:
             h = trainer.history
             applied_bytes = [b for b in h.wire_bytes if b]
             ratio = median([r for r, b in zip(h.ratio, h.wire_bytes) if b]) or 1.0
-            predicted = _predict_iter_ms(cfg, engine, ctx.world_size, model, h, ratio, compressor.name)
+            predicted, predicted_from = _predict_iter_ms(cfg, engine, ctx.world_size, model, h, ratio,
+                                                         compressor.name, train_loader.batch_size)
             writer.scalars({"time/predicted_iter_ms": predicted, "time/measured_iter_ms": median(h.iter_ms)},
                            trainer.step)
             summary = {
@@ -135,7 +137,8 @@ def worker(container: dict, run_dir: str) -> None:
                 "final_train_loss": result["final_train_loss"], "test_accuracy": result["test_accuracy"],
                 "test_loss": result["test_loss"],
                 "median_iter_ms": median(h.iter_ms), "measured_iter_ms": median(h.iter_ms),
-                "predicted_iter_ms": predicted, "median_compute_ms": median(h.compute_ms),
+                "predicted_iter_ms": predicted, "predicted_from": predicted_from,
+                "median_compute_ms": median(h.compute_ms),
                 "median_update_ms": median(h.update_ms),
                 "median_exposed_comm_ms": median(h.exposed_comm_ms),
                 "median_comm_ms": median([c for c, b in zip(h.comm_ms, h.wire_bytes) if b]),
@@ -146,6 +149,8 @@ def worker(container: dict, run_dir: str) -> None:
                 "git_commit": git_commit(), "config": container,
             }
             write_json_atomic(Path(run_dir) / "summary.json", summary)
+            # Per-step timings for benchmarks that skip warm-up steps (pipesgd.bench).
+            write_json_atomic(Path(run_dir) / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
     finally:
         if writer is not None:
             writer.close()
@@ -155,16 +160,28 @@ def worker(container: dict, run_dir: str) -> None:
 
 
 def _predict_iter_ms(cfg: DictConfig, engine, world_size: int, model: torch.nn.Module, h, ratio: float,
-                     compressor: str) -> float | None:
-    """The timing model's iteration time for this run, fed with the compute time it measured."""
+                     compressor: str, batch_size: int) -> tuple[float | None, str | None]:
+    """(the timing model's iteration time for this run, where its compute time came from).
+
+    Compute comes from the calibration file when it was measured for this model size and batch
+    ("calibration"), else from this run's own median forward+backward ("measured compute"), which
+    under pipe already includes the slowdown from overlapped communication and under ddp includes
+    the allreduce that DDP runs inside backward: only the calibrated prediction is a priori.
+    """
     if not h.compute_ms:
-        return None
+        return None, None
     timing = instantiate(cfg.timing)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    # ddp times its allreduce inside backward; separate compute is not observable there.
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    calibrated = timing.calibrated_compute(params, batch_size)
+    if calibrated is not None:
+        compute_s, update_s, source = calibrated.compute_s, calibrated.update_s, "calibration"
+    else:
+        compute_s, update_s = median(h.compute_ms) / 1e3, (median(h.update_ms) or 0.0) / 1e3
+        source = "measured compute"
     algorithm = "ring" if cfg.comm.name in ("ring", "native") else cfg.comm.name
-    return timing.iter_ms(cfg.trainer.mode, algorithm, nbytes, world_size, median(h.compute_ms) / 1e3,
-                          (median(h.update_ms) or 0.0) / 1e3, engine.width, ratio, compressor)
+    return timing.iter_ms(cfg.trainer.mode, algorithm, nbytes, world_size, compute_s, update_s, engine.width,
+                          ratio, compressor), source
 
 
 def _broadcast_parameters(model: torch.nn.Module) -> None:
