@@ -187,7 +187,9 @@ def calibration_for(cell: Cell, s: Settings, cache: dict[tuple, Path]) -> Path:
     if link == "loopback":
         cmd = [s.python, "-m", "pipesgd.timing", *args, "--workers", str(p), "--out", str(target)]
     else:
-        cmd = emulated("pipesgd.timing", Cell("train", "sync", p, link), [*args, "--out", str(target)], s)
+        # hydra.run.dir: where emulate records the link (emulate.json), next to the calibration.
+        cmd = emulated("pipesgd.timing", Cell("train", "sync", p, link),
+                       [*args, "--out", str(target), f"hydra.run.dir={target.with_suffix('')}"], s)
     t0 = time.perf_counter()
     log.info("calibrating %s ...", name)
     run_logged(cmd, target.with_suffix(".log"), s.timeout_s)
