@@ -20,7 +20,8 @@ number is taken on an otherwise idle group):
    (as in training, the ranks share the machine's cores), mean over ranks of each rank's median.
 5. ``overlap_slowdown``: the same forward+backward while ring allreduces of the model's gradient
    run back to back on a background thread (the engine's comm thread), divided by 4.'s compute
-   time. Only steps that start and end while a reduction is running are counted.
+   time. Only steps that start and end while a reduction is running are counted. 4. and 5.
+   alternate in ``rounds`` (default 3), so drifting background load biases both alike.
 6. For reference, the ring allreduce of the model's gradient alone (``measurements.ring_ms``) next
    to what the fitted α, β, γ predict for it.
 
@@ -74,6 +75,7 @@ class CalibrationSpec:
     repeats: int = 10
     warmup: int = 3
     overlap_steps: int = 10
+    rounds: int = 3
     timeout_s: float = 300.0
     command: tuple[str, ...] = field(default_factory=tuple)
 
@@ -83,7 +85,7 @@ class CalibrationSpec:
             raise ValueError(f"model={self.model!r} is not in conf/model; allowed: {', '.join(models)}")
         if self.data is not None and self.data not in available("data"):
             raise ValueError(f"data={self.data!r} is not in conf/data; allowed: {', '.join(available('data'))}")
-        for name in ("batch_size", "threads", "repeats", "overlap_steps"):
+        for name in ("batch_size", "threads", "repeats", "overlap_steps", "rounds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -312,29 +314,38 @@ def measure(spec: CalibrationSpec, rank: int, world: int, comm_group) -> dict | 
     for _ in range(spec.warmup):
         step.compute()
         step.update()
-    dist.barrier()
-    compute, update = [], []
-    for _ in range(repeats):
-        compute.append(step.compute())
-        update.append(step.update())
-    compute_s, update_s = statistics.median(compute), statistics.median(update)
-
     flat = torch.zeros(numel)
-    dist.barrier()
     ring_allreduce(flat, None, comm_group)  # warm-up: connections of the comm group
-    ring = [_median_time(lambda: ring_allreduce(flat, None, comm_group), 1, warmup=0)
-            for _ in range(max(3, repeats // 2))]
-    ring_s = statistics.median(ring)
 
-    # Enough back-to-back reductions to cover overlap_steps compute steps, with margin; every rank
-    # must run the same number, so rank 0 decides.
-    box = [min(10_000, math.ceil(1.5 * spec.overlap_steps * (compute_s + update_s) / ring_s) + 2)]
-    dist.broadcast_object_list(box, src=0)
-    dist.barrier()
-    overlapped = _overlapped_compute(step, flat, comm_group, box[0], spec.overlap_steps)
+    # Alone and overlapped compute alternate in rounds, so that a change in the machine's load
+    # (other jobs on shared cores) biases both alike instead of the slowdown ratio.
+    rounds = max(1, min(spec.rounds, repeats, spec.overlap_steps))
+    compute, update, overlapped = [], [], []
+    n_reductions = ring_s = 0
+    for i in range(rounds):
+        dist.barrier()
+        for _ in range(math.ceil(repeats / rounds)):
+            compute.append(step.compute())
+            update.append(step.update())
+        if i == 0:
+            dist.barrier()
+            ring = [_median_time(lambda: ring_allreduce(flat, None, comm_group), 1, warmup=0)
+                    for _ in range(max(3, repeats // 2))]
+            ring_s = statistics.median(ring)
+            # Enough back-to-back reductions to cover a round's overlapped steps with margin; every
+            # rank must run the same number, so rank 0 decides.
+            per_round = math.ceil(spec.overlap_steps / rounds)
+            step_s = statistics.median(compute) + statistics.median(update)
+            box = [min(10_000, math.ceil(1.5 * per_round * step_s / ring_s) + 2)]
+            dist.broadcast_object_list(box, src=0)
+            n_reductions = box[0]
+        dist.barrier()
+        overlapped += _overlapped_compute(step, flat, comm_group, n_reductions,
+                                          math.ceil(spec.overlap_steps / rounds))
     if not overlapped:
-        raise CalibrationError(f"rank {rank}: no compute step fitted inside {box[0]} ring allreduces "
+        raise CalibrationError(f"rank {rank}: no compute step fitted inside {n_reductions} ring allreduces "
                                f"({ring_s * 1e3:.2f} ms each); raise --overlap-steps")
+    compute_s, update_s = statistics.median(compute), statistics.median(update)
 
     mine = {"rank": rank, "compute_ms": compute_s * 1e3, "update_ms": update_s * 1e3,
             "ring_ms": ring_s * 1e3, "overlapped_compute_ms": statistics.median(overlapped) * 1e3,
@@ -423,8 +434,9 @@ def main(args, parser) -> int:
             model=args.model, data=args.data, model_overrides=tuple(args.model_override),
             batch_size=args.batch_size, threads=args.threads,
             sizes=tuple(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else DEFAULT_SIZES),
-            repeats=args.repeats or (5 if args.quick else 10), warmup=2 if args.quick else 3,
-            overlap_steps=args.overlap_steps or (4 if args.quick else 10), command=tuple(sys.argv))
+            repeats=args.repeats or (6 if args.quick else 12), warmup=2 if args.quick else 3,
+            overlap_steps=args.overlap_steps or (4 if args.quick else 12), rounds=2 if args.quick else 3,
+            command=tuple(sys.argv))
     except ValueError as e:
         parser.error(str(e))
     workers = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else args.workers
