@@ -60,7 +60,7 @@ def test_targets_are_computed_from_the_cells():
     assert rows["p=4, 100mbit: pipe vs sync"][4:] == ["–", "–"]
     comm_bound = rows["communication-bound (MLP 1.07M, p=2, 100mbit)"]
     assert comm_bound[2] == f"{380 / 370:.2f}x" and comm_bound[4] == "yes"
-    assert rows["ring at 100mbit, p=2, 4.28 MB"][2:5] == ["93%", "90%", "yes"]
+    assert rows["ring at 100mbit, p=2, 4.28 MB"][2:5] == ["93.0%", "90.0%", "yes"]
     assert rows["timing model, 8 training cells"][2] == "5.0%"
     assert rows["timing model, 10 cells of every kind"][2] == "5.0%"  # |0.05| x 9 and |-0.2|
     text = render(cells)

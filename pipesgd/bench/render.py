@@ -36,8 +36,10 @@ def _pct(value: float | None) -> str:
 def _table(head: Sequence[str], rows: list[list[str]]) -> list[str]:
     if not rows:
         return ["(no cells)", ""]
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows),
-            ""]
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return [line(head), "|" + "---|" * len(head), *(line(r) for r in rows), ""]
 
 
 def _cpu(cell: dict) -> str:
@@ -130,11 +132,11 @@ def targets(r: Results) -> list[list[str]]:
     for c in r.cells:
         if _ok(c) and c["kind"] == "allreduce" and c["mode"] == "ring" and c.get("fraction_of_bound") is not None:
             add(f"ring at {c['link']}, p={c['world_size']}, {c['bytes'] / 1e6:.2f} MB", "bound / measured",
-                c["fraction_of_bound"], 0.90, ge, "{:.0%}")
+                c["fraction_of_bound"], 0.90, ge, "{:.1%}")
     for kinds, what in ((("train",), "training cells"), (("train", "allreduce"), "cells of every kind")):
         errors = [abs(c["rel_error"]) for c in r.cells
                   if _ok(c) and c["kind"] in kinds and c.get("rel_error") is not None]
-        add(f"timing model, {len(errors)} {what}", "median |predicted − measured| / measured",
+        add(f"timing model, {len(errors)} {what}", "median of abs(predicted − measured) / measured",
             statistics.median(errors) if errors else None, 0.10, le, "{:.1%}")
     return rows
 
@@ -231,7 +233,7 @@ def render(cells: list[dict]) -> str:
     failed = [c for c in cells if not _ok(c)]
     if failed:
         out += ["### Failed cells", ""]
-        out += _table(["cell", "error"], [[c["name"], c.get("error", "?").replace("|", "/")] for c in failed])
+        out += _table(["cell", "error"], [[c["name"], c.get("error", "?")] for c in failed])
     out.append(END)
     return "\n".join(out) + "\n"
 
