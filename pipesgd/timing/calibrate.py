@@ -20,8 +20,9 @@ number is taken on an otherwise idle group):
    (as in training, the ranks share the machine's cores), mean over ranks of each rank's median.
 5. ``overlap_slowdown``: the same forward+backward while ring allreduces of the model's gradient
    run back to back on a background thread (the engine's comm thread), divided by 4.'s compute
-   time. Only steps that start and end while a reduction is running are counted. 4. and 5.
-   alternate in ``rounds`` (default 3), so drifting background load biases both alike.
+   time (median over ranks of each rank's ratio). Only steps that start and end while a
+   reduction is running are counted. 4. and 5. alternate in ``rounds`` (default 3), so
+   drifting background load biases both alike.
 6. For reference, the ring allreduce of the model's gradient alone (``measurements.ring_ms``) next
    to what the fitted α, β, γ predict for it.
 
@@ -357,7 +358,9 @@ def measure(spec: CalibrationSpec, rank: int, world: int, comm_group) -> dict | 
 
     alpha, beta = fit_alpha_beta(spec.sizes, one_way)
     mean = lambda key: statistics.fmean(r[key] for r in everyone)  # noqa: E731
-    raw_slowdown = mean("overlapped_compute_ms") / mean("compute_ms")
+    # Median over ranks of each rank's ratio: one rank descheduled during its few overlapped steps
+    # (a shared machine) must not set the slowdown of all.
+    raw_slowdown = statistics.median(r["overlapped_compute_ms"] / r["compute_ms"] for r in everyone)
     nbytes = 4 * numel
     return {
         "alpha_s": alpha, "beta_s_per_byte": beta, "gamma_s_per_byte": gamma, "compress_s_per_byte": kappas,
