@@ -53,7 +53,7 @@ log = logging.getLogger("pipesgd.timing.calibrate")
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 DEFAULT_SIZES = (4, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20)
-QUICK_SIZES = (4, 64 << 10, 1 << 20)
+QUICK_SIZES = (4, 64 << 10, 4 << 20)
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
                "mib": 1 << 20}
 
