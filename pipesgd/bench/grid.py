@@ -12,6 +12,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
+from pipesgd.timing import MODEL_PARAMS
+
 LOOPBACK = "loopback"
 LINKS = (LOOPBACK, "1gbit", "100mbit")
 WORLD_SIZES = (2, 4)
@@ -34,10 +36,10 @@ class Workload:
                 *(f"model.{o}" for o in self.model_overrides)]
 
 
-RESNET20 = Workload("resnet20", "resnet_cifar", "resnet20", 269_722)
+RESNET20 = Workload("resnet20", "resnet_cifar", "resnet20", MODEL_PARAMS["resnet20"])
 MLP1M = Workload("mlp1m", "mnist_mlp", "mlp", 1_068_810, ("hidden=[1024,256]",))
 """~1.07M parameters (4.3 MB of fp32 gradient) for ~1 ms of compute: the communication-bound cell."""
-MLP = Workload("mlp", "mnist_mlp", "mlp", 235_146)
+MLP = Workload("mlp", "mnist_mlp", "mlp", MODEL_PARAMS["mlp"])
 """Not in the grid: the smallest real training run, for testing the suite itself."""
 WORKLOADS = {w.label: w for w in (RESNET20, MLP1M, MLP)}
 
