@@ -39,6 +39,7 @@ def validate(cfg: DictConfig) -> None:
                   optional=True)
     if not isinstance(cfg.trainer.trace, bool):
         raise ConfigError(f"trainer.trace={cfg.trainer.trace!r} is invalid: must be true or false")
+    _int_at_least(cfg, "trainer.eval_max_batches", 1, "or null for the whole test set", optional=True)
     _int_at_least(cfg, "seed", 0)
     _int_at_least(cfg, "dist.threads_per_worker", 1, "or null for cores / local workers", optional=True)
     if cfg.dist.timeout_s is None or cfg.dist.timeout_s <= 0:

@@ -106,12 +106,19 @@ def _ddp(a: ModeArgs) -> tuple[nn.Module, object]:
     return model, DDPEngine(a.optimizer, numel, wire, a.world_size)
 
 
+def _local(a: ModeArgs) -> tuple[nn.Module, object]:
+    """No gradient exchange: every rank steps its own replica on its own shard. Not training a
+    shared model; the compute-only baseline a benchmark compares the other modes against."""
+    return a.model, DDPEngine(a.optimizer, 0, 4, 1)
+
+
 MODES: dict[str, Callable[[ModeArgs], tuple[nn.Module, object]]] = {
     "sync": _pipesgd(1),
     "pipe": _pipesgd(None),
     "ddp": _ddp,
     "ps_sync": ps.build_sync,
     "ps_async": ps.build_async,
+    "local": _local,
 }
 
 

@@ -126,7 +126,8 @@ def worker(container: dict, run_dir: str) -> None:
                           epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
                           log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main,
                           predict=lambda h: _predict_iter_ms(cfg, timing, engine, ctx.world_size, model, h,
-                                                             compressor.name))
+                                                             compressor.name, train_loader.batch_size)[0],
+                          eval_max_batches=cfg.trainer.eval_max_batches)
         result = trainer.fit()
         if tracer.enabled:
             trace.save(tracer, run_dir, {"mode": cfg.trainer.mode, "width": engine.width,
@@ -136,7 +137,8 @@ def worker(container: dict, run_dir: str) -> None:
             h = trainer.history
             applied_bytes = [b for b in h.wire_bytes if b]
             ratio = _ratio(h)
-            predicted = _predict_iter_ms(cfg, timing, engine, ctx.world_size, model, h, compressor.name)
+            predicted, predicted_from = _predict_iter_ms(cfg, timing, engine, ctx.world_size, model, h,
+                                                         compressor.name, train_loader.batch_size)
             writer.hparams(_hparams(cfg, engine.width, compressor.name, ctx.world_size, global_batch), {
                 "hparams/test_accuracy": result["test_accuracy"], "hparams/test_loss": result["test_loss"],
                 "hparams/iter_ms": median(h.iter_ms), "hparams/predicted_iter_ms": predicted,
@@ -149,7 +151,8 @@ def worker(container: dict, run_dir: str) -> None:
                 "final_train_loss": result["final_train_loss"], "test_accuracy": result["test_accuracy"],
                 "test_loss": result["test_loss"],
                 "median_iter_ms": median(h.iter_ms), "measured_iter_ms": median(h.iter_ms),
-                "predicted_iter_ms": predicted, "median_compute_ms": median(h.compute_ms),
+                "predicted_iter_ms": predicted, "predicted_from": predicted_from,
+                "median_compute_ms": median(h.compute_ms),
                 "median_update_ms": median(h.update_ms),
                 "median_exposed_comm_ms": median(h.exposed_comm_ms),
                 "median_comm_ms": median([c for c, b in zip(h.comm_ms, h.wire_bytes) if b]),
@@ -161,6 +164,8 @@ def worker(container: dict, run_dir: str) -> None:
                 **(engine.summary() if hasattr(engine, "summary") else {}),  # e.g. ps staleness
             }
             write_json_atomic(Path(run_dir) / "summary.json", summary)
+            # Per-step timings for benchmarks that skip warm-up steps (pipesgd.bench).
+            write_json_atomic(Path(run_dir) / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
     finally:
         trace.install(trace.NULL_TRACER)
         if writer is not None:
@@ -195,14 +200,26 @@ def _hparams(cfg: DictConfig, width: int, compressor: str, world_size: int, glob
 
 
 def _predict_iter_ms(cfg: DictConfig, timing, engine, world_size: int, model: torch.nn.Module, h,
-                     compressor: str) -> float | None:
-    """The timing model's iteration time for this run, fed with the compute time and compression
-    ratio it measured so far (None before the first step)."""
+                     compressor: str, batch_size: int) -> tuple[float | None, str | None]:
+    """(the timing model's iteration time for this run, where its compute time came from).
+
+    Compute comes from the calibration file when it was measured for this model size and batch
+    ("calibration"), else from this run's own median forward+backward ("measured compute"), which
+    under pipe already includes the slowdown from overlapped communication and under ddp includes
+    the allreduce that DDP runs inside backward: only the calibrated prediction is a priori.
+    The compression ratio is the one measured so far. (None, None) before the first step.
+    """
     if not h.compute_ms:
-        return None
+        return None, None
     ratio = _ratio(h)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    # ddp times its allreduce inside backward; separate compute is not observable there.
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    calibrated = timing.calibrated_compute(params, batch_size)
+    if calibrated is not None:
+        compute_s, update_s, source = calibrated.compute_s, calibrated.update_s, "calibration"
+    else:
+        compute_s, update_s = median(h.compute_ms) / 1e3, (median(h.update_ms) or 0.0) / 1e3
+        source = "measured compute"
     algorithm = "ring" if cfg.comm.name in ("ring", "native") else cfg.comm.name
     options: dict = {}
     if cfg.trainer.mode in ("ps_sync", "ps_async"):  # pipesgd.ps: rank 0 is worker and server
@@ -214,8 +231,8 @@ def _predict_iter_ms(cfg: DictConfig, timing, engine, world_size: int, model: to
         cap = bucket * 2**20  # pipesgd.buckets: every bucket (the first too) holds up to bucket_mb
         options |= {"bucket_cap_bytes": cap} if cfg.trainer.mode == "ddp" else \
             {"sync_buckets": engine.width == 1, "bucket_cap_bytes": cap, "first_bucket_bytes": cap}
-    return timing.iter_ms(cfg.trainer.mode, algorithm, nbytes, world_size, median(h.compute_ms) / 1e3,
-                          (median(h.update_ms) or 0.0) / 1e3, engine.width, ratio, compressor, **options)
+    return timing.iter_ms(cfg.trainer.mode, algorithm, nbytes, world_size, compute_s, update_s, engine.width,
+                          ratio, compressor, **options), source
 
 
 def _broadcast_parameters(model: torch.nn.Module) -> None:

@@ -33,6 +33,7 @@ class History:
     update_ms: list[float] = field(default_factory=list)
     wire_bytes: list[int] = field(default_factory=list)
     ratio: list[float] = field(default_factory=list)
+    wall_time: list[float] = field(default_factory=list)  # time.time() at each step's end
     evals: list[dict] = field(default_factory=list)
 
 
@@ -47,11 +48,13 @@ class Trainer:
     def __init__(self, model: nn.Module, engine, optimizer: torch.optim.Optimizer, scheduler,
                  train_loader, eval_loader, writer: MetricWriter, *, epochs: int,
                  max_steps: int | None, log_every: int, device: torch.device, is_main: bool,
-                 predict: Callable[[History], float | None] | None = None):
+                 predict: Callable[[History], float | None] | None = None,
+                 eval_max_batches: int | None = None):
         self.model, self.engine, self.optimizer, self.scheduler = model, engine, optimizer, scheduler
         self.train_loader, self.eval_loader = train_loader, eval_loader
         self.writer = writer
         self.epochs, self.log_every, self.device = epochs, log_every, device
+        self.eval_max_batches = eval_max_batches
         per_epoch = len(train_loader)
         self.total_steps = min(epochs * per_epoch, max_steps) if max_steps else epochs * per_epoch
         self.is_main = is_main
@@ -113,6 +116,7 @@ class Trainer:
             h.update_ms.append(stats.update_s * 1e3)
             h.wire_bytes.append(stats.comm.wire_bytes)
             h.ratio.append(stats.comm.ratio)
+            h.wall_time.append(time.time())
             t_prev = t2
             self.step += 1
             # hidden = the reduction's time on the comm thread minus the caller's wait, floored at 0
@@ -152,12 +156,15 @@ class Trainer:
 
     @torch.no_grad()
     def _evaluate(self, epoch: int, start: float) -> dict:
-        """Accuracy over the whole test set: each rank scores its shard, counts are summed."""
+        """Accuracy over the test set (its first ``eval_max_batches`` batches per rank when set):
+        each rank scores its shard, counts are summed."""
         _average_buffers(self.model)
         self.model.eval()
         counts = torch.zeros(3, dtype=torch.float64)
         with trace.current().span("eval", "eval", self.step):
-            for x, y in self.eval_loader:
+            for i, (x, y) in enumerate(self.eval_loader):
+                if self.eval_max_batches is not None and i >= self.eval_max_batches:
+                    break
                 x, y = x.to(self.device), y.to(self.device)
                 logits = self.model(x)
                 counts[0] += (logits.argmax(1) == y).sum().item()

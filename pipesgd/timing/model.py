@@ -22,7 +22,8 @@ ALGORITHMS = ("ring", "tree", "ps")
 """Algorithms :func:`allreduce_time` accepts (the issue's contract)."""
 COMM_ALGORITHMS = ("ring", "tree", "hierarchical", "ps")
 """Everything :func:`comm_time` and :func:`predict_iter_ms` accept."""
-MODES = ("sync", "pipe", "ddp", "ps_sync", "ps_async")
+MODES = ("sync", "pipe", "ddp", "ps_sync", "ps_async", "local")
+"""``local`` is the trainer's compute-only baseline (no gradient exchange): compute + update."""
 COMPRESSORS = ("none", "fp16", "bf16", "int8")
 DDP_MODE_COMPRESSORS = ("none", "fp16", "bf16")
 """DDP ships comm hooks for fp16 and bf16 only; int8 has no DDP row."""
@@ -296,12 +297,15 @@ def iteration_time(mode: str, compute_s: float, comm_s: float, update_s: float =
     ddp                  forward + max(backward', comm) + update   (ideal overlap: a lower bound;
                          :func:`ddp_iteration_time` models the buckets)
     ps_async             max(compute + comm/p + update, comm + p·update)  (needs ``p``)
+    local                compute + update (no communication; ``comm_s`` is ignored)
 
     ``compute'`` is compute stretched by ``overlap_slowdown`` for as long as communication runs
     beside it; ``comm_s`` for the ps modes is :func:`ps_time` (one round of p push/pull pairs
     through the server link). The one-off pipeline fill is in :func:`total_time`, not here.
     """
     _check_mode_args(mode, compute_s, comm_s, update_s, width, forward_fraction, overlap_slowdown)
+    if mode == "local":
+        return compute_s + update_s
     if mode in ("sync", "ps_sync") or (mode == "pipe" and width == 1):
         return compute_s + comm_s + update_s
     if mode == "pipe":
@@ -445,6 +449,8 @@ def _predict_s(mode: str, algorithm: str, nbytes: float, p: int, link: Link, com
     """(comm seconds, iteration seconds)."""
     _mode_algorithm(mode, algorithm)
     _check_nonneg("compress_s_per_byte", kappa)
+    if mode == "local":
+        return 0.0, iteration_time(mode, compute_s, 0.0, update_s)
     if sync_buckets and (mode == "sync" or mode == "pipe" and width == 1):
         # pipesgd's backward-overlapped buckets at width 1: DDP's schedule with the ring's own κ.
         sizes = ddp_buckets(nbytes, bucket_cap_bytes or DDP_BUCKET_CAP_BYTES, first_bucket_bytes)
