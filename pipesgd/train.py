@@ -28,6 +28,7 @@ from .data import DatasetError
 from .metrics import make_writer
 from .modes import ModeArgs, build
 from .runinfo import git_commit, write_json_atomic
+from .staleness import make_staleness
 from .trainer import Trainer, median
 
 log = logging.getLogger("pipesgd.train")
@@ -68,13 +69,18 @@ def _check_buildable(cfg: DictConfig) -> None:
     """Instantiate the cheap objects once so their own argument checks run before workers start."""
     compressor = instantiate(cfg.compressor)
     allreduce = instantiate(cfg.comm)
+    make_staleness(cfg.trainer.staleness, **cfg.trainer)
     if cfg.trainer.mode == "ddp" and compressor.name not in ("none", "fp16", "bf16"):
         raise ConfigError(f"compressor={compressor.name} is not available with trainer.mode=ddp; "
                           "allowed: none, fp16, bf16 (DDP's own compression hooks)")
+    if cfg.trainer.mode == "ddp" and (getattr(compressor, "error_feedback", False) or cfg.trainer.staleness != "none"):
+        raise ConfigError("trainer.mode=ddp has no staleness and no error feedback; use trainer.staleness=none "
+                          "and compressor.error_feedback=false, or trainer.mode=pipe|sync")
     if cfg.trainer.mode != "ddp":
         from .comm.native import check_native, native_allreduce
+        from .compress import Compressor
 
-        if allreduce is native_allreduce:
+        if allreduce is native_allreduce and isinstance(compressor, Compressor):
             check_native(compressor)
     instantiate(cfg.data)
 
@@ -108,15 +114,16 @@ def worker(container: dict, run_dir: str) -> None:
         model, engine = build(cfg.trainer.mode, ModeArgs(
             model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
             allreduce=instantiate(cfg.comm), group=ctx.comm_group, world_size=ctx.world_size,
-            warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device))
+            warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
+            staleness=make_staleness(cfg.trainer.staleness, **cfg.trainer)))
         steps_per_epoch = len(train_loader)
         total = cfg.trainer.epochs * steps_per_epoch
         total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
         scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total, steps_per_epoch=steps_per_epoch)
         writer = make_writer(run_dir, ctx.is_main)
-        log.info("mode=%s width=%d compressor=%s comm=%s world=%d global batch %d lr %.4g threads/worker %d",
-                 cfg.trainer.mode, engine.width, compressor.name, cfg.comm.name, ctx.world_size,
-                 global_batch, lr, threads)
+        log.info("mode=%s width=%d staleness=%s compressor=%s comm=%s world=%d global batch %d lr %.4g "
+                 "threads/worker %d", cfg.trainer.mode, engine.width, cfg.trainer.staleness, compressor.name,
+                 cfg.comm.name, ctx.world_size, global_batch, lr, threads)
         trainer = Trainer(model, engine, optimizer, scheduler, train_loader, eval_loader, writer,
                           epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
                           log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main)
@@ -129,7 +136,8 @@ def worker(container: dict, run_dir: str) -> None:
             writer.scalars({"time/predicted_iter_ms": predicted, "time/measured_iter_ms": median(h.iter_ms)},
                            trainer.step)
             summary = {
-                "mode": cfg.trainer.mode, "width": engine.width, "compressor": compressor.name,
+                "mode": cfg.trainer.mode, "width": engine.width, "staleness": cfg.trainer.staleness,
+                "compressor": compressor.name,
                 "allreduce": cfg.comm.name, "world_size": ctx.world_size, "backend": ctx.backend,
                 "steps": trainer.step, "epochs": result["epochs"],
                 "final_train_loss": result["final_train_loss"], "test_accuracy": result["test_accuracy"],

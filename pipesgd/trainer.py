@@ -79,8 +79,9 @@ class Trainer:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             t0 = time.perf_counter()
             self.optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(self.model(x), y)
-            loss.backward()
+            with self.engine.forward_context():  # the weights the staleness rule wants the gradient at
+                loss = F.cross_entropy(self.model(x), y)
+                loss.backward()
             if self.device.type == "cuda":
                 torch.cuda.synchronize()  # CPU-GPU sync point: only so compute time is real
             t1 = time.perf_counter()
@@ -131,12 +132,13 @@ class Trainer:
         _average_buffers(self.model)
         self.model.eval()
         counts = torch.zeros(3, dtype=torch.float64)
-        for x, y in self.eval_loader:
-            x, y = x.to(self.device), y.to(self.device)
-            logits = self.model(x)
-            counts[0] += (logits.argmax(1) == y).sum().item()
-            counts[1] += y.numel()
-            counts[2] += F.cross_entropy(logits, y, reduction="sum").item()
+        with self.engine.consistent_weights():  # dga: without this rank's pending local step
+            for x, y in self.eval_loader:
+                x, y = x.to(self.device), y.to(self.device)
+                logits = self.model(x)
+                counts[0] += (logits.argmax(1) == y).sum().item()
+                counts[1] += y.numel()
+                counts[2] += F.cross_entropy(logits, y, reduction="sum").item()
         train_loss = torch.tensor([sum(self.last_losses) / max(1, len(self.last_losses))], dtype=torch.float64)
         if dist.is_initialized():
             dist.all_reduce(counts)
