@@ -260,3 +260,12 @@ def test_residuals_are_checkpointed_and_resume_is_exact(compressor):
     assert torch.equal(straight[0], resumed[0])
     assert min(straight[1]) > 1.0, "the engine reports the measured compression ratio per step"
     assert torch.equal(straight[0], straight1[0]), "replicas stay identical"
+
+
+def test_inring_error_feedback_with_the_native_cast_feeds_back_the_cast_error():
+    from pipesgd.comm import native_allreduce
+
+    red = InRing(get_compressor("bf16", error_feedback=True))
+    red.bind(SHAPES, native_allreduce)
+    x = grad_of(0, 0)
+    assert torch.equal(red.local_decode(x, 2), x.to(torch.bfloat16).float())

@@ -7,8 +7,10 @@ keeps ``corrected - decode(encode(corrected))`` as the next residual. That is th
 encoding this rank's own values; the ring's later hops re-encode partial sums that mix ranks,
 and that error belongs to no single rank, so it is not fed back. Chunk r's local encode is
 byte for byte what rank r sends on its first ring hop; for elementwise encoders (fp16, bf16)
-chunking makes no difference. Cost: one extra encode + decode of the gradient per step, on the
-communication thread, and one gradient-sized residual.
+chunking makes no difference. With ``comm=native`` the encode is the cast the backend's
+all_reduce carries (fp16 / bfloat16, round to nearest), so the residual is that cast's error.
+Cost: one extra encode + decode of the gradient per step, on the communication thread, and one
+gradient-sized residual.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..comm import CommStats
+from ..comm.native import native_allreduce
 from ..comm.ring import chunk_bounds
 from ..compress import Compressor
 from .base import Reduction
@@ -39,7 +42,10 @@ class InRing(Reduction):
         self._numel = sum(s.numel() for s in shapes)
 
     def local_decode(self, flat: Tensor, p: int) -> Tensor:
-        """What this rank's own values become after one encode + decode, chunk by ring chunk."""
+        """What this rank's own values become after one encode + decode, chunk by ring chunk
+        (with the backend's all_reduce: the cast it carries)."""
+        if self._allreduce is native_allreduce and self.compressor.summable_dtype is not None:
+            return flat.to(self.compressor.summable_dtype).to(flat.dtype)
         out = torch.empty_like(flat)
         for a, b in chunk_bounds(flat.numel(), p):
             payload, ctx = self.compressor.compress(flat[a:b])
