@@ -6,6 +6,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from .modes import MODES
+from .staleness import available as stalenesses
 
 
 class ConfigError(ValueError):
@@ -29,6 +30,9 @@ def validate(cfg: DictConfig) -> None:
     if mode not in MODES:
         raise ConfigError(f"trainer.mode={mode!r} is not known; allowed: {', '.join(MODES)}")
     _int_at_least(cfg, "trainer.width", 1, "pipeline width; 1 = synchronous SGD, 2 = Pipe-SGD")
+    if cfg.trainer.staleness not in stalenesses():
+        raise ConfigError(f"trainer.staleness={cfg.trainer.staleness!r} is not known; "
+                          f"allowed: {', '.join(stalenesses())} (docs/convergence.md)")
     _int_at_least(cfg, "dist.nproc", 1, "number of local worker processes")
     _int_at_least(cfg, "dist.max_restarts", 0)
     _int_at_least(cfg, "trainer.warmup_sync_steps", 0, "synchronous steps before the pipeline starts")

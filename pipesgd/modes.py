@@ -1,7 +1,8 @@
 """Training modes: how a model and optimizer become a data-parallel (model, engine) pair.
 
 Every engine has the PipeSGD surface the trainer uses: ``step() -> StepStats``, ``flush()``,
-``state_dict()``, ``load_state_dict()``, ``close()``, ``width``. ``MODES`` maps ``trainer.mode``
+``forward_context()``, ``consistent_weights()``, ``state_dict()``, ``load_state_dict()``,
+``close()``, ``width``. ``MODES`` maps ``trainer.mode``
 to a builder; adding a mode is one function here (or in its own module) and one entry.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +23,8 @@ from .comm.ring import chunk_bounds
 from .compress import Compressor
 from .compress.none import NoCompression
 from .pipeline import PipeSGD, StepStats
+from .reduction import Reduction
+from .staleness import Staleness
 
 
 @dataclass
@@ -28,13 +32,14 @@ class ModeArgs:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     width: int
-    compressor: Compressor
+    compressor: Compressor | Reduction
     allreduce: Callable[..., CommStats]
     group: object | None
     world_size: int
     warmup_sync_steps: int
     device: torch.device
     bucket_mb: float | None = None
+    staleness: str | Staleness = "none"
 
 
 class DDPEngine:
@@ -63,6 +68,12 @@ class DDPEngine:
     def flush(self) -> StepStats:
         return StepStats()
 
+    def forward_context(self) -> AbstractContextManager:
+        return nullcontext()
+
+    def consistent_weights(self) -> AbstractContextManager:
+        return nullcontext()
+
     def state_dict(self) -> dict:
         return {"width": 1, "steps": self.steps, "pending": []}
 
@@ -79,7 +90,8 @@ def _pipesgd(width: int | None) -> Callable[[ModeArgs], tuple[nn.Module, object]
     def build(a: ModeArgs) -> tuple[nn.Module, object]:
         return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=width or a.width,
                                 compressor=a.compressor, allreduce=a.allreduce, group=a.group,
-                                warmup_sync_steps=a.warmup_sync_steps, bucket_mb=a.bucket_mb)
+                                warmup_sync_steps=a.warmup_sync_steps, bucket_mb=a.bucket_mb,
+                                staleness=a.staleness)
 
     return build
 

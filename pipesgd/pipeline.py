@@ -10,6 +10,9 @@ step t-K+1, so K-1 reductions are always in flight behind the caller's next forw
 K = 1 launches and waits at once: plain synchronous allreduce SGD through the same code.
 With ``warmup_sync_steps = N`` the first N steps run at width 1 before the pipeline fills (stale
 gradients with momentum are unstable while the early loss surface is steep; BytePS does the same).
+What an applied average does to the weights is a :mod:`~pipesgd.staleness` strategy's business
+(plain, delay-compensated, weight prediction, delayed averaging); what crosses the wire is the
+:mod:`~pipesgd.reduction` strategy's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
@@ -26,8 +30,10 @@ from .buckets import BucketReducer
 from . import trace
 from .comm import CommStats, CompletedHandle, Handle, get_allreduce
 from .comm.native import check_native, native_allreduce
-from .compress import Compressor, get_compressor
+from .compress import Compressor
 from .reducer import Reduced, Reducer
+from .reduction import Reduction, resolve
+from .staleness import Staleness, make_staleness
 
 
 @dataclass
@@ -54,7 +60,10 @@ class PipeSGD:
     ``flush()`` applies what is still in flight, in order. Every replica applies the same averaged
     gradients in the same order, so replicas stay identical. With ``warmup_sync_steps = N``, steps
     t < N apply their own step's average (width 1) and the rule above holds from step N on, counting
-    steps N..N+K-2 as the pipeline's fill.
+    steps N..N+K-2 as the pipeline's fill. ``staleness`` replaces "optimizer.step() with the
+    average" by a compensated update (docs/convergence.md); ``"none"`` is the rule above bit for bit.
+    ``compressor`` is a per-chunk compressor carried inside ``allreduce``, or a reduction with
+    collectives of its own (``"topk"``, ``"powersgd"``).
 
     With ``bucket_mb``, step t's reduction starts bucket by bucket during t's backward (hooks on
     ``params``; one backward per step) instead of inside ``step()``; the update rule is unchanged.
@@ -65,9 +74,10 @@ class PipeSGD:
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Iterable[Tensor], width: int = 2,
-                 compressor: str | Compressor | None = "none",
+                 compressor: str | Compressor | Reduction | None = "none",
                  allreduce: str | Callable[..., CommStats] = "ring", group=None,
-                 warmup_sync_steps: int = 0, bucket_mb: float | None = None):
+                 warmup_sync_steps: int = 0, bucket_mb: float | None = None,
+                 staleness: str | Staleness = "none"):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
         if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
@@ -75,17 +85,26 @@ class PipeSGD:
         self.optimizer = optimizer
         self.width = width
         self.warmup_sync_steps = warmup_sync_steps
-        self.compressor = get_compressor(compressor)
+        self.compressor = resolve(compressor)
         fn = get_allreduce(allreduce) if isinstance(allreduce, str) else allreduce
-        if fn is native_allreduce:
+        if fn is native_allreduce and isinstance(self.compressor, Compressor):
             check_native(self.compressor)
         self.allreduce_name = allreduce if isinstance(allreduce, str) else getattr(fn, "__name__", "custom")
+        self._bucketed = bucket_mb is not None
         if bucket_mb is None:
             self._reducer = Reducer(params, self.compressor, fn, group)
         else:  # reductions start from backward hooks (pipesgd.buckets); same update rule
             if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
                 raise ValueError(f"bucket_mb must be a number > 0 (MiB) or None, got {bucket_mb!r}")
+            if not isinstance(self.compressor, Compressor):
+                raise ValueError(f"bucket_mb works with in-ring compressors without error feedback; "
+                                 f"got {self.compressor!r}")
             self._reducer = BucketReducer(params, self.compressor, fn, group, max(1, int(bucket_mb * 2**20)))
+        self.staleness = make_staleness(staleness)
+        if bucket_mb is not None and self.staleness.name != "none":
+            raise ValueError(f"bucket_mb cannot be combined with staleness={self.staleness.name!r}: bucketed "
+                             "reductions start inside backward, before a strategy could see the local gradient")
+        self.staleness.bind(self._reducer.params, optimizer)
         self._pending: deque[Handle[Reduced]] = deque()
         self.steps = 0
         self.last = StepStats()
@@ -98,7 +117,12 @@ class PipeSGD:
         """Launch this step's reduction; apply the one from K-1 steps ago if there is one."""
         t0 = time.perf_counter()
         with trace.current().span("pack", "pack", self.steps):
-            self._pending.append(self._reducer.launch())
+            if self._bucketed:  # launched by backward hooks already; staleness is plain (checked)
+                self._pending.append(self._reducer.launch())
+            else:
+                local = self._reducer.flatten()
+                self.staleness.launched(local)
+                self._pending.append(self._reducer.launch(local))
         stats = StepStats(pack_s=time.perf_counter() - t0)
         width = 1 if self.steps < self.warmup_sync_steps else self.width
         if len(self._pending) == width:
@@ -121,20 +145,35 @@ class PipeSGD:
             reduced = self._pending.popleft().wait()
         t1 = time.perf_counter()
         with tr.span("update", "update", self.steps):
-            self._reducer.unflatten(reduced.flat)
-            self.optimizer.step()
+            self.staleness.apply(reduced.flat)
         stats.staleness = len(self._pending)
         stats.wait_s += t1 - t0
         stats.update_s += time.perf_counter() - t1
         stats.applied = True
         stats.comm += reduced.stats
 
+    def forward_context(self) -> AbstractContextManager:
+        """Run the next forward and backward inside this: the weights the staleness strategy wants
+        the gradient at (``predict`` extrapolates; the others leave the weights alone)."""
+        return self.staleness.forward_context(self.in_flight)
+
+    def consistent_params(self) -> Tensor:
+        """A flat copy of the weights every replica holds identically (``dga`` replicas differ by
+        their pending local steps; this is the weights without them)."""
+        return self.staleness.consistent_params()
+
+    def consistent_weights(self) -> AbstractContextManager:
+        """Inside: the parameters hold :meth:`consistent_params` (evaluate here); restored after."""
+        return self.staleness.consistent_weights()
+
     def state_dict(self) -> dict:
-        """Engine state including in-flight gradients (waited for, not applied), so a restored
-        engine applies exactly what this one would have. Does not include the optimizer."""
+        """Engine state including in-flight gradients (waited for, not applied), the staleness
+        strategy's and the reduction's state (error-feedback residuals), so a restored engine
+        applies exactly what this one would have. Does not include the optimizer."""
         pending = [h.wait().flat.clone() for h in self._pending]
         self._pending = deque(CompletedHandle(Reduced(f, CommStats())) for f in pending)
-        return {"width": self.width, "steps": self.steps, "pending": pending}
+        return {"width": self.width, "steps": self.steps, "pending": pending,
+                "staleness": self.staleness.state_dict(), "reduction": self._reducer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         if state["width"] != self.width:
@@ -146,6 +185,8 @@ class PipeSGD:
             if f.numel() != numel:
                 raise ValueError(f"in-flight gradient has {f.numel()} values, model has {numel}")
         self.steps = int(state["steps"])
+        self.staleness.load_state_dict(state.get("staleness", {}))
+        self._reducer.load_state_dict(state.get("reduction", {}))
         self._pending = deque(CompletedHandle(Reduced(f.clone(), CommStats())) for f in state["pending"])
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
@@ -208,6 +209,13 @@ class ParameterServerEngine:
             self.server.version = int(srv["version"])
             self.server.optimizer.load_state_dict(srv["optimizer"])
             self._load(self.server.flat)
+
+    def forward_context(self) -> AbstractContextManager:
+        """Workers compute at the weights they last pulled; nothing to adjust."""
+        return nullcontext()
+
+    def consistent_weights(self) -> AbstractContextManager:
+        return nullcontext()
 
     def close(self) -> None:
         """Nothing to release in sync mode; an async server thread still serving (no ``flush()``,

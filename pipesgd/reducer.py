@@ -3,6 +3,8 @@
 The buffer is a copy (``torch.cat``), so the next backward writing into ``p.grad`` can never touch a
 gradient that is still in flight: that is the double buffering Pipe-SGD needs. The reduction and
 the division by the world size run on the communication thread, off the caller's critical path.
+The flat gradient is handed to a :class:`~pipesgd.reduction.Reduction`: an in-ring compressor rides
+the configured allreduce unchanged; top-k and PowerSGD bring collectives of their own.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from torch import Tensor
 from . import trace
 from .comm import CommStats, CommThread, CompletedHandle, Handle
 from .compress import Compressor
+from .flat import set_grads
+from .reduction import Reduction, as_reduction
 
 
 @dataclass
@@ -28,7 +32,7 @@ class Reduced:
 
 
 class Reducer:
-    def __init__(self, params: Iterable[Tensor], compressor: Compressor,
+    def __init__(self, params: Iterable[Tensor], compressor: Compressor | Reduction,
                  allreduce: Callable[..., CommStats], group=None):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
@@ -40,6 +44,8 @@ class Reducer:
         self.allreduce = allreduce
         self.group = group
         self.numel = sum(p.numel() for p in self.params)
+        self.reduction = as_reduction(compressor)
+        self.reduction.bind([p.shape for p in self.params], allreduce)
         self._thread: CommThread | None = None
 
     @property
@@ -62,7 +68,7 @@ class Reducer:
             self._thread = CommThread()
 
         def job() -> Reduced:
-            stats = self.allreduce(flat, self.compressor, self.group)
+            stats = self.reduction.reduce(flat, self.group)
             with trace.current().span("average", "comm"):
                 flat.div_(world)
             return Reduced(flat, stats)
@@ -71,11 +77,14 @@ class Reducer:
 
     def unflatten(self, flat: Tensor) -> None:
         """Point every ``p.grad`` at its slice of ``flat`` (views, no copy)."""
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p)
-            offset += n
+        set_grads(self.params, flat)
+
+    def state_dict(self) -> dict:
+        """The reduction's state (error-feedback residuals, warm starts). Call with nothing in flight."""
+        return self.reduction.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reduction.load_state_dict(state)
 
     def close(self) -> None:
         if self._thread is not None:

@@ -29,6 +29,7 @@ from .data import DatasetError
 from .metrics import make_writer
 from .modes import ModeArgs, build
 from .runinfo import git_commit, write_json_atomic
+from .staleness import make_staleness
 from .trainer import Trainer, median
 
 log = logging.getLogger("pipesgd.train")
@@ -69,13 +70,18 @@ def _check_buildable(cfg: DictConfig) -> None:
     """Instantiate the cheap objects once so their own argument checks run before workers start."""
     compressor = instantiate(cfg.compressor)
     allreduce = instantiate(cfg.comm)
+    make_staleness(cfg.trainer.staleness, **cfg.trainer)
     if cfg.trainer.mode == "ddp" and compressor.name not in ("none", "fp16", "bf16"):
         raise ConfigError(f"compressor={compressor.name} is not available with trainer.mode=ddp; "
                           "allowed: none, fp16, bf16 (DDP's own compression hooks)")
+    if cfg.trainer.mode == "ddp" and (getattr(compressor, "error_feedback", False) or cfg.trainer.staleness != "none"):
+        raise ConfigError("trainer.mode=ddp has no staleness and no error feedback; use trainer.staleness=none "
+                          "and compressor.error_feedback=false, or trainer.mode=pipe|sync")
     if cfg.trainer.mode != "ddp":
         from .comm.native import check_native, native_allreduce
+        from .compress import Compressor
 
-        if allreduce is native_allreduce:
+        if allreduce is native_allreduce and isinstance(compressor, Compressor):
             check_native(compressor)
     instantiate(cfg.data)
 
@@ -112,15 +118,16 @@ def worker(container: dict, run_dir: str) -> None:
             model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
             allreduce=_build_allreduce(cfg), group=ctx.comm_group, world_size=ctx.world_size,
             warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
-            bucket_mb=cfg.trainer.get("bucket_mb")))
+            bucket_mb=cfg.trainer.get("bucket_mb"),
+            staleness=make_staleness(cfg.trainer.staleness, **cfg.trainer)))
         steps_per_epoch = len(train_loader)
         total = cfg.trainer.epochs * steps_per_epoch
         total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
         scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total, steps_per_epoch=steps_per_epoch)
         writer = make_writer(run_dir, ctx.is_main)
-        log.info("mode=%s width=%d compressor=%s comm=%s world=%d global batch %d lr %.4g threads/worker %d",
-                 cfg.trainer.mode, engine.width, compressor.name, cfg.comm.name, ctx.world_size,
-                 global_batch, lr, threads)
+        log.info("mode=%s width=%d staleness=%s compressor=%s comm=%s world=%d global batch %d lr %.4g "
+                 "threads/worker %d", cfg.trainer.mode, engine.width, cfg.trainer.staleness, compressor.name,
+                 cfg.comm.name, ctx.world_size, global_batch, lr, threads)
         timing = instantiate(cfg.timing)
         trainer = Trainer(model, engine, optimizer, scheduler, train_loader, eval_loader, writer,
                           epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
@@ -144,7 +151,8 @@ def worker(container: dict, run_dir: str) -> None:
                 "hparams/iter_ms": median(h.iter_ms), "hparams/predicted_iter_ms": predicted,
                 "hparams/wall_seconds": result["wall_seconds"]}, trainer.step)
             summary = {
-                "mode": cfg.trainer.mode, "width": engine.width, "compressor": compressor.name,
+                "mode": cfg.trainer.mode, "width": engine.width, "staleness": cfg.trainer.staleness,
+                "compressor": compressor.name,
                 "allreduce": "ps" if cfg.trainer.mode.startswith("ps_") else cfg.comm.name,
                 "world_size": ctx.world_size, "backend": ctx.backend,
                 "steps": trainer.step, "epochs": result["epochs"],

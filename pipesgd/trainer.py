@@ -95,7 +95,8 @@ class Trainer:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             t0 = time.perf_counter()
             self.optimizer.zero_grad(set_to_none=True)
-            with tr.span("forward", "compute", self.step):
+            # forward_context: the weights the staleness rule wants the gradient at
+            with tr.span("forward", "compute", self.step), self.engine.forward_context():
                 loss = F.cross_entropy(self.model(x), y)
             with tr.span("backward", "compute", self.step):
                 loss.backward()
@@ -161,7 +162,8 @@ class Trainer:
         _average_buffers(self.model)
         self.model.eval()
         counts = torch.zeros(3, dtype=torch.float64)
-        with trace.current().span("eval", "eval", self.step):
+        # consistent_weights: dga evaluates without this rank's pending local step
+        with trace.current().span("eval", "eval", self.step), self.engine.consistent_weights():
             for i, (x, y) in enumerate(self.eval_loader):
                 if self.eval_max_batches is not None and i >= self.eval_max_batches:
                     break
