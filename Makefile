@@ -5,6 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 DATA ?= ../shared/data
+# Options for the benchmark suite, e.g. BENCH="--quick" or BENCH="--only 'resnet20/p2/*'".
+BENCH ?=
 
 .PHONY: setup run test bench clean
 
@@ -24,7 +26,7 @@ test: setup
 	$(PY) -m pytest -q
 
 bench: setup
-	$(PY) -m pipesgd.bench data.root=$(DATA)
+	$(PY) -m pipesgd.bench $(BENCH) data.root=$(DATA)
 
 clean:
 	rm -rf outputs multirun .pytest_cache

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from .modes import MODES
 from .schema import Config, DistConfig, TrainerConfig
+from .staleness import available as stalenesses
 
 
 class ConfigError(ValueError):
@@ -47,12 +48,20 @@ def validate(cfg: DictConfig) -> None:
     if mode not in MODES:
         raise ConfigError(f"trainer.mode={mode!r} is not known; allowed: {', '.join(MODES)}")
     _int_at_least(cfg, "trainer.width", 1, "pipeline width; 1 = synchronous SGD, 2 = Pipe-SGD")
+    if cfg.trainer.staleness not in stalenesses():
+        raise ConfigError(f"trainer.staleness={cfg.trainer.staleness!r} is not known; "
+                          f"allowed: {', '.join(stalenesses())} (docs/convergence.md)")
     _int_at_least(cfg, "dist.nproc", 1, "number of local worker processes")
     _int_at_least(cfg, "dist.max_restarts", 0)
     _int_at_least(cfg, "trainer.warmup_sync_steps", 0, "synchronous steps before the pipeline starts")
     _int_at_least(cfg, "trainer.epochs", 1)
     _int_at_least(cfg, "trainer.max_steps", 1, "or null for whole epochs", optional=True)
     _int_at_least(cfg, "trainer.log_every", 1)
+    _int_at_least(cfg, "trainer.trace_steps", 1, "steps recorded when trainer.trace=true, or null for all",
+                  optional=True)
+    if not isinstance(cfg.trainer.trace, bool):
+        raise ConfigError(f"trainer.trace={cfg.trainer.trace!r} is invalid: must be true or false")
+    _int_at_least(cfg, "trainer.eval_max_batches", 1, "or null for the whole test set", optional=True)
     _int_at_least(cfg, "seed", 0)
     _int_at_least(cfg, "dist.threads_per_worker", 1, "or null for cores / local workers", optional=True)
     _int_at_least(cfg, "trainer.checkpoint_every", 1, "steps between checkpoints, or null for none",
@@ -66,6 +75,32 @@ def validate(cfg: DictConfig) -> None:
     ref = cfg.trainer.lr_reference_batch
     if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
         raise ConfigError(f"trainer.lr_reference_batch={ref!r} is invalid: must be an integer >= 1 or null")
+    _check_scheme_options(cfg)
+
+
+def _check_scheme_options(cfg: DictConfig) -> None:
+    """Parameter server, hierarchical groups, LARS and gradient buckets."""
+    nproc = cfg.dist.nproc
+    if cfg.trainer.mode in ("ps_sync", "ps_async") and nproc < 2:
+        raise ConfigError(f"dist.nproc={nproc} is invalid for trainer.mode={cfg.trainer.mode}: a parameter "
+                          "server needs >= 2 processes (rank 0 serves and trains, the others push and pull)")
+    size = cfg.comm.get("group_size")
+    if cfg.comm.get("name") == "hierarchical" and size is not None:
+        _int_at_least(cfg, "comm.group_size", 1, "ranks per node group, or null for LOCAL_WORLD_SIZE")
+        if nproc % size:
+            raise ConfigError(f"comm.group_size={size} is invalid with dist.nproc={nproc}: the node group "
+                              "size must divide the number of workers")
+    trust = cfg.optimizer.get("trust_coefficient")
+    if "trust_coefficient" in cfg.optimizer and (isinstance(trust, bool) or not isinstance(trust, (int, float))
+                                                 or not trust > 0):
+        raise ConfigError(f"optimizer.trust_coefficient={trust!r} is invalid: must be a number > 0 (LARS η)")
+    bucket = cfg.trainer.get("bucket_mb")
+    if bucket is not None:
+        if isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or not bucket > 0:
+            raise ConfigError(f"trainer.bucket_mb={bucket!r} is invalid: must be a number > 0 (MiB), or null (off)")
+        if cfg.trainer.mode in ("ps_sync", "ps_async"):
+            raise ConfigError(f"trainer.bucket_mb={bucket} is not available with trainer.mode={cfg.trainer.mode}; "
+                              "allowed modes: sync, pipe, ddp")
 
 
 def _check_resume(resume: str) -> None:

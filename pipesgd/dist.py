@@ -4,7 +4,8 @@ Workers always come up through the torchrun environment contract (RANK, WORLD_SI
 MASTER_ADDR, MASTER_PORT), whether torchrun, the local launcher or the emulated cluster started
 them. Two groups exist: the default group for the training loop's own collectives (evaluation
 counts, final checks) and a second one, ``comm_group``, that the engine's background thread owns,
-so the two threads never interleave messages on one group.
+so the two threads never interleave messages on one group. ``comm=hierarchical`` adds its node
+groups and leaders' group through :func:`node_groups`, called once per run by every rank.
 """
 
 from __future__ import annotations
@@ -107,6 +108,44 @@ def _rendezvous_error(rank: int, e: Exception) -> RendezvousError:
     detail = " ".join(str(e).split())[:300]
     return RendezvousError(f"rank {rank} could not join the job's store at {addr}:{port}: {detail}; check "
                            "MASTER_ADDR / MASTER_PORT and that rank 0 is running")
+
+
+@dataclass(frozen=True)
+class NodeGroups:
+    """This rank's node group and the group of node leaders (hierarchical reduction).
+
+    Ranks are split into consecutive blocks of ``group_size`` (node n = ranks n·g .. n·g+g-1, as
+    torchrun numbers them); group rank 0 of each block is its leader. ``leaders`` is None on
+    ranks that are not leaders; both are None in a lone process.
+    """
+
+    intra: object | None
+    leaders: object | None
+    group_size: int
+    nodes: int
+
+
+def node_groups(group_size: int | None, timeout_s: float = 300.0) -> NodeGroups:
+    """Create the node groups and the leaders' group. COLLECTIVE: every rank calls it once, at the
+    same point relative to other group creations. ``group_size=None`` takes LOCAL_WORLD_SIZE (the
+    ranks torchrun started on this machine). Raises ValueError naming ``comm.group_size`` when it
+    does not divide the world size."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    size = env_int("LOCAL_WORLD_SIZE", world) if group_size is None else group_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1 or world % size:
+        raise ValueError(f"comm.group_size={size!r} is invalid for world size {world}: it must be an "
+                         "integer >= 1 that divides the world size (null = LOCAL_WORLD_SIZE)")
+    if not dist.is_initialized():
+        return NodeGroups(None, None, 1, 1)
+    rank, timeout = dist.get_rank(), timedelta(seconds=timeout_s)
+    intra = None
+    for node in range(world // size):  # every rank creates every group, in the same order
+        g = dist.new_group(list(range(node * size, (node + 1) * size)), timeout=timeout)
+        if rank // size == node:
+            intra = g
+    leaders = dist.new_group(list(range(0, world, size)), timeout=timeout)
+    log.debug("rank %d: node %d of %d, %d ranks per node", rank, rank // size, world // size, size)
+    return NodeGroups(intra, leaders if rank % size == 0 else None, size, world // size)
 
 
 def broadcast_object(obj, ctx: DistContext):

@@ -1,7 +1,8 @@
 """Training modes: how a model and optimizer become a data-parallel (model, engine) pair.
 
 Every engine has the PipeSGD surface the trainer uses: ``step() -> StepStats``, ``flush()``,
-``state_dict()``, ``load_state_dict()``, ``close()``, ``width``. ``MODES`` maps ``trainer.mode``
+``forward_context()``, ``consistent_weights()``, ``state_dict()``, ``load_state_dict()``,
+``close()``, ``width``. ``MODES`` maps ``trainer.mode``
 to a builder; adding a mode is one function here (or in its own module) and one entry.
 """
 
@@ -9,16 +10,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from . import ps
+from . import trace
 from .comm import CommStats
 from .comm.ring import chunk_bounds
 from .compress import Compressor
 from .compress.none import NoCompression
 from .pipeline import NonFinitePolicy, PipeSGD, StepStats
+from .reduction import Reduction
+from .staleness import Staleness
 
 
 @dataclass
@@ -26,12 +32,14 @@ class ModeArgs:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     width: int
-    compressor: Compressor
+    compressor: Compressor | Reduction
     allreduce: Callable[..., CommStats]
     group: object | None
     world_size: int
     warmup_sync_steps: int
     device: torch.device
+    bucket_mb: float | None = None
+    staleness: str | Staleness = "none"
     nonfinite: str = "abort"
     timeout_s: float | None = None
 
@@ -65,12 +73,19 @@ class DDPEngine:
             self.last = StepStats(comm=comm, skipped=True)
             return self.last
         self.nonfinite.good()
-        self.optimizer.step()
+        with trace.current().span("update", "update", self.steps):
+            self.optimizer.step()
         self.last = StepStats(update_s=time.perf_counter() - t0, applied=True, comm=comm)
         return self.last
 
     def flush(self) -> StepStats:
         return StepStats()
+
+    def forward_context(self) -> AbstractContextManager:
+        return nullcontext()
+
+    def consistent_weights(self) -> AbstractContextManager:
+        return nullcontext()
 
     def state_dict(self) -> dict:
         return {"width": 1, "steps": self.steps, "pending": [], "nonfinite": self.nonfinite.state_dict()}
@@ -90,8 +105,8 @@ def _pipesgd(width: int | None) -> Callable[[ModeArgs], tuple[nn.Module, object]
     def build(a: ModeArgs) -> tuple[nn.Module, object]:
         return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=width or a.width,
                                 compressor=a.compressor, allreduce=a.allreduce, group=a.group,
-                                warmup_sync_steps=a.warmup_sync_steps, nonfinite=a.nonfinite,
-                                timeout_s=a.timeout_s)
+                                warmup_sync_steps=a.warmup_sync_steps, bucket_mb=a.bucket_mb,
+                                staleness=a.staleness, nonfinite=a.nonfinite, timeout_s=a.timeout_s)
 
     return build
 
@@ -110,7 +125,7 @@ def _ddp(a: ModeArgs) -> tuple[nn.Module, object]:
     if a.world_size == 1:
         return a.model, DDPEngine(a.optimizer, numel, 4, 1, a.nonfinite)
     ids = [a.device.index] if a.device.type == "cuda" else None
-    model = DDP(a.model, device_ids=ids)
+    model = DDP(a.model, device_ids=ids, **({} if a.bucket_mb is None else {"bucket_cap_mb": a.bucket_mb}))
     hook = _DDP_HOOKS[a.compressor.name]
     if hook is not None:
         model.register_comm_hook(None, getattr(default_hooks, hook))
@@ -118,10 +133,22 @@ def _ddp(a: ModeArgs) -> tuple[nn.Module, object]:
     return model, DDPEngine(a.optimizer, numel, wire, a.world_size, a.nonfinite)
 
 
+def _local(a: ModeArgs) -> tuple[nn.Module, object]:
+    """No gradient exchange: every rank steps its own replica on its own shard. Not training a
+    shared model; the compute-only baseline a benchmark compares the other modes against."""
+    return a.model, DDPEngine(a.optimizer, 0, 4, 1)
+
+
+# Modes whose replicas differ by design (no shared model while training): no replica check.
+DIVERGENT_MODES = ("local", "ps_async")
+
 MODES: dict[str, Callable[[ModeArgs], tuple[nn.Module, object]]] = {
     "sync": _pipesgd(1),
     "pipe": _pipesgd(None),
     "ddp": _ddp,
+    "ps_sync": ps.build_sync,
+    "ps_async": ps.build_async,
+    "local": _local,
 }
 
 

@@ -10,6 +10,9 @@ step t-K+1, so K-1 reductions are always in flight behind the caller's next forw
 K = 1 launches and waits at once: plain synchronous allreduce SGD through the same code.
 With ``warmup_sync_steps = N`` the first N steps run at width 1 before the pipeline fills (stale
 gradients with momentum are unstable while the early loss surface is steep; BytePS does the same).
+What an applied average does to the weights is a :mod:`~pipesgd.staleness` strategy's business
+(plain, delay-compensated, weight prediction, delayed averaging); what crosses the wire is the
+:mod:`~pipesgd.reduction` strategy's.
 
 Faults surface here, where the update needs the reduced buffer: a NaN/inf gradient on any rank
 (the reducer's flag, identical on every rank, so all ranks skip or all abort) and a reduction that
@@ -22,15 +25,20 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from .buckets import BucketReducer
+from . import trace
 from .comm import CommError, CommStats, CompletedHandle, Handle, get_allreduce
 from .comm.native import check_native, native_allreduce
-from .compress import Compressor, get_compressor
+from .compress import Compressor
 from .reducer import Reduced, Reducer
+from .reduction import Reduction, resolve
+from .staleness import Staleness, make_staleness
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +48,8 @@ NONFINITE = ("abort", "skip")
 @dataclass
 class StepStats:
     """Where the caller's time went inside one ``step()``; ``comm`` is the applied reduction's cost.
+    ``staleness``: how many steps old the applied gradient is (0 = this step's; K-1 in a full pipeline).
+    ``metrics``: engine-specific scalars for TensorBoard (e.g. ``ps/staleness_mean``).
     ``skipped``: an update was due but dropped because its gradient was non-finite."""
 
     pack_s: float = 0.0
@@ -47,6 +57,8 @@ class StepStats:
     update_s: float = 0.0
     applied: bool = False
     comm: CommStats = field(default_factory=CommStats)
+    staleness: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
     skipped: bool = False
 
 
@@ -103,7 +115,13 @@ class PipeSGD:
     ``flush()`` applies what is still in flight, in order. Every replica applies the same averaged
     gradients in the same order, so replicas stay identical. With ``warmup_sync_steps = N``, steps
     t < N apply their own step's average (width 1) and the rule above holds from step N on, counting
-    steps N..N+K-2 as the pipeline's fill.
+    steps N..N+K-2 as the pipeline's fill. ``staleness`` replaces "optimizer.step() with the
+    average" by a compensated update (docs/convergence.md); ``"none"`` is the rule above bit for bit.
+    ``compressor`` is a per-chunk compressor carried inside ``allreduce``, or a reduction with
+    collectives of its own (``"topk"``, ``"powersgd"``).
+
+    With ``bucket_mb``, step t's reduction starts bucket by bucket during t's backward (hooks on
+    ``params``; one backward per step) instead of inside ``step()``; the update rule is unchanged.
 
     Communication runs on a background thread over ``group`` (default: the default group). Do not
     issue other collectives on the same group from another thread while reductions are in flight;
@@ -116,9 +134,11 @@ class PipeSGD:
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Iterable[Tensor], width: int = 2,
-                 compressor: str | Compressor | None = "none",
+                 compressor: str | Compressor | Reduction | None = "none",
                  allreduce: str | Callable[..., CommStats] = "ring", group=None,
-                 warmup_sync_steps: int = 0, nonfinite: str = "abort", timeout_s: float | None = None):
+                 warmup_sync_steps: int = 0, bucket_mb: float | None = None,
+                 staleness: str | Staleness = "none", nonfinite: str = "abort",
+                 timeout_s: float | None = None):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
         if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
@@ -126,12 +146,26 @@ class PipeSGD:
         self.optimizer = optimizer
         self.width = width
         self.warmup_sync_steps = warmup_sync_steps
-        self.compressor = get_compressor(compressor)
+        self.compressor = resolve(compressor)
         fn = get_allreduce(allreduce) if isinstance(allreduce, str) else allreduce
-        if fn is native_allreduce:
+        if fn is native_allreduce and isinstance(self.compressor, Compressor):
             check_native(self.compressor)
         self.allreduce_name = allreduce if isinstance(allreduce, str) else getattr(fn, "__name__", "custom")
-        self._reducer = Reducer(params, self.compressor, fn, group)
+        self._bucketed = bucket_mb is not None
+        if bucket_mb is None:
+            self._reducer = Reducer(params, self.compressor, fn, group)
+        else:  # reductions start from backward hooks (pipesgd.buckets); same update rule
+            if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
+                raise ValueError(f"bucket_mb must be a number > 0 (MiB) or None, got {bucket_mb!r}")
+            if not isinstance(self.compressor, Compressor):
+                raise ValueError(f"bucket_mb works with in-ring compressors without error feedback; "
+                                 f"got {self.compressor!r}")
+            self._reducer = BucketReducer(params, self.compressor, fn, group, max(1, int(bucket_mb * 2**20)))
+        self.staleness = make_staleness(staleness)
+        if bucket_mb is not None and self.staleness.name != "none":
+            raise ValueError(f"bucket_mb cannot be combined with staleness={self.staleness.name!r}: bucketed "
+                             "reductions start inside backward, before a strategy could see the local gradient")
+        self.staleness.bind(self._reducer.params, optimizer)
         self._pending: deque[Handle[Reduced]] = deque()
         self.nonfinite = NonFinitePolicy(nonfinite)
         self.timeout_s = timeout_s
@@ -145,12 +179,18 @@ class PipeSGD:
     def step(self) -> StepStats:
         """Launch this step's reduction; apply the one from K-1 steps ago if there is one."""
         t0 = time.perf_counter()
-        width = 1 if self.steps < self.warmup_sync_steps else self.width
-        self._pending.append(self._reducer.launch())
-        self.steps += 1
+        with trace.current().span("pack", "pack", self.steps):
+            if self._bucketed:  # launched by backward hooks already; staleness is plain (checked)
+                self._pending.append(self._reducer.launch())
+            else:
+                buf = self._reducer.flatten()  # the gradient, then the non-finite flag slot
+                self.staleness.launched(buf[:-1])
+                self._pending.append(self._reducer.launch(buf))
         stats = StepStats(pack_s=time.perf_counter() - t0)
+        width = 1 if self.steps < self.warmup_sync_steps else self.width
         if len(self._pending) == width:
-            self._apply_oldest(stats)
+            self._apply_oldest(stats, self.steps + 1)
+        self.steps += 1
         self.last = stats
         return stats
 
@@ -158,13 +198,16 @@ class PipeSGD:
         """Wait for and apply every outstanding reduction, oldest first."""
         stats = StepStats()
         while self._pending:
-            self._apply_oldest(stats)
+            self._apply_oldest(stats, self.steps)
         return stats
 
-    def _apply_oldest(self, stats: StepStats) -> None:
-        step = self.steps - len(self._pending) + 1  # the (1-based) step whose gradient this is
+    def _apply_oldest(self, stats: StepStats, current: int) -> None:
+        """Wait for the oldest reduction and apply it; ``current`` is the (1-based) step the caller is in."""
+        step = current - len(self._pending) + 1  # the step whose gradient this is
+        tr = trace.current()
         t0 = time.perf_counter()
-        reduced = self._wait(self._pending.popleft(), step)
+        with tr.span("wait", "wait", self.steps):
+            reduced = self._wait(self._pending.popleft(), step, current)
         t1 = time.perf_counter()
         stats.wait_s += t1 - t0
         stats.comm += reduced.stats
@@ -174,16 +217,18 @@ class PipeSGD:
             where = (f"NaN/inf on rank(s) {', '.join(ranks)}" if ranks else
                      "no rank reports NaN/inf of its own: the sum overflowed, or it was restored from a checkpoint")
             self.nonfinite.bad(step, where)
+            self.staleness.skip()
             stats.skipped = True
             return
         self.nonfinite.good()
-        self._reducer.unflatten(reduced.flat)
-        self.optimizer.step()
+        with tr.span("update", "update", self.steps):
+            self.staleness.apply(reduced.flat)
+        stats.staleness = len(self._pending)
         stats.update_s += time.perf_counter() - t1
         stats.applied = True
 
-    def _wait(self, handle: Handle[Reduced], step: int) -> Reduced:
-        what = f"the reduction of step {step}'s gradient (waited for at step {self.steps})"
+    def _wait(self, handle: Handle[Reduced], step: int, current: int) -> Reduced:
+        what = f"the reduction of step {step}'s gradient (waited for at step {current})"
         try:
             return handle.wait(self.timeout_s)
         except TimeoutError:
@@ -193,30 +238,49 @@ class PipeSGD:
         except CommError as e:
             raise ReductionError(f"{what} failed: {e}", e.activity) from e
 
-    def state_dict(self) -> dict:
-        """Engine state including in-flight gradients (waited for, not applied), so a restored
-        engine applies exactly what this one would have. Does not include the optimizer.
+    def forward_context(self) -> AbstractContextManager:
+        """Run the next forward and backward inside this: the weights the staleness strategy wants
+        the gradient at (``predict`` extrapolates; the others leave the weights alone)."""
+        return self.staleness.forward_context(self.in_flight)
 
-        ``pending`` holds the reduced flat buffers, oldest first: the averaged gradient in
-        parameter order, then the non-finite flag. Waiting for them here exposes at most one
-        reduction's time once per checkpoint; the values are identical on every rank."""
-        done = [self._wait(h, self.steps - len(self._pending) + 1 + i) for i, h in enumerate(self._pending)]
-        self._pending = deque(CompletedHandle(Reduced(r.flat, CommStats(), r.local_nonfinite)) for r in done)
+    def consistent_params(self) -> Tensor:
+        """A flat copy of the weights every replica holds identically (``dga`` replicas differ by
+        their pending local steps; this is the weights without them)."""
+        return self.staleness.consistent_params()
+
+    def consistent_weights(self) -> AbstractContextManager:
+        """Inside: the parameters hold :meth:`consistent_params` (evaluate here); restored after."""
+        return self.staleness.consistent_weights()
+
+    def state_dict(self) -> dict:
+        """Engine state including in-flight gradients (waited for, not applied) with their
+        non-finite flags, the staleness strategy's and the reduction's state (error-feedback
+        residuals), so a restored engine applies exactly what this one would have. Does not
+        include the optimizer. ``pending`` is identical on every rank; ``staleness`` and
+        ``reduction`` may be per rank. Waiting here exposes at most one reduction time."""
+        done = [self._wait(h, self.steps - len(self._pending) + 1 + i, self.steps)
+                for i, h in enumerate(self._pending)]
+        self._pending = deque(CompletedHandle(r) for r in done)
         return {"width": self.width, "steps": self.steps, "pending": [r.flat.clone() for r in done],
-                "nonfinite": self.nonfinite.state_dict()}
+                "pending_nonfinite": [r.nonfinite for r in done], "nonfinite": self.nonfinite.state_dict(),
+                "staleness": self.staleness.state_dict(), "reduction": self._reducer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         if state["width"] != self.width:
             raise ValueError(f"checkpoint has width={state['width']}, engine has width={self.width}")
         if self._pending:
             raise RuntimeError("load_state_dict on an engine with reductions in flight; call flush() first")
-        numel = self._reducer.flat_numel
+        numel = self._reducer.numel
         for f in state["pending"]:
             if f.numel() != numel:
-                raise ValueError(f"in-flight gradient buffer has {f.numel()} values, this model needs {numel} "
-                                 "(gradients + the non-finite flag)")
+                raise ValueError(f"in-flight gradient has {f.numel()} values, model has {numel}")
         self.steps = int(state["steps"])
-        self._pending = deque(CompletedHandle(Reduced(f.clone(), CommStats())) for f in state["pending"])
+        self.staleness.load_state_dict(state.get("staleness", {}))
+        self._reducer.load_state_dict(state.get("reduction", {}))
+        flags = state.get("pending_nonfinite", [False] * len(state["pending"]))
+        self._pending = deque(
+            CompletedHandle(Reduced(f.clone(), CommStats(), torch.tensor([float("inf") if bad else 0.0])))
+            for f, bad in zip(state["pending"], flags))
         if "nonfinite" in state:
             self.nonfinite.load_state_dict(state["nonfinite"])
 

@@ -3,12 +3,13 @@
 One :class:`Reliability` per rank, handed to the Trainer as its hooks. What a checkpoint holds:
 
 * shared by every replica (saved from rank 0): model parameters and buffers, optimizer,
-  LR scheduler, the engine (step count, non-finite policy, and the in-flight reductions:
-  policy "save in flight", see below), data position (epoch, index of the next batch in it),
-  global step, world size and the config digest;
-* per rank (gathered to rank 0, which alone writes): torch / CUDA / numpy / Python RNG
-  states, compressor state (error-feedback residuals, if any), the model's buffers (BatchNorm
-  statistics differ across ranks until evaluation averages them) and the recent losses.
+  LR scheduler, the engine's in-flight reductions (policy "save in flight", see below), data
+  position (epoch, index of the next batch in it), global step, world size, config digest;
+* per rank (gathered to rank 0, which alone writes): the rest of the engine's state (step
+  count, non-finite policy, staleness strategy, reduction state such as error-feedback
+  residuals, a parameter server's master weights), a compressor's own state if it keeps any,
+  torch / CUDA / numpy / Python RNG states, the model's buffers (BatchNorm statistics differ
+  across ranks until evaluation averages them) and the recent losses.
 
 In-flight policy: with width K, K-1 averaged gradients are launched but not applied at any step
 boundary. A checkpoint waits for them (without applying them) and stores them, and the restored
@@ -33,11 +34,15 @@ from torch import nn
 
 from .checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, config_digest, hashed_config,
                          param_checksum, rng_state, set_rng_state)
+from .compress import Compressor
 from .faults import Faults
 from .trainer import Trainer, TrainerHooks
 from .watchdog import Watchdog, is_comm_failure
 
 log = logging.getLogger(__name__)
+
+# Engine state that is identical on every rank by construction, saved once (from rank 0).
+_SHARED_ENGINE_KEYS = ("pending", "pending_nonfinite")
 
 
 class ReplicaMismatch(RuntimeError):
@@ -149,7 +154,11 @@ class Reliability(TrainerHooks):
         if self.world_size == 1:
             return
         self.watchdog.set("replica check (all_gather of parameter checksums)")
-        mine = torch.tensor(list(bytes.fromhex(param_checksum(self.module))), dtype=torch.uint8, device=self.device)
+        # The weights every replica must agree on (staleness=dga keeps pending local steps on top).
+        consistent = getattr(self.engine, "consistent_weights", contextlib.nullcontext)
+        with consistent():
+            digest = param_checksum(self.module)
+        mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8, device=self.device)
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(out, mine)
         problem = describe_mismatch([bytes(t.cpu().tolist()).hex() for t in out], step)
@@ -164,7 +173,8 @@ class Reliability(TrainerHooks):
         self.watchdog.set("checkpoint (gather of every rank's state to rank 0)")
         t0 = time.perf_counter()
         engine = self.engine.state_dict()  # waits for in-flight reductions on every rank alike
-        mine = {"rng": rng_state(), "compressor": self.compressor.state_dict(),
+        shared = {k: engine.pop(k) for k in _SHARED_ENGINE_KEYS if k in engine}
+        mine = {"rng": rng_state(), "engine": engine, "compressor": self._compressor_state(),
                 "buffers": {k: b.detach().cpu().clone() for k, b in self.module.named_buffers()},
                 "losses": list(trainer.last_losses)}
         ranks = self._gather(mine)
@@ -174,11 +184,15 @@ class Reliability(TrainerHooks):
             "format": FORMAT, "step": trainer.step, "epoch": epoch, "batch": batch,
             "world_size": self.world_size, "config_digest": self.digest, "config": self.config,
             "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "engine": engine, "ranks": ranks,
+            "scheduler": self.scheduler.state_dict(), "engine": shared, "ranks": ranks,
         }
         path = self.checkpoints.save(state, trainer.step)
         log.info("checkpoint %s (step %d, epoch %d batch %d) in %.0f ms", path, trainer.step, epoch + 1, batch,
                  (time.perf_counter() - t0) * 1e3)
+
+    def _compressor_state(self) -> dict:
+        """A per-chunk compressor's own state; a reduction's (residuals) is in the engine's."""
+        return self.compressor.state_dict() if isinstance(self.compressor, Compressor) else {}
 
     def _gather(self, mine: dict) -> list[dict]:
         if self.world_size == 1:
@@ -233,9 +247,10 @@ class Reliability(TrainerHooks):
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(dict(state["scheduler"]))
-            self.engine.load_state_dict(state["engine"])
             mine = state["ranks"][self.rank]
-            self.compressor.load_state_dict(mine["compressor"])
+            self.engine.load_state_dict({**mine["engine"], **state["engine"]})
+            if isinstance(self.compressor, Compressor):
+                self.compressor.load_state_dict(mine["compressor"])
             buffers = dict(self.module.named_buffers())
             for name, value in mine["buffers"].items():
                 buffers[name].copy_(value)

@@ -38,10 +38,17 @@ class TrainerConfig:
     mode: str = "pipe"
     width: int = 2
     warmup_sync_steps: int = 0
+    bucket_mb: Optional[float] = None
+    staleness: str = "none"
+    dc_lambda: float = 0.04
+    dc_adaptive: bool = False
     epochs: int = 1
     max_steps: Optional[int] = None
+    eval_max_batches: Optional[int] = None
     log_every: int = 50
     lr_reference_batch: Optional[int] = 256
+    trace: bool = False
+    trace_steps: Optional[int] = 200
     checkpoint_every: Optional[int] = 1000
     keep_checkpoints: int = 2
     resume: str = "auto"

@@ -8,6 +8,7 @@ then starts ``dist.nproc`` workers that share the launcher's run directory. Unde
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -22,14 +23,15 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import dist as pdist
-from . import launch, schema  # noqa: F401  (schema: registers the structured config with Hydra)
+from . import launch, schema, trace  # noqa: F401  (schema: registers the structured config with Hydra)
 from .config import ConfigError, check_batch, validate
 from .data import DatasetError
 from .faults import Faults
 from .metrics import make_writer
-from .modes import ModeArgs, build
+from .modes import DIVERGENT_MODES, ModeArgs, build
 from .reliability import Reliability
 from .runinfo import git_commit, write_json_atomic
+from .staleness import make_staleness
 from .trainer import Trainer, median
 from .watchdog import Watchdog
 
@@ -71,13 +73,18 @@ def _check_buildable(cfg: DictConfig) -> None:
     """Instantiate the cheap objects once so their own argument checks run before workers start."""
     compressor = instantiate(cfg.compressor)
     allreduce = instantiate(cfg.comm)
+    make_staleness(cfg.trainer.staleness, **cfg.trainer)
     if cfg.trainer.mode == "ddp" and compressor.name not in ("none", "fp16", "bf16"):
         raise ConfigError(f"compressor={compressor.name} is not available with trainer.mode=ddp; "
                           "allowed: none, fp16, bf16 (DDP's own compression hooks)")
+    if cfg.trainer.mode == "ddp" and (getattr(compressor, "error_feedback", False) or cfg.trainer.staleness != "none"):
+        raise ConfigError("trainer.mode=ddp has no staleness and no error feedback; use trainer.staleness=none "
+                          "and compressor.error_feedback=false, or trainer.mode=pipe|sync")
     if cfg.trainer.mode != "ddp":
         from .comm.native import check_native, native_allreduce
+        from .compress import Compressor
 
-        if allreduce is native_allreduce:
+        if allreduce is native_allreduce and isinstance(compressor, Compressor):
             check_native(compressor)
     data = instantiate(cfg.data)
     world = pdist.env_int("WORLD_SIZE", 1) if launch.under_torchrun() else cfg.dist.nproc
@@ -95,6 +102,8 @@ def worker(container: dict, run_dir: str) -> None:
     ctx = pdist.init(cfg.dist.backend, cfg.dist.timeout_s)
     engine = writer = None
     try:
+        tracer = trace.Tracer(ctx.rank, cfg.trainer.trace_steps) if cfg.trainer.trace else trace.NULL_TRACER
+        trace.install(tracer)
         run_dir = pdist.broadcast_object(run_dir, ctx)
         torch.manual_seed(cfg.seed)
         dataset = instantiate(cfg.data)
@@ -112,45 +121,60 @@ def worker(container: dict, run_dir: str) -> None:
         compressor = instantiate(cfg.compressor)
         model, engine = build(cfg.trainer.mode, ModeArgs(
             model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
-            allreduce=instantiate(cfg.comm), group=ctx.comm_group, world_size=ctx.world_size,
+            allreduce=_build_allreduce(cfg), group=ctx.comm_group, world_size=ctx.world_size,
             warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
+            bucket_mb=cfg.trainer.get("bucket_mb"),
+            staleness=make_staleness(cfg.trainer.staleness, **cfg.trainer),
             nonfinite=cfg.trainer.nonfinite, timeout_s=cfg.dist.timeout_s))
         steps_per_epoch = len(train_loader)
         total = cfg.trainer.epochs * steps_per_epoch
         total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
         scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total, steps_per_epoch=steps_per_epoch)
         writer = make_writer(run_dir, ctx.is_main)
-        log.info("mode=%s width=%d compressor=%s comm=%s world=%d global batch %d lr %.4g threads/worker %d",
-                 cfg.trainer.mode, engine.width, compressor.name, cfg.comm.name, ctx.world_size,
-                 global_batch, lr, threads)
+        log.info("mode=%s width=%d staleness=%s compressor=%s comm=%s world=%d global batch %d lr %.4g "
+                 "threads/worker %d", cfg.trainer.mode, engine.width, cfg.trainer.staleness, compressor.name,
+                 cfg.comm.name, ctx.world_size, global_batch, lr, threads)
+        timing = instantiate(cfg.timing)
         t = cfg.trainer
         reliability = Reliability(
             model=model, optimizer=optimizer, scheduler=scheduler, engine=engine, compressor=compressor,
             rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, run_dir=run_dir, config=container,
             checkpoint_every=t.checkpoint_every, keep=t.keep_checkpoints, resume=t.resume,
-            check_every=t.check_every, faults=Faults.from_env(ctx.rank),
-            watchdog=Watchdog.from_env(ctx.rank, ctx.world_size, cfg.dist.timeout_s))
+            check_every=None if t.mode in DIVERGENT_MODES else t.check_every,
+            faults=Faults.from_env(ctx.rank), watchdog=Watchdog.from_env(ctx.rank, ctx.world_size, cfg.dist.timeout_s))
         trainer = Trainer(model, engine, optimizer, scheduler, train_loader, eval_loader, writer,
                           epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
                           log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main,
-                          hooks=reliability)
+                          predict=lambda h: _predict_iter_ms(cfg, timing, engine, ctx.world_size, model, h,
+                                                             compressor.name, train_loader.batch_size)[0],
+                          eval_max_batches=cfg.trainer.eval_max_batches, hooks=reliability)
         with reliability.guard():
             result = trainer.fit()
+        if tracer.enabled:
+            trace.save(tracer, run_dir, {"mode": cfg.trainer.mode, "width": engine.width,
+                                         "warmup_sync_steps": cfg.trainer.warmup_sync_steps,
+                                         "compressor": compressor.name, "allreduce": cfg.comm.name})
         if ctx.is_main:
             h = trainer.history
             applied_bytes = [b for b in h.wire_bytes if b]
-            ratio = median([r for r, b in zip(h.ratio, h.wire_bytes) if b]) or 1.0
-            predicted = _predict_iter_ms(cfg, engine, ctx.world_size, model, h, ratio, compressor.name)
-            writer.scalars({"time/predicted_iter_ms": predicted, "time/measured_iter_ms": median(h.iter_ms)},
-                           trainer.step)
+            ratio = _ratio(h)
+            predicted, predicted_from = _predict_iter_ms(cfg, timing, engine, ctx.world_size, model, h,
+                                                         compressor.name, train_loader.batch_size)
+            writer.hparams(_hparams(cfg, engine.width, compressor.name, ctx.world_size, global_batch), {
+                "hparams/test_accuracy": result["test_accuracy"], "hparams/test_loss": result["test_loss"],
+                "hparams/iter_ms": median(h.iter_ms), "hparams/predicted_iter_ms": predicted,
+                "hparams/wall_seconds": result["wall_seconds"]}, trainer.step)
             summary = {
-                "mode": cfg.trainer.mode, "width": engine.width, "compressor": compressor.name,
-                "allreduce": cfg.comm.name, "world_size": ctx.world_size, "backend": ctx.backend,
+                "mode": cfg.trainer.mode, "width": engine.width, "staleness": cfg.trainer.staleness,
+                "compressor": compressor.name,
+                "allreduce": "ps" if cfg.trainer.mode.startswith("ps_") else cfg.comm.name,
+                "world_size": ctx.world_size, "backend": ctx.backend,
                 "steps": trainer.step, "epochs": result["epochs"],
                 "final_train_loss": result["final_train_loss"], "test_accuracy": result["test_accuracy"],
                 "test_loss": result["test_loss"],
                 "median_iter_ms": median(h.iter_ms), "measured_iter_ms": median(h.iter_ms),
-                "predicted_iter_ms": predicted, "median_compute_ms": median(h.compute_ms),
+                "predicted_iter_ms": predicted, "predicted_from": predicted_from,
+                "median_compute_ms": median(h.compute_ms),
                 "median_update_ms": median(h.update_ms),
                 "median_exposed_comm_ms": median(h.exposed_comm_ms),
                 "median_comm_ms": median([c for c, b in zip(h.comm_ms, h.wire_bytes) if b]),
@@ -159,9 +183,13 @@ def worker(container: dict, run_dir: str) -> None:
                 "global_batch": global_batch, "lr": lr, "threads_per_worker": threads,
                 "wall_seconds": result["wall_seconds"], "evals": h.evals,
                 "git_commit": git_commit(), "config": container, **reliability.summary(),
+                **(engine.summary() if hasattr(engine, "summary") else {}),  # e.g. ps staleness
             }
             write_json_atomic(Path(run_dir) / "summary.json", summary)
+            # Per-step timings for benchmarks that skip warm-up steps (pipesgd.bench).
+            write_json_atomic(Path(run_dir) / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
     finally:
+        trace.install(trace.NULL_TRACER)
         if writer is not None:
             writer.close()
         if engine is not None:
@@ -169,17 +197,64 @@ def worker(container: dict, run_dir: str) -> None:
         pdist.destroy()
 
 
-def _predict_iter_ms(cfg: DictConfig, engine, world_size: int, model: torch.nn.Module, h, ratio: float,
-                     compressor: str) -> float | None:
-    """The timing model's iteration time for this run, fed with the compute time it measured."""
+def _build_allreduce(cfg: DictConfig):
+    """The configured algorithm; a partial (comm=hierarchical) is completed with the node groups,
+    created here collectively, once per run."""
+    allreduce = instantiate(cfg.comm)
+    if isinstance(allreduce, functools.partial):
+        groups = pdist.node_groups(cfg.comm.get("group_size"), cfg.dist.timeout_s)
+        allreduce = allreduce(intra=groups.intra, leaders=groups.leaders)
+    return allreduce
+
+
+def _ratio(h) -> float:
+    """Median measured compression ratio of the steps that applied a reduction."""
+    return median([r for r, b in zip(h.ratio, h.wire_bytes) if b]) or 1.0
+
+
+def _hparams(cfg: DictConfig, width: int, compressor: str, world_size: int, global_batch: int) -> dict:
+    """What a sweep varies, flat, for TensorBoard's HParams tab."""
+    return {"mode": cfg.trainer.mode, "width": width, "compressor": compressor, "comm": cfg.comm.name,
+            "world_size": world_size, "model": cfg.model._target_.rsplit(".", 1)[-1],
+            "data": cfg.data._target_.rsplit(".", 1)[-1], "global_batch": global_batch,
+            "lr": float(cfg.optimizer.lr), "warmup_sync_steps": cfg.trainer.warmup_sync_steps,
+            "seed": cfg.seed}
+
+
+def _predict_iter_ms(cfg: DictConfig, timing, engine, world_size: int, model: torch.nn.Module, h,
+                     compressor: str, batch_size: int) -> tuple[float | None, str | None]:
+    """(the timing model's iteration time for this run, where its compute time came from).
+
+    Compute comes from the calibration file when it was measured for this model size and batch
+    ("calibration"), else from this run's own median forward+backward ("measured compute"), which
+    under pipe already includes the slowdown from overlapped communication and under ddp includes
+    the allreduce that DDP runs inside backward: only the calibrated prediction is a priori.
+    The compression ratio is the one measured so far. (None, None) before the first step.
+    """
     if not h.compute_ms:
-        return None
-    timing = instantiate(cfg.timing)
+        return None, None
+    ratio = _ratio(h)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    # ddp times its allreduce inside backward; separate compute is not observable there.
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    calibrated = timing.calibrated_compute(params, batch_size)
+    if calibrated is not None:
+        compute_s, update_s, source = calibrated.compute_s, calibrated.update_s, "calibration"
+    else:
+        compute_s, update_s = median(h.compute_ms) / 1e3, (median(h.update_ms) or 0.0) / 1e3
+        source = "measured compute"
     algorithm = "ring" if cfg.comm.name in ("ring", "native") else cfg.comm.name
-    return timing.iter_ms(cfg.trainer.mode, algorithm, nbytes, world_size, median(h.compute_ms) / 1e3,
-                          (median(h.update_ms) or 0.0) / 1e3, engine.width, ratio, compressor)
+    options: dict = {}
+    if cfg.trainer.mode in ("ps_sync", "ps_async"):  # pipesgd.ps: rank 0 is worker and server
+        algorithm, options = "ps", {"server_on_worker": True}
+    elif algorithm == "hierarchical":
+        options = {"per_node": cfg.comm.get("group_size") or pdist.env_int("LOCAL_WORLD_SIZE", world_size)}
+    bucket = cfg.trainer.get("bucket_mb")
+    if bucket is not None:  # config.validate allows it for sync, pipe and ddp only
+        cap = bucket * 2**20  # pipesgd.buckets: every bucket (the first too) holds up to bucket_mb
+        options |= {"bucket_cap_bytes": cap} if cfg.trainer.mode == "ddp" else \
+            {"sync_buckets": engine.width == 1, "bucket_cap_bytes": cap, "first_bucket_bytes": cap}
+    return timing.iter_ms(cfg.trainer.mode, algorithm, nbytes, world_size, compute_s, update_s, engine.width,
+                          ratio, compressor, **options), source
 
 
 def _broadcast_parameters(model: torch.nn.Module) -> None:

@@ -5,8 +5,10 @@ resume, replica checks and fault injection hang off :class:`TrainerHooks` (pipes
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -14,7 +16,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from . import trace
 from .metrics import MetricWriter
+from .progress import Status, make_progress
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,7 @@ class History:
     update_ms: list[float] = field(default_factory=list)
     wire_bytes: list[int] = field(default_factory=list)
     ratio: list[float] = field(default_factory=list)
+    wall_time: list[float] = field(default_factory=list)  # time.time() at each step's end
     evals: list[dict] = field(default_factory=list)
 
 
@@ -60,18 +65,25 @@ class TrainerHooks:
 
 
 class Trainer:
+    """``predict(history) -> ms``, if given, is the timing model's iteration time for what the run
+    has measured so far; it is logged next to the measured median at every progress point."""
+
     def __init__(self, model: nn.Module, engine, optimizer: torch.optim.Optimizer, scheduler,
                  train_loader, eval_loader, writer: MetricWriter, *, epochs: int,
                  max_steps: int | None, log_every: int, device: torch.device, is_main: bool,
-                 hooks: TrainerHooks | None = None):
+                 predict: Callable[[History], float | None] | None = None,
+                 eval_max_batches: int | None = None, hooks: TrainerHooks | None = None):
         self.model, self.engine, self.optimizer, self.scheduler = model, engine, optimizer, scheduler
         self.train_loader, self.eval_loader = train_loader, eval_loader
         self.writer = writer
         self.epochs, self.log_every, self.device = epochs, log_every, device
+        self.eval_max_batches = eval_max_batches
         per_epoch = len(train_loader)
         self.total_steps = min(epochs * per_epoch, max_steps) if max_steps else epochs * per_epoch
         self.is_main = is_main
         self.hooks = hooks or TrainerHooks()
+        self.predict = predict
+        self.progress = make_progress(self.total_steps, log_every, is_main)
         self.history = History()
         self.step = 0
         self.last_losses: list[float] = []
@@ -81,14 +93,17 @@ class Trainer:
         start = time.perf_counter()
         epoch, batch = self.hooks.on_fit_start(self)
         log.info("training %d steps (%d per epoch) on %s", self.total_steps, len(self.train_loader), self.device)
-        while self.step < self.total_steps:
-            self._train_epoch(epoch, start, batch)
-            epoch, batch = epoch + 1, 0
-            if self.step < self.total_steps:
-                self._evaluate(epoch, start)
-                self.hooks.on_epoch_end(self, epoch)
-        self.engine.flush()
-        result = self._evaluate(epoch, start)
+        try:
+            while self.step < self.total_steps:
+                self._train_epoch(epoch, start, batch)
+                epoch, batch = epoch + 1, 0
+                if self.step < self.total_steps:
+                    self._evaluate(epoch, start)
+                    self.hooks.on_epoch_end(self, epoch)
+            self.engine.flush()
+            result = self._evaluate(epoch, start)
+        finally:
+            self.progress.close()
         result["epochs"] = epoch
         result["wall_seconds"] = time.perf_counter() - start
         return result
@@ -97,6 +112,7 @@ class Trainer:
         self.model.train()
         self.train_loader.set_epoch(epoch)
         h = self.history
+        tr = trace.current()
         t_prev = time.perf_counter()
         for batch, (x, y) in enumerate(self.train_loader.iter_epoch(epoch, first_batch), first_batch):
             if self.step >= self.total_steps:
@@ -104,8 +120,11 @@ class Trainer:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             t0 = time.perf_counter()
             self.optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(self.model(x), y)
-            loss.backward()
+            # forward_context: the weights the staleness rule wants the gradient at
+            with tr.span("forward", "compute", self.step), self.engine.forward_context():
+                loss = F.cross_entropy(self.model(x), y)
+            with tr.span("backward", "compute", self.step):
+                loss.backward()
             self.hooks.on_backward_end(self)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()  # CPU-GPU sync point: only so compute time is real
@@ -124,47 +143,65 @@ class Trainer:
             h.update_ms.append(stats.update_s * 1e3)
             h.wire_bytes.append(stats.comm.wire_bytes)
             h.ratio.append(stats.comm.ratio)
+            h.wall_time.append(time.time())
             t_prev = t2
             self.step += 1
+            # hidden = the reduction's time on the comm thread minus the caller's wait, floored at 0
+            # (at width 1 the wait also covers the hand-off to the thread); DDP times no reduction.
+            timed_comm = stats.applied and stats.comm.seconds > 0
             self.writer.scalars({
                 "train/loss": loss_value,
                 "train/lr": self.optimizer.param_groups[0]["lr"],
+                "train/staleness": stats.staleness if stats.applied else None,
                 "time/iter_ms": h.iter_ms[-1],
                 "time/compute_ms": h.compute_ms[-1],
                 "time/exposed_comm_ms": h.exposed_comm_ms[-1],
                 "time/comm_ms": h.comm_ms[-1] if stats.applied else None,
+                "time/hidden_comm_ms": max(0.0, h.comm_ms[-1] - h.exposed_comm_ms[-1]) if timed_comm else None,
                 "comm/bytes_per_step": stats.comm.wire_bytes if stats.applied else None,
                 "comm/compression_ratio": stats.comm.ratio if stats.applied else None,
+                **stats.metrics,
             }, self.step)
-            # A non-finite loss is not checked here (one rank alone would stop): its gradient is,
-            # by every rank together, in the engine (trainer.nonfinite).
+            # An engine with a non-finite policy decides on the gradient with every rank together
+            # (trainer.nonfinite); without one, this rank stops on its own.
+            if not math.isfinite(loss_value) and getattr(self.engine, "nonfinite", None) is None:
+                raise FloatingPointError(f"loss is {loss_value} at step {self.step} (epoch {epoch})")
             if self.step % self.log_every == 0 or self.step == self.total_steps:
-                self._progress(epoch, loss_value, start)
+                self._log_prediction()
+            if self.progress.due(self.step):
+                self.progress.show(self._status(epoch, loss_value))
             self.hooks.on_step_end(self, epoch, batch + 1)
 
-    def _progress(self, epoch: int, loss: float, start: float) -> None:
-        recent = self.history.iter_ms[-self.log_every:]
-        it_ms = statistics.median(recent)
-        eta = (self.total_steps - self.step) * it_ms / 1e3
-        log.info("epoch %d step %d/%d loss %.4f iter %.1f ms (compute %.1f, exposed comm %.1f) ETA %s",
-                 epoch + 1, self.step, self.total_steps, loss, it_ms,
-                 statistics.median(self.history.compute_ms[-self.log_every:]),
-                 statistics.median(self.history.exposed_comm_ms[-self.log_every:]),
-                 _fmt_seconds(eta))
+    def _status(self, epoch: int, loss: float) -> Status:
+        h, n = self.history, self.log_every
+        return Status(epoch=epoch + 1, step=self.step, total=self.total_steps, loss=loss,
+                      iter_ms=statistics.median(h.iter_ms[-n:]), compute_ms=statistics.median(h.compute_ms[-n:]),
+                      exposed_comm_ms=statistics.median(h.exposed_comm_ms[-n:]))
+
+    def _log_prediction(self) -> None:
+        """Predicted vs measured median iteration time over the steps so far (cost: one sort)."""
+        if self.predict is not None:
+            self.writer.scalars({"time/predicted_iter_ms": self.predict(self.history),
+                                 "time/measured_iter_ms": median(self.history.iter_ms)}, self.step)
 
     @torch.no_grad()
     def _evaluate(self, epoch: int, start: float) -> dict:
-        """Accuracy over the whole test set: each rank scores its shard, counts are summed."""
+        """Accuracy over the test set (its first ``eval_max_batches`` batches per rank when set):
+        each rank scores its shard, counts are summed."""
         self.hooks.on_eval_start(self)
         _average_buffers(self.model)
         self.model.eval()
         counts = torch.zeros(3, dtype=torch.float64)
-        for x, y in self.eval_loader:
-            x, y = x.to(self.device), y.to(self.device)
-            logits = self.model(x)
-            counts[0] += (logits.argmax(1) == y).sum().item()
-            counts[1] += y.numel()
-            counts[2] += F.cross_entropy(logits, y, reduction="sum").item()
+        # consistent_weights: dga evaluates without this rank's pending local step
+        with trace.current().span("eval", "eval", self.step), self.engine.consistent_weights():
+            for i, (x, y) in enumerate(self.eval_loader):
+                if self.eval_max_batches is not None and i >= self.eval_max_batches:
+                    break
+                x, y = x.to(self.device), y.to(self.device)
+                logits = self.model(x)
+                counts[0] += (logits.argmax(1) == y).sum().item()
+                counts[1] += y.numel()
+                counts[2] += F.cross_entropy(logits, y, reduction="sum").item()
         train_loss = torch.tensor([sum(self.last_losses) / max(1, len(self.last_losses))], dtype=torch.float64)
         if dist.is_initialized():
             dist.all_reduce(counts)
@@ -191,8 +228,3 @@ def _average_buffers(model: nn.Module) -> None:
         if b.is_floating_point():
             dist.all_reduce(b)
             b /= dist.get_world_size()
-
-
-def _fmt_seconds(s: float) -> str:
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

@@ -19,17 +19,19 @@ from test_engine import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, r
 BAD_RANK, BAD_STEP = 1, 5  # step index 5 = the 6th step, "step 6" in messages
 
 
-def _nan_worker(rank, p, policy, compressor):
+def _nan_worker(rank, p, policy, compressor, staleness="none", bucket_mb=None):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    engine = PipeSGD(opt, model.parameters(), width=2, compressor=compressor, nonfinite=policy)
+    engine = PipeSGD(opt, model.parameters(), width=2, compressor=compressor, nonfinite=policy,
+                     staleness=staleness, bucket_mb=bucket_mb)
     stats = []
     try:
         for t in range(STEPS):
             opt.zero_grad()
-            loss_of(model, rank, t).backward()
-            if rank == BAD_RANK and t == BAD_STEP:
-                next(model.parameters()).grad.view(-1)[3] = float("nan")
+            loss = loss_of(model, rank, t)
+            if rank == BAD_RANK and t == BAD_STEP:  # a NaN in one gradient value, made by backward
+                loss = loss + float("nan") * next(model.parameters()).view(-1)[3]
+            loss.backward()
             s = engine.step()
             stats.append((s.applied, s.skipped))
         engine.flush()
@@ -52,11 +54,30 @@ def test_nan_on_one_rank_is_skipped_on_every_rank():
     assert (p0 - reference(2, 2)).abs().max() > 1e-5, "the dropped update must matter"
 
 
+# The flag's other paths: its own all_reduce beside a reduction with collectives of its own
+# (top-k), the last gradient bucket, and strategies that keep per-launch state (dc, dga).
+VARIANTS = [("topk", "none", None), ("none", "none", 1e-3), ("none", "dc", None), ("none", "dga", None)]
+
+
+def _variants_worker(rank, p):
+    return [_nan_worker(rank, p, "skip", *v) for v in VARIANTS]
+
+
+@pytest.mark.timeout(180)
+def test_skip_works_through_every_reduction_path_and_staleness_rule():
+    for variant, (r0, r1) in zip(VARIANTS, zip(*run_workers(_variants_worker, 2))):
+        (p0, stats0, skipped0), (p1, stats1, skipped1) = r0, r1
+        assert skipped0 == skipped1 == [BAD_STEP + 1], variant
+        assert stats0 == stats1, variant
+        assert torch.isfinite(p0).all() and torch.equal(p0, p1), f"{variant}: replicas must stay identical"
+
+
 @pytest.mark.timeout(120)
 def test_nan_survives_lossy_compression_and_aborts_every_rank():
     """int8 quantises the flag with the gradient: inf stays non-finite, so both ranks abort."""
     for outcome in run_workers(_nan_worker, 2, "abort", "int8"):
-        assert outcome[0] == "raised" and outcome[2] == BAD_STEP + 2
+        # Raised inside the step() due to apply it (width 2: the next one), on every rank alike.
+        assert outcome[0] == "raised" and outcome[2] == BAD_STEP + 1, outcome
         assert outcome[1].startswith(f"non-finite gradient at step {BAD_STEP + 1} (NaN/inf on rank(s) 1)")
         assert "trainer.nonfinite=abort" in outcome[1]
 

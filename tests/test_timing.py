@@ -212,6 +212,12 @@ def test_overlap_slowdown_by_hand():
     assert iteration_time("pipe", 0.1, 0.3, 0.0, overlap_slowdown=2.0) == pytest.approx(0.3)
 
 
+def test_local_mode_is_compute_plus_update():
+    """The trainer's compute-only baseline: no communication whatever the link says."""
+    assert iteration_time("local", 0.1, 5.0, 0.01) == pytest.approx(0.11)
+    assert predict_iter_ms("local", "ring", M, 4, Link(1.0, 1.0), 0.1, 0.01) == pytest.approx(110.0)
+
+
 @pytest.mark.parametrize("c, x, u", [(0.17, 0.09, 0.002), (0.05, 0.09, 0.002), (0.1, 0.1, 0.0), (0.1, 0.0, 0.01)])
 def test_width_two_reaches_the_bound_and_more_width_adds_nothing(c, x, u):
     t = 50

@@ -134,3 +134,24 @@ def test_failing_worker_exits_nonzero_and_leaves_no_process(tmp_path, shared_dat
     assert r.returncode == 1, r.stderr[-2000:]
     assert "worker rank" in r.stderr and "NonFiniteGradient: non-finite gradient at step" in r.stderr
     assert not worker_processes()
+
+
+@pytest.mark.timeout(300)
+def test_same_entry_under_torchrun_shares_one_run_dir(tmp_path, shared_data):
+    """torchrun starts every rank; only rank 0's Hydra run dir exists and holds the results."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(GLOO_SOCKET_IFNAME="lo", PYTHONPATH=str(ROOT))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    from distributed_utils import free_port
+
+    # Static rendezvous: --standalone's c10d rendezvous adds ~20 s of waiting here.
+    r = subprocess.run([str(torchrun), "--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                        "--master-port", str(free_port()), "--nproc-per-node", "2", "-m", "pipesgd.train",
+                        "+experiment=mnist_mlp", f"data.root={shared_data}", f"data.cache_dir={tmp_path / 'c'}",
+                        "trainer.max_steps=3"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summaries = list(tmp_path.glob("outputs/*/*/summary.json"))
+    assert len(summaries) == 1 and len(list(tmp_path.glob("outputs/*/*"))) == 1
+    s = json.loads(summaries[0].read_text())
+    assert s["world_size"] == 2 and s["steps"] == 3
+    assert {p.name for p in tmp_path.iterdir()} <= {"c", "outputs"}, "no stray files from other ranks"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import Tensor
 
+from .. import trace
 from ..compress import Compressor, get_compressor
 from ..compress.none import NoCompression
 from .base import CommStats, note, timed
@@ -30,13 +31,18 @@ def native_allreduce(tensor: Tensor, compressor: Compressor | str | None = None,
         if p == 1 or tensor.numel() == 0:
             return CommStats()
         note(f"dist.all_reduce over {p} ranks (the backend does not say which peer is late)")
+        tr = trace.current()
         if isinstance(comp, NoCompression):
-            dist.all_reduce(tensor, group=group)
+            with tr.span("all_reduce", "comm"):
+                dist.all_reduce(tensor, group=group)
             wire = tensor.element_size()
         else:
-            buf = tensor.to(comp.summable_dtype)
-            dist.all_reduce(buf, group=group)
-            tensor.copy_(buf)
+            with tr.span("encode", "compress"):
+                buf = tensor.to(comp.summable_dtype)
+            with tr.span("all_reduce", "comm"):
+                dist.all_reduce(buf, group=group)
+            with tr.span("decode", "compress"):
+                tensor.copy_(buf)
             wire = buf.element_size()
         # Bytes an ideal ring would send; the backend's algorithm is opaque to us.
         sent = 2 * sum(b - a for a, b in chunk_bounds(tensor.numel(), p)[1:])

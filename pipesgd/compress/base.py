@@ -41,13 +41,21 @@ class Ctx:
 class Compressor(ABC):
     """Lossy (or identity) encoding of a flat tensor into one flat payload tensor.
 
-    Subclasses set ``name`` and, if the transport may sum payloads element-wise (a plain cast,
+    ``error_feedback=True`` asks the reduction to keep an error-feedback memory for this
+    compressor; the compressor itself stays stateless. Subclasses set ``name`` and, if the transport may sum payloads element-wise (a plain cast,
     as DDP's fp16 hook does), ``summable_dtype``. ``decompress`` restores ``ctx``'s shape and
     dtype; transports that accumulate (ring hops) describe their fp32 work buffer in ``ctx``.
     """
 
     name: ClassVar[str]
     summable_dtype: ClassVar[torch.dtype | None] = None
+
+    def __init__(self, error_feedback: bool = False):
+        if not isinstance(error_feedback, bool):
+            raise ValueError(f"compressor.error_feedback must be true or false, got {error_feedback!r}")
+        # A request to the transport, not compressor state: the reduction keeps the residual
+        # (see pipesgd.reduction.inring for exactly what is fed back).
+        self.error_feedback = error_feedback
 
     @abstractmethod
     def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:

@@ -19,7 +19,8 @@ from .base import Compressor, Ctx, register
 
 @register("int8")
 class Int8(Compressor):
-    def __init__(self, block_size: int = 2048):
+    def __init__(self, block_size: int = 2048, error_feedback: bool = False):
+        super().__init__(error_feedback)
         if not isinstance(block_size, int) or block_size < 0:
             raise ValueError(f"compressor.block_size must be an integer >= 0, got {block_size!r}")
         self.block_size = block_size
@@ -60,4 +61,4 @@ class Int8(Compressor):
         return torch.empty(4 * nblocks + ctx.numel, dtype=torch.uint8)
 
     def __repr__(self) -> str:
-        return f"Int8(block_size={self.block_size})"
+        return f"Int8(block_size={self.block_size}, error_feedback={self.error_feedback})"

@@ -26,6 +26,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from pipesgd.comm.pingpong import round_trip
+
 log = logging.getLogger("pipesgd.emulate.probe")
 
 
@@ -50,15 +52,9 @@ def _round_trips(peer: int, first: bool, pings: int) -> list[float]:
     x = torch.zeros(1)
     seconds = []
     for i in range(pings + 3):
-        start = time.perf_counter()
-        if first:
-            dist.send(x, peer)
-            dist.recv(x, peer)
-        else:
-            dist.recv(x, peer)
-            dist.send(x, peer)
+        elapsed = round_trip(x, peer, first)
         if i >= 3:
-            seconds.append(time.perf_counter() - start)
+            seconds.append(elapsed)
     return seconds
 
 

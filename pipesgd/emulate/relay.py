@@ -134,7 +134,8 @@ def main(argv: list[str]) -> int:
         ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK: 1 us instead of 50 us
     except OSError:
         pass
-    print("ready", flush=True)
+    sys.stdout.write("ready\n")  # handshake line the parent waits for
+    sys.stdout.flush()
     serve(fds, [a for _, _, a, _ in links], [int(r) for *_, r in links], args.delay_s, args.queue_s)
     return 0
 

@@ -60,8 +60,11 @@ class CifarResNet(nn.Module):
                 in_planes = planes
         self.layers = nn.Sequential(*layers)
         self.fc = nn.Linear(in_planes, num_classes)
+        # He init for convolutions; the classifier keeps PyTorch's small default init so the
+        # first logits are near zero (kaiming there starts at loss ~4 with huge early gradients,
+        # which stale updates amplify).
         for m in self.modules():
-            if isinstance(m, (nn.Conv2d, nn.Linear)):
+            if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -1,7 +1,9 @@
 """``python -m pipesgd.timing predict ...``: predicted iteration time of every mode, no workers needed.
+``python -m pipesgd.timing calibrate ...``: measure the constants on a real process group
+(pipesgd/timing/calibrate.py; needs torch, starts workers).
 
-Values come from, in order of precedence: an explicit flag, the ``--calibration`` file, the
-defaults (10gbit, 50us, γ = 0, no compression cost, no CPU interference).
+Values for ``predict`` come from, in order of precedence: an explicit flag, the ``--calibration``
+file, the defaults (10gbit, 50us, γ = 0, no compression cost, no CPU interference).
 """
 
 from __future__ import annotations
@@ -113,7 +115,33 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--int8-block", type=_int_at_least(0), default=INT8_BLOCK_SIZE,
                     help=f"values per int8 scale (default {INT8_BLOCK_SIZE}; 0 = one per chunk)")
     pr.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+    ca = commands.add_parser("calibrate", help="measure α, β, γ, κ, compute and overlap slowdown; write JSON",
+                             description="Measure the timing model's constants on a real Gloo group "
+                             "(docs/timing-model.md, 'Calibration'). Starts --workers local processes, "
+                             "or joins the job under torchrun / pipesgd.emulate.")
+    ca.add_argument("--workers", type=_int_at_least(2), default=2,
+                    help="local worker processes (default 2; ignored under torchrun/emulate)")
+    ca.add_argument("--model", default="resnet20", help="a conf/model name (default resnet20)")
+    ca.add_argument("--model-override", action="append", default=[], metavar="KEY=VALUE",
+                    help="model config override, e.g. 'hidden=[1024,256]' for mlp (repeatable)")
+    ca.add_argument("--data", help="conf/data name for the input shape (default: mnist for mlp/cnn, else cifar10)")
+    ca.add_argument("--batch-size", type=_int_at_least(1), default=32, help="per-worker batch (default 32)")
+    ca.add_argument("--threads", type=_int_at_least(1), default=1, help="torch threads per worker (default 1)")
+    ca.add_argument("--sizes", type=_arg(_sizes), help="ping-pong sizes in bytes, e.g. 4,1k,64k,1m,4m")
+    ca.add_argument("--repeats", type=_int_at_least(1), help="timed repetitions per measurement (default 10)")
+    ca.add_argument("--overlap-steps", type=_int_at_least(1), help="compute steps timed under comm (default 10)")
+    ca.add_argument("--quick", action="store_true", help="small sizes, few repeats: seconds, for tests")
+    ca.add_argument("--out", help="output JSON (default: calibration.json, or in hydra.run.dir)")
+    ca.add_argument("run_dir", nargs="*", metavar="hydra.run.dir=DIR",
+                    help="where to write calibration.json when run by pipesgd.emulate")
     return parser
+
+
+def _sizes(text: str) -> list[int]:
+    from .calibrate import parse_size
+
+    return [parse_size(part) for part in text.split(",") if part.strip()]
 
 
 def _resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
@@ -179,6 +207,10 @@ def _cell(value: object) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "calibrate":
+        from .calibrate import main as calibrate_main
+
+        return calibrate_main(args, parser)
     inputs = _resolve(parser, args)
     try:
         rows = predict(**inputs)

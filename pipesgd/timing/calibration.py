@@ -7,8 +7,11 @@ keys; ``predict --calibration FILE`` and ``conf/timing`` (``calibration: FILE``)
      "compress_s_per_byte": {"fp16": 1e-9, "bf16": 1e-9, "int8": 4e-9},
      "compute_ms": 172.0, "update_ms": 2.0}
 
-An optional ``overlap_slowdown`` (>= 1: how much slower compute runs while a reduction is in flight
-on the same CPU) is read when present.
+Optional keys, read when present: ``overlap_slowdown`` (>= 1: how much slower compute runs while a
+reduction is in flight on the same CPU), and ``model_params`` / ``batch_size`` (what ``compute_ms``
+was measured for: a training run of that model at that per-worker batch predicts from the
+calibrated compute time instead of its own). ``calibrate`` also writes what it measured on the way
+(``measurements``, ``workers``, ``model``, ...); readers ignore keys they do not know.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ def load_calibration(path: str | Path) -> dict:
         raise ValueError(f"calibration file {path}: compress_s_per_byte must be an object "
                          f"mapping compressor name to seconds per byte, got {kappas!r}")
     out["compress_s_per_byte"] = {str(k): _number(path, f"compress_s_per_byte.{k}", v) for k, v in kappas.items()}
+    for key in ("model_params", "batch_size"):
+        if key in data and (isinstance(data[key], bool) or not isinstance(data[key], int) or data[key] < 1):
+            raise ValueError(f"calibration file {path}: {key} must be an integer >= 1, got {data[key]!r}")
     if "overlap_slowdown" in data:
         out["overlap_slowdown"] = _number(path, "overlap_slowdown", data["overlap_slowdown"])
         if out["overlap_slowdown"] < 1:
@@ -73,26 +79,47 @@ def load_calibration(path: str | Path) -> dict:
 
 
 @dataclass(frozen=True)
+class CalibratedCompute:
+    """Forward+backward and optimizer step seconds measured for one model at one batch size."""
+
+    compute_s: float
+    update_s: float
+    model_params: int | None = None
+    batch_size: int | None = None
+
+
+@dataclass(frozen=True)
 class TimingModel:
     """A link plus per-compressor costs: what a training run needs to log ``predicted_iter_ms``."""
 
     link: Link
     compress_s_per_byte: Mapping[str, float] = field(default_factory=dict)
     overlap_slowdown: float = 1.0
+    compute: CalibratedCompute | None = None
+
+    def calibrated_compute(self, model_params: int, batch_size: int) -> CalibratedCompute | None:
+        """The calibrated compute if it was measured for exactly this model size and per-worker
+        batch, else None (the caller then falls back to what it measured itself)."""
+        c = self.compute
+        if c is None or c.model_params != model_params or c.batch_size != batch_size:
+            return None
+        return c
 
     def __post_init__(self) -> None:
         if not (isinstance(self.overlap_slowdown, (int, float)) and self.overlap_slowdown >= 1):
             raise ValueError(f"overlap_slowdown must be >= 1 (1 = no interference), got {self.overlap_slowdown!r}")
 
     def iter_ms(self, mode: str, algorithm: str, nbytes: float, p: int, compute_s: float,
-                update_s: float = 0.0, width: int = 2, ratio: float = 1.0, compressor: str = "none") -> float:
+                update_s: float = 0.0, width: int = 2, ratio: float = 1.0, compressor: str = "none",
+                **options) -> float:
         """:func:`predict_iter_ms` with this model's link, κ of ``compressor`` and slowdown.
 
-        ``ratio`` should be the ratio the run measured (wire bytes / raw bytes from its comm stats).
+        ``ratio`` should be the ratio the run measured (wire bytes / raw bytes from its comm stats);
+        ``options`` go to :func:`predict_iter_ms` (``per_node``, ``server_on_worker``, ...).
         """
         kappa = 0.0 if compressor == "none" else self.compress_s_per_byte.get(compressor, 0.0)
         return predict_iter_ms(mode, algorithm, nbytes, p, self.link, compute_s, update_s, width, ratio, kappa,
-                               overlap_slowdown=self.overlap_slowdown)
+                               overlap_slowdown=self.overlap_slowdown, **options)
 
 
 def load_timing_model(bandwidth: str = DEFAULT_BANDWIDTH, latency: str = DEFAULT_LATENCY,
@@ -105,4 +132,6 @@ def load_timing_model(bandwidth: str = DEFAULT_BANDWIDTH, latency: str = DEFAULT
         return TimingModel(link, {}, overlap_slowdown)
     cal = load_calibration(calibration)
     link = Link(cal["alpha_s"], cal["beta_s_per_byte"], cal["gamma_s_per_byte"])
-    return TimingModel(link, cal["compress_s_per_byte"], cal.get("overlap_slowdown", overlap_slowdown))
+    compute = CalibratedCompute(cal["compute_ms"] / 1e3, cal["update_ms"] / 1e3, cal.get("model_params"),
+                                cal.get("batch_size"))
+    return TimingModel(link, cal["compress_s_per_byte"], cal.get("overlap_slowdown", overlap_slowdown), compute)

@@ -22,7 +22,8 @@ ALGORITHMS = ("ring", "tree", "ps")
 """Algorithms :func:`allreduce_time` accepts (the issue's contract)."""
 COMM_ALGORITHMS = ("ring", "tree", "hierarchical", "ps")
 """Everything :func:`comm_time` and :func:`predict_iter_ms` accept."""
-MODES = ("sync", "pipe", "ddp", "ps_sync", "ps_async")
+MODES = ("sync", "pipe", "ddp", "ps_sync", "ps_async", "local")
+"""``local`` is the trainer's compute-only baseline (no gradient exchange): compute + update."""
 COMPRESSORS = ("none", "fp16", "bf16", "int8")
 DDP_MODE_COMPRESSORS = ("none", "fp16", "bf16")
 """DDP ships comm hooks for fp16 and bf16 only; int8 has no DDP row."""
@@ -296,12 +297,15 @@ def iteration_time(mode: str, compute_s: float, comm_s: float, update_s: float =
     ddp                  forward + max(backward', comm) + update   (ideal overlap: a lower bound;
                          :func:`ddp_iteration_time` models the buckets)
     ps_async             max(compute + comm/p + update, comm + p·update)  (needs ``p``)
+    local                compute + update (no communication; ``comm_s`` is ignored)
 
     ``compute'`` is compute stretched by ``overlap_slowdown`` for as long as communication runs
     beside it; ``comm_s`` for the ps modes is :func:`ps_time` (one round of p push/pull pairs
     through the server link). The one-off pipeline fill is in :func:`total_time`, not here.
     """
     _check_mode_args(mode, compute_s, comm_s, update_s, width, forward_fraction, overlap_slowdown)
+    if mode == "local":
+        return compute_s + update_s
     if mode in ("sync", "ps_sync") or (mode == "pipe" and width == 1):
         return compute_s + comm_s + update_s
     if mode == "pipe":
@@ -440,12 +444,23 @@ def _mode_algorithm(mode: str, algorithm: str) -> None:
 def _predict_s(mode: str, algorithm: str, nbytes: float, p: int, link: Link, compute_s: float,
                update_s: float, width: int, ratio: float, kappa: float, *, forward_fraction: float,
                overlap_slowdown: float, bucket_cap_bytes: float | None, first_bucket_bytes: float,
-               per_node: int, intra: Link | None) -> tuple[float, float]:
+               per_node: int, intra: Link | None, server_on_worker: bool = False,
+               sync_buckets: bool = False) -> tuple[float, float]:
     """(comm seconds, iteration seconds)."""
     _mode_algorithm(mode, algorithm)
     _check_nonneg("compress_s_per_byte", kappa)
+    if mode == "local":
+        return 0.0, iteration_time(mode, compute_s, 0.0, update_s)
+    if sync_buckets and (mode == "sync" or mode == "pipe" and width == 1):
+        # pipesgd's backward-overlapped buckets at width 1: DDP's schedule with the ring's own κ.
+        sizes = ddp_buckets(nbytes, bucket_cap_bytes or DDP_BUCKET_CAP_BYTES, first_bucket_bytes)
+        comms = [comm_time(algorithm, b, p, link, ratio, kappa, per_node=per_node, intra=intra) for b in sizes]
+        return sum(comms), ddp_iteration_time(compute_s, sizes, comms, update_s, forward_fraction,
+                                              overlap_slowdown)
     if mode != "ddp":
-        comm = comm_time(algorithm, nbytes, p, link, ratio, kappa, per_node=per_node, intra=intra)
+        # A server sharing a worker's rank (pipesgd.ps) serves p-1 remote pushes and pulls.
+        remote = p - 1 if server_on_worker and algorithm == "ps" and p > 1 else p
+        comm = comm_time(algorithm, nbytes, remote, link, ratio, kappa, per_node=per_node, intra=intra)
         return comm, iteration_time(mode, compute_s, comm, update_s, width, forward_fraction, p=p,
                                     overlap_slowdown=overlap_slowdown)
     # DDP compresses with a cast hook around the native allreduce: one compress + one decompress
@@ -461,14 +476,20 @@ def predict_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link
                     compress_s_per_byte: float = 0.0, *, forward_fraction: float = 1 / 3,
                     overlap_slowdown: float = 1.0, bucket_cap_bytes: float | None = DDP_BUCKET_CAP_BYTES,
                     first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES, per_node: int = 1,
-                    intra: Link | None = None) -> float:
+                    intra: Link | None = None, server_on_worker: bool = False,
+                    sync_buckets: bool = False) -> float:
     """Predicted milliseconds per steady-state iteration: the one call a training run makes to log
     ``predicted_iter_ms`` next to its measured time. ddp uses DDP's bucketing
-    (``bucket_cap_bytes=None``: one bucket); ps modes need ``algorithm="ps"``."""
+    (``bucket_cap_bytes=None``: one bucket); ps modes need ``algorithm="ps"``; with
+    ``server_on_worker`` the server shares a worker's rank (p workers, p-1 remote push/pull pairs
+    through its link: ``ps`` with p-1 in the link terms; iteration formulas keep p). With
+    ``sync_buckets`` a sync run's buckets (``bucket_cap_bytes``, the first one ``first_bucket_bytes``)
+    overlap backward as DDP's do; pipe with buckets keeps max(C' + U, X): both bounds still hold."""
     _, iter_s = _predict_s(mode, algorithm, nbytes, p, link, compute_s, update_s, width, ratio,
                            compress_s_per_byte, forward_fraction=forward_fraction,
                            overlap_slowdown=overlap_slowdown, bucket_cap_bytes=bucket_cap_bytes,
-                           first_bucket_bytes=first_bucket_bytes, per_node=per_node, intra=intra)
+                           first_bucket_bytes=first_bucket_bytes, per_node=per_node, intra=intra,
+                           server_on_worker=server_on_worker, sync_buckets=sync_buckets)
     return iter_s * 1e3
 
 

@@ -1,0 +1,131 @@
+"""The benchmark grid: which cells exist, what each one runs, and how a subset is chosen.
+
+A cell is one measured configuration. ``train`` cells run ``python -m pipesgd.train`` (through
+``python -m pipesgd.emulate`` on a shaped link) and measure iteration time; ``allreduce`` cells
+time one collective of a fixed size (pipesgd/bench/allreduce.py). Names are
+``<model>/p<workers>/<link>/<mode>[-<compressor>]`` and ``allreduce/p<workers>/<link>/<algo>-<size>``,
+so ``--only 'resnet20/p2/*'`` or ``--only '*/100mbit/*'`` select slices.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+from pipesgd.timing import MODEL_PARAMS
+
+LOOPBACK = "loopback"
+LINKS = (LOOPBACK, "1gbit", "100mbit")
+WORLD_SIZES = (2, 4)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model at a per-worker batch size, as training overrides and as calibrate arguments."""
+
+    label: str
+    experiment: str
+    model: str  # conf/model name
+    params: int  # trainable parameters (10 classes), for sizes and the timing model
+    model_overrides: tuple[str, ...] = ()  # keys relative to the model config, e.g. "hidden=[1024,256]"
+    batch_size: int = 32
+
+    @property
+    def train_overrides(self) -> list[str]:
+        return [f"+experiment={self.experiment}", f"data.batch_size={self.batch_size}",
+                *(f"model.{o}" for o in self.model_overrides)]
+
+
+RESNET20 = Workload("resnet20", "resnet_cifar", "resnet20", MODEL_PARAMS["resnet20"])
+MLP1M = Workload("mlp1m", "mnist_mlp", "mlp", 1_068_810, ("hidden=[1024,256]",))
+"""~1.07M parameters (4.3 MB of fp32 gradient) for ~1 ms of compute: the communication-bound cell."""
+MLP = Workload("mlp", "mnist_mlp", "mlp", MODEL_PARAMS["mlp"])
+"""Not in the grid: the smallest real training run, for testing the suite itself."""
+WORKLOADS = {w.label: w for w in (RESNET20, MLP1M, MLP)}
+
+
+@dataclass(frozen=True)
+class Cell:
+    kind: str  # "train" | "allreduce"
+    mode: str  # train: sync | pipe | ddp | local; allreduce: ring | native
+    world_size: int
+    link: str  # "loopback" or a tc rate such as "100mbit"
+    compressor: str = "none"
+    width: int = 1
+    workload: str = "resnet20"
+    nbytes: int = 0  # allreduce cells: tensor bytes (fp32)
+
+    @property
+    def name(self) -> str:
+        if self.kind == "allreduce":
+            return f"allreduce/p{self.world_size}/{self.link}/{self.mode}-{_size(self.nbytes)}"
+        suffix = "" if self.compressor == "none" else f"-{self.compressor}"
+        return f"{self.workload}/p{self.world_size}/{self.link}/{self.mode}{suffix}"
+
+    @property
+    def emulated(self) -> bool:
+        return self.link != LOOPBACK
+
+    @property
+    def calibration_key(self) -> tuple[str, int, str]:
+        """(workload, p, link) whose calibration predicts this cell; allreduce cells only need the
+        link constants, taken from the ResNet-20 calibration of the same p and link."""
+        return (self.workload if self.kind == "train" else RESNET20.label, self.world_size, self.link)
+
+
+def _size(nbytes: int) -> str:
+    if nbytes < 1_000_000:
+        return f"{nbytes / 1e3:g}KB"
+    return f"{nbytes / 1e6:.2f}MB".replace(".00MB", "MB")
+
+
+TRAIN_MODES = (("sync", "none"), ("pipe", "none"), ("pipe", "fp16"), ("pipe", "bf16"), ("pipe", "int8"),
+               ("ddp", "none"), ("ddp", "fp16"))
+
+
+def _train(mode: str, compressor: str, p: int, link: str, workload: str = "resnet20") -> Cell:
+    return Cell("train", mode, p, link, compressor, 2 if mode == "pipe" else 1, workload)
+
+
+def full_grid() -> list[Cell]:
+    """Every cell issue #3 asks for, in run order (loopback first, then each emulated link)."""
+    cells: list[Cell] = []
+    resnet_bytes, mlp_bytes = 4 * RESNET20.params, 4 * MLP1M.params
+    for link in LINKS:
+        for p in WORLD_SIZES:
+            if link == LOOPBACK:
+                # Compute-only baseline: same processes and threads, no communication at all.
+                cells.append(_train("local", "none", p, link))
+            cells += [_train(mode, comp, p, link) for mode, comp in TRAIN_MODES]
+            for nbytes in (resnet_bytes, 8_000_000):
+                cells += [Cell("allreduce", algo, p, link, nbytes=nbytes) for algo in ("ring", "native")]
+    # Communication-bound: ~1M parameters at 100 Mbit (compute ~1 ms, allreduce ~360 ms).
+    cells += [_train("local", "none", 2, LOOPBACK, "mlp1m")]
+    cells += [_train(mode, comp, 2, "100mbit", "mlp1m") for mode, comp in
+              (("sync", "none"), ("pipe", "none"), ("pipe", "int8"))]
+    cells += [Cell("allreduce", "ring", 2, "100mbit", nbytes=mlp_bytes)]
+    return cells
+
+
+def quick_grid() -> list[Cell]:
+    """A slice that exercises every kind of cell in a few minutes: p = 2, loopback and 100mbit."""
+    keep = {"resnet20/p2/loopback/local", "resnet20/p2/loopback/pipe", "resnet20/p2/loopback/sync",
+            "resnet20/p2/100mbit/sync", "resnet20/p2/100mbit/pipe", "resnet20/p2/100mbit/pipe-int8",
+            "resnet20/p2/100mbit/ddp", f"allreduce/p2/100mbit/ring-{_size(4 * RESNET20.params)}",
+            f"allreduce/p2/100mbit/native-{_size(4 * RESNET20.params)}"}
+    return [c for c in full_grid() if c.name in keep]
+
+
+def select(cells: list[Cell], only: str | None) -> list[Cell]:
+    """Cells whose name matches any of the comma-separated shell patterns in ``only``.
+
+    Raises ValueError naming a pattern that matches nothing (a typo should not run an empty suite).
+    """
+    if not only:
+        return cells
+    patterns = [p.strip() for p in only.split(",") if p.strip()]
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(c.name, pattern) for c in cells):
+            raise ValueError(f"--only pattern {pattern!r} matches no cell; names look like "
+                             f"{cells[0].name!r} (see --list)")
+    return [c for c in cells if any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]

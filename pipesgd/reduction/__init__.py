@@ -1,0 +1,38 @@
+"""WHAT one step's flat gradient becomes on the wire: reduction strategies the Reducer delegates to.
+
+``compressor=none|fp16|bf16|int8`` are per-chunk encoders carried inside the configured allreduce
+(:class:`InRing`); ``compressor=topk|powersgd`` are reductions with collectives of their own. Adding
+one is a module here with ``@register("name")`` and a conf/compressor yaml.
+"""
+
+from __future__ import annotations
+
+from ..compress import Compressor, available, get_compressor
+from .base import Reduction, get_reduction, reductions, register
+from .inring import InRing
+from .memory import ErrorFeedback
+from .powersgd import PowerSGD
+from .topk import TopK
+
+Spec = str | Compressor | Reduction | None
+
+
+def resolve(spec: Spec) -> Compressor | Reduction:
+    """A compressor name, a reduction name (``"topk"``), an instance, or ``None`` (= ``"none"``)."""
+    if isinstance(spec, (Compressor, Reduction)):
+        return spec
+    name = "none" if spec is None else spec
+    if name in reductions():
+        return get_reduction(name)
+    if name not in available():
+        raise ValueError(f"compressor={name!r} is not known; allowed: {', '.join(sorted(available() + reductions()))}")
+    return get_compressor(name)
+
+
+def as_reduction(spec: Compressor | Reduction) -> Reduction:
+    """The strategy for a resolved spec: an in-ring compressor rides the configured allreduce."""
+    return spec if isinstance(spec, Reduction) else InRing(spec)
+
+
+__all__ = ["ErrorFeedback", "InRing", "PowerSGD", "Reduction", "TopK", "as_reduction", "reductions",
+           "register", "resolve"]

@@ -1,0 +1,89 @@
+"""The reduction contract: one strategy decides what one step's flat gradient becomes on the wire.
+
+The :class:`~pipesgd.reducer.Reducer` flattens the gradients and hands the flat tensor to a
+:class:`Reduction`, which replaces it in place with the sum over ranks of what it communicates.
+In-ring compressors ride the configured allreduce unchanged (:class:`~.inring.InRing`); top-k
+and PowerSGD need collectives of their own (an allgather; two allreduces around an
+orthogonalisation), so they are reductions, not per-chunk encoders.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from ..comm import CommStats
+from ..comm.ring import chunk_bounds
+from .memory import ErrorFeedback
+
+_REGISTRY: dict[str, type[Reduction]] = {}
+
+
+class Reduction(ABC):
+    """Sums one flat gradient across ranks, possibly lossily, keeping whatever state that needs.
+
+    Instances hold per-run state (error-feedback residuals, warm-start factors): use one instance
+    per engine. ``bind`` is called once by the Reducer before the first ``reduce``; ``reduce``
+    runs on the communication thread, in launch order, one call at a time.
+    """
+
+    name: ClassVar[str]
+    memory: ErrorFeedback | None = None  # error-feedback residual, if the strategy keeps one
+    _numel: int = 0
+
+    def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats]) -> None:
+        """Learn the parameter layout of the flat tensor and the allreduce to use for dense sums."""
+
+    @abstractmethod
+    def reduce(self, flat: Tensor, group) -> CommStats:
+        """Replace ``flat`` (this rank's gradient) in place by the sum over the ranks of ``group``
+        of what is communicated; identical bits on every rank. Returns this rank's cost, with
+        ``raw_bytes`` = what a dense ring allreduce of ``flat`` would have sent."""
+
+    def state_dict(self) -> dict:
+        """Tensors that must survive a checkpoint (error-feedback residuals, warm starts)."""
+        return {} if self.memory is None else self.memory.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.memory is not None:
+            self.memory.load_state_dict(state, self._numel)
+        elif "residual" in state:
+            raise ValueError(f"checkpoint has an error-feedback residual, compressor {self.name!r} keeps none")
+
+
+def register(name: str):
+    """Class decorator: make a reduction selectable as ``compressor=<name>``."""
+
+    def deco(cls: type[Reduction]) -> type[Reduction]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"reduction name {name!r} is registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def reductions() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_reduction(name: str, **kwargs) -> Reduction:
+    return _REGISTRY[name](**kwargs)
+
+
+def dense_ring_bytes(numel: int, p: int, elem_size: int) -> int:
+    """Bytes one rank sends in a ring allreduce of ``numel`` values: the uncompressed reference."""
+    if p <= 1:
+        return 0
+    return 2 * sum(b - a for a, b in chunk_bounds(numel, p)[1:]) * elem_size
+
+
+def check_fraction(key: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{key}={value!r} is invalid: must be a number in (0, 1]")
+    return float(value)

@@ -1,0 +1,142 @@
+"""The benchmark suite's machinery: the grid, the targets arithmetic, and one tiny real cell of
+each kind written to JSON with every field and rendered to markdown."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from pipesgd.bench.__main__ import main as bench_main
+from pipesgd.bench.grid import LINKS, MLP, RESNET20, TRAIN_MODES, WORLD_SIZES, Cell, full_grid, quick_grid, select
+from pipesgd.bench.render import BEGIN, END, Results, render, targets, write_markdown
+from pipesgd.bench.runner import Settings, cpu_split, merge, run_cells, save
+
+REQUIRED = {"name", "mode", "compressor", "world_size", "link", "n", "median_iter_ms", "min_iter_ms",
+            "max_iter_ms", "predicted_iter_ms", "rel_error", "command", "commit", "config"}
+
+
+def test_grid_covers_the_issue_and_names_are_unique():
+    names = [c.name for c in full_grid()]
+    assert len(names) == len(set(names))
+    for link in LINKS:
+        for p in WORLD_SIZES:
+            for mode, comp in TRAIN_MODES:
+                assert f"resnet20/p{p}/{link}/{mode}{'' if comp == 'none' else '-' + comp}" in names
+            assert f"allreduce/p{p}/{link}/ring-1.08MB" in names and f"allreduce/p{p}/{link}/native-8MB" in names
+    assert {"resnet20/p2/loopback/local", "mlp1m/p2/100mbit/pipe", "allreduce/p2/100mbit/ring-4.28MB"} <= set(names)
+    assert {c.name for c in quick_grid()} <= set(names)
+    assert [c.name for c in select(full_grid(), "resnet20/p4/100mbit/pipe*")] == [
+        "resnet20/p4/100mbit/pipe", "resnet20/p4/100mbit/pipe-fp16", "resnet20/p4/100mbit/pipe-bf16",
+        "resnet20/p4/100mbit/pipe-int8"]
+    with pytest.raises(ValueError, match="nope"):
+        select(full_grid(), "resnet20/*,nope")
+
+
+def _cell(name: str, ms: float, **extra) -> dict:
+    kind = "allreduce" if name.startswith("allreduce") else "train"
+    parts = name.split("/")
+    return {"name": name, "kind": kind, "mode": parts[3].split("-")[0], "world_size": int(parts[1][1:]),
+            "link": parts[2], "workload": parts[0] if kind == "train" else None, "compressor": "none",
+            "median_iter_ms": ms, "min_iter_ms": ms, "max_iter_ms": ms, "n": 1, "rel_error": 0.05, **extra}
+
+
+def test_targets_are_computed_from_the_cells():
+    ar = Cell("allreduce", "ring", 2, "100mbit", nbytes=4 * 1_068_810).name
+    ring = Cell("allreduce", "ring", 2, "100mbit", nbytes=4 * 269_722).name
+    cells = [_cell("resnet20/p2/100mbit/sync", 300.0), _cell("resnet20/p2/100mbit/pipe", 200.0),
+             _cell("resnet20/p2/100mbit/ddp", 250.0), _cell("resnet20/p2/100mbit/pipe-int8", 190.0),
+             _cell("resnet20/p2/loopback/local", 100.0), _cell("resnet20/p2/loopback/pipe", 102.0),
+             _cell("mlp1m/p2/loopback/local", 2.0), _cell("mlp1m/p2/100mbit/pipe", 380.0),
+             _cell(ar, 370.0, bytes=4 * 1_068_810, fraction_of_bound=0.93, rel_error=-0.2),
+             _cell(ring, 90.0, bytes=4 * 269_722, fraction_of_bound=0.95)]
+    rows = {r[0]: r for r in targets(Results(cells))}
+    # ceiling: pipe replaced by max(compute-only 100, allreduce 90) = 100 ms.
+    assert rows["p=2, 100mbit: pipe vs sync"][2:] == ["1.50x", "1.40×", "yes", "3.00x"]
+    assert rows["p=2, 100mbit: pipe vs DDP"][2:] == ["1.25x", "1.30×", "**no**", "2.50x"]
+    assert rows["p=2, 100mbit: pipe+int8 vs sync fp32"][2:] == ["1.58x", "1.50×", "yes", "–"]  # no ratio recorded
+    assert rows["loopback p=2: framework overhead"][2] == "1.02x"
+    assert rows["p=4, 100mbit: pipe vs sync"][4:] == ["–", "–"]
+    comm_bound = rows["communication-bound (MLP 1.07M, p=2, 100mbit)"]
+    assert comm_bound[2] == f"{380 / 370:.2f}x" and comm_bound[4] == "yes"
+    assert rows["ring at 100mbit, p=2, 4.28 MB"][2:5] == ["93.0%", "90.0%", "yes"]
+    assert rows["timing model, 8 training cells"][2] == "5.0%"
+    assert rows["timing model, 10 cells of every kind"][2] == "5.0%"  # |0.05| x 9 and |-0.2|
+    text = render(cells)
+    assert text.startswith(BEGIN) and text.rstrip().endswith(END)
+
+
+def test_merge_replaces_same_names_in_grid_order():
+    order = ["a", "b", "c"]
+    old = [{"name": "c", "v": 1}, {"name": "a", "v": 1}]
+    assert merge(old, [{"name": "b", "v": 2}, {"name": "c", "v": 2}], order) == [
+        {"name": "a", "v": 1}, {"name": "b", "v": 2}, {"name": "c", "v": 2}]
+
+
+def test_cpu_split_fractions():
+    # user nice system idle iowait irq softirq steal
+    split = cpu_split([[50, 0, 20, 20, 0, 0, 10, 0], [50, 0, 20, 20, 0, 0, 10, 0]])
+    assert split["user"] == pytest.approx(0.5) and split["system"] == pytest.approx(0.2)
+    assert split["irq"] == pytest.approx(0.1) and split["idle"] == pytest.approx(0.2)
+    assert cpu_split([]) is None
+
+
+def _calibration(path, params: int, batch: int) -> None:
+    path.write_text(json.dumps({
+        "alpha_s": 1e-4, "beta_s_per_byte": 1e-9, "gamma_s_per_byte": 1e-11, "compress_s_per_byte": {"int8": 1e-9},
+        "compute_ms": 2.0, "update_ms": 0.5, "overlap_slowdown": 1.1, "model_params": params, "batch_size": batch}))
+
+
+@pytest.mark.timeout(240)
+def test_one_tiny_cell_of_each_kind_end_to_end(tmp_path, shared_data):
+    cals = tmp_path / "cal"
+    cals.mkdir()
+    _calibration(cals / "mlp-p2-loopback.json", MLP.params, MLP.batch_size)
+    _calibration(cals / "resnet20-p2-loopback.json", RESNET20.params, RESNET20.batch_size)
+    settings = Settings(bench_dir=tmp_path / "bench", steps=2, skip=1, repeats=1, allreduce_repeats=3, quick=True,
+                        calibration_dir=cals, python=sys.executable, timeout_s=200,
+                        overrides=[f"data.root={shared_data}", f"data.cache_dir={tmp_path / 'cache'}"])
+    cells = [Cell("train", "pipe", 2, "loopback", "none", 2, "mlp"),
+             Cell("allreduce", "ring", 2, "loopback", nbytes=4096)]
+    records = list(run_cells(cells, settings))
+    for record in records:
+        assert "error" not in record, record.get("error")
+        assert REQUIRED <= record.keys(), REQUIRED - record.keys()
+        assert record["min_iter_ms"] <= record["median_iter_ms"] <= record["max_iter_ms"]
+        assert record["calibration"]["file"].startswith(str(cals))
+    train, allreduce = records
+    assert train["n"] == 2 and train["predicted_from"] == "calibration"
+    # pipe, comm far faster than compute: the model says compute + update, from the calibration.
+    assert train["predicted_iter_ms"] == pytest.approx(2.5, rel=0.2)
+    assert "pipesgd.train" in train["command"] and "trainer.max_steps=3" in train["command"]
+    assert allreduce["n"] == 3 and allreduce["bytes"] == 4096 and allreduce["bound_ms"] is None
+
+    out, md = tmp_path / "benchmarks.json", tmp_path / "benchmarks.md"
+    save(out, records)
+    md.write_text("# Benchmarks\n\nnarrative before\n\n" + BEGIN + "\nold\n" + END + "\n\nnarrative after\n")
+    write_markdown(md, json.loads(out.read_text()))
+    assert bench_main(["--render-only", "--out", str(out), "--md", str(md)]) == 0
+    text = md.read_text()
+    assert "narrative before" in text and "narrative after" in text and "\nold\n" not in text
+    assert "| mlp/p2/loopback/pipe * |" in text and "| allreduce/p2/loopback/ring-4.096KB * |" in text
+    assert text.count(BEGIN) == 1
+
+
+def test_local_mode_steps_without_communication():
+    """trainer.mode=local, the compute-only baseline: a plain optimizer step, nothing on the wire."""
+    import torch
+
+    from pipesgd.compress import get_compressor
+    from pipesgd.modes import ModeArgs, build
+
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    same, engine = build("local", ModeArgs(model, opt, 2, get_compressor("none"), None, None, 4, 0,
+                                           torch.device("cpu")))
+    assert same is model and engine.width == 1
+    model(torch.ones(1, 3)).sum().backward()
+    before = model.weight.detach().clone()
+    stats = engine.step()
+    assert stats.applied and stats.comm.wire_bytes == 0
+    assert torch.equal(model.weight, before - 1.0)

@@ -1,0 +1,90 @@
+"""``python -m pipesgd.timing calibrate``: the fit by hand, and a real run on 2 Gloo ranks whose
+file ``predict`` and training runs then read."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipesgd.timing import MODEL_PARAMS, load_calibration, load_timing_model
+from pipesgd.timing.__main__ import main
+from pipesgd.timing.calibrate import CalibrationError, CalibrationSpec, fit_alpha_beta, parse_size
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_fit_recovers_alpha_and_beta_exactly():
+    sizes = [4, 1024, 65536, 1 << 20]
+    alpha, beta = 5e-5, 8e-8
+    a, b = fit_alpha_beta(sizes, [alpha + n * beta for n in sizes])
+    assert a == pytest.approx(alpha, rel=1e-9) and b == pytest.approx(beta, rel=1e-9)
+
+
+def test_fit_takes_alpha_from_latency_bound_sizes_only():
+    # β = 1e-9; the 1 MiB point alone fixes the slope, its noise must not leak into α.
+    sizes = [4, 1024, 1 << 20]
+    seconds = [1e-4, 1.2e-4, 1e-4 + (1 << 20) * 1e-9]
+    a, b = fit_alpha_beta(sizes, seconds)
+    assert b > 0
+    assert min(seconds[:2]) - 1024 * b <= a <= max(seconds[:2])
+
+
+def test_fit_refuses_a_flat_sweep():
+    with pytest.raises(CalibrationError, match="β"):
+        fit_alpha_beta([4, 1024, 4096], [1e-4, 1e-4, 0.9e-4])
+
+
+def test_spec_and_sizes_are_validated():
+    assert parse_size("64k") == 65536 and parse_size("4m") == 4 << 20 and parse_size("12") == 12
+    with pytest.raises(ValueError, match="bad size"):
+        parse_size("4 gigs")
+    with pytest.raises(ValueError, match="conf/model"):
+        CalibrationSpec(model="nope")
+    with pytest.raises(ValueError, match="small message"):
+        CalibrationSpec(sizes=(1 << 20, 4 << 20))
+    assert CalibrationSpec(model="mlp").dataset == "mnist" and CalibrationSpec().dataset == "cifar10"
+
+
+def test_cli_rejects_bad_arguments(capsys):
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--model", "nope"])
+    assert "conf/model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["calibrate", "stray"])
+    assert "hydra.run.dir" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(180)
+def test_calibrate_on_two_gloo_ranks(tmp_path, capsys):
+    out = tmp_path / "cal.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    r = subprocess.run([sys.executable, "-m", "pipesgd.timing", "calibrate", "--workers", "2", "--model", "mlp",
+                        "--batch-size", "8", "--quick", "--out", str(out)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=170)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == str(out)
+    cal = load_calibration(out)
+    # Sane, not exact (a shared machine): loopback latency under 50 ms, bandwidth above 10 Mbit/s.
+    assert 0 < cal["alpha_s"] < 0.05
+    assert 0 < cal["beta_s_per_byte"] < 8e-7
+    assert cal["gamma_s_per_byte"] > 0 and cal["compute_ms"] > 0 and cal["update_ms"] > 0
+    assert set(cal["compress_s_per_byte"]) == {"fp16", "bf16", "int8"}
+    assert all(v > 0 for v in cal["compress_s_per_byte"].values())
+    assert cal["overlap_slowdown"] >= 1
+    assert (cal["model_params"], cal["batch_size"], cal["workers"]) == (MODEL_PARAMS["mlp"], 8, 2)
+    m = cal["measurements"]
+    assert len(m["one_way_s"]) == len(m["sizes_bytes"]) == 3 and len(m["per_rank"]) == 2
+
+    # predict reads it; a training run of that model and batch would predict from its compute.
+    assert main(["predict", "--model", "mlp", "--workers", "2", "--calibration", str(out), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    sync = next(r for r in rows if (r["mode"], r["algorithm"], r["compressor"]) == ("sync", "ring", "none"))
+    assert sync["iter_ms"] > cal["compute_ms"]
+    timing = load_timing_model(calibration=str(out))
+    assert timing.calibrated_compute(MODEL_PARAMS["mlp"], 8).compute_s == pytest.approx(cal["compute_ms"] / 1e3)
+    assert timing.calibrated_compute(MODEL_PARAMS["mlp"], 64) is None
