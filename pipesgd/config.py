@@ -46,7 +46,7 @@ def validate(cfg: DictConfig) -> None:
 
 
 def _check_scheme_options(cfg: DictConfig) -> None:
-    """Parameter server, hierarchical groups, LARS and gradient buckets."""
+    """Parameter server, hierarchical groups and LARS."""
     nproc = cfg.dist.nproc
     if cfg.trainer.mode in ("ps_sync", "ps_async") and nproc < 2:
         raise ConfigError(f"dist.nproc={nproc} is invalid for trainer.mode={cfg.trainer.mode}: a parameter "
@@ -61,10 +61,3 @@ def _check_scheme_options(cfg: DictConfig) -> None:
     if "trust_coefficient" in cfg.optimizer and (isinstance(trust, bool) or not isinstance(trust, (int, float))
                                                  or not trust > 0):
         raise ConfigError(f"optimizer.trust_coefficient={trust!r} is invalid: must be a number > 0 (LARS η)")
-    bucket = cfg.trainer.get("bucket_mb")
-    if bucket is not None:
-        if isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or not bucket > 0:
-            raise ConfigError(f"trainer.bucket_mb={bucket!r} is invalid: must be a number > 0 (MiB), or null (off)")
-        if cfg.trainer.mode in ("ps_sync", "ps_async"):
-            raise ConfigError(f"trainer.bucket_mb={bucket} is not available with trainer.mode={cfg.trainer.mode}; "
-                              "allowed modes: sync, pipe, ddp")

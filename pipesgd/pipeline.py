@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .buckets import BucketReducer
 from .comm import CommStats, CompletedHandle, Handle, get_allreduce
 from .comm.native import check_native, native_allreduce
 from .compress import Compressor, get_compressor
@@ -53,9 +52,6 @@ class PipeSGD:
     t < N apply their own step's average (width 1) and the rule above holds from step N on, counting
     steps N..N+K-2 as the pipeline's fill.
 
-    With ``bucket_mb``, step t's reduction starts bucket by bucket during t's backward (hooks on
-    ``params``; one backward per step) instead of inside ``step()``; the update rule is unchanged.
-
     Communication runs on a background thread over ``group`` (default: the default group). Do not
     issue other collectives on the same group from another thread while reductions are in flight;
     give the engine its own group (``dist.new_group()``) if your loop needs collectives too.
@@ -64,7 +60,7 @@ class PipeSGD:
     def __init__(self, optimizer: torch.optim.Optimizer, params: Iterable[Tensor], width: int = 2,
                  compressor: str | Compressor | None = "none",
                  allreduce: str | Callable[..., CommStats] = "ring", group=None,
-                 warmup_sync_steps: int = 0, bucket_mb: float | None = None):
+                 warmup_sync_steps: int = 0):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
         if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
@@ -77,12 +73,7 @@ class PipeSGD:
         if fn is native_allreduce:
             check_native(self.compressor)
         self.allreduce_name = allreduce if isinstance(allreduce, str) else getattr(fn, "__name__", "custom")
-        if bucket_mb is None:
-            self._reducer = Reducer(params, self.compressor, fn, group)
-        else:  # reductions start from backward hooks (pipesgd.buckets); same update rule
-            if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
-                raise ValueError(f"bucket_mb must be a number > 0 (MiB) or None, got {bucket_mb!r}")
-            self._reducer = BucketReducer(params, self.compressor, fn, group, max(1, int(bucket_mb * 2**20)))
+        self._reducer = Reducer(params, self.compressor, fn, group)
         self._pending: deque[Handle[Reduced]] = deque()
         self.steps = 0
         self.last = StepStats()
