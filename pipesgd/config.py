@@ -9,6 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from .launch import under_torchrun
 from .modes import MODES
 from .schema import Config, DistConfig, TrainerConfig
 from .staleness import available as stalenesses
@@ -79,28 +80,22 @@ def validate(cfg: DictConfig) -> None:
 
 
 def _check_scheme_options(cfg: DictConfig) -> None:
-    """Parameter server, hierarchical groups, LARS and gradient buckets."""
-    nproc = cfg.dist.nproc
-    if cfg.trainer.mode in ("ps_sync", "ps_async") and nproc < 2:
+    """Parameter server, hierarchical groups and LARS. Under torchrun ``dist.nproc`` is ignored
+    (the environment sets the world), so the world-size checks run in the workers instead."""
+    nproc = None if under_torchrun() else cfg.dist.nproc
+    if cfg.trainer.mode in ("ps_sync", "ps_async") and nproc is not None and nproc < 2:
         raise ConfigError(f"dist.nproc={nproc} is invalid for trainer.mode={cfg.trainer.mode}: a parameter "
                           "server needs >= 2 processes (rank 0 serves and trains, the others push and pull)")
     size = cfg.comm.get("group_size")
     if cfg.comm.get("name") == "hierarchical" and size is not None:
         _int_at_least(cfg, "comm.group_size", 1, "ranks per node group, or null for LOCAL_WORLD_SIZE")
-        if nproc % size:
+        if nproc is not None and nproc % size:
             raise ConfigError(f"comm.group_size={size} is invalid with dist.nproc={nproc}: the node group "
                               "size must divide the number of workers")
     trust = cfg.optimizer.get("trust_coefficient")
     if "trust_coefficient" in cfg.optimizer and (isinstance(trust, bool) or not isinstance(trust, (int, float))
                                                  or not trust > 0):
         raise ConfigError(f"optimizer.trust_coefficient={trust!r} is invalid: must be a number > 0 (LARS η)")
-    bucket = cfg.trainer.get("bucket_mb")
-    if bucket is not None:
-        if isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or not bucket > 0:
-            raise ConfigError(f"trainer.bucket_mb={bucket!r} is invalid: must be a number > 0 (MiB), or null (off)")
-        if cfg.trainer.mode in ("ps_sync", "ps_async"):
-            raise ConfigError(f"trainer.bucket_mb={bucket} is not available with trainer.mode={cfg.trainer.mode}; "
-                              "allowed modes: sync, pipe, ddp")
 
 
 def _check_resume(resume: str) -> None:

@@ -38,7 +38,6 @@ class ModeArgs:
     world_size: int
     warmup_sync_steps: int
     device: torch.device
-    bucket_mb: float | None = None
     staleness: str | Staleness = "none"
     nonfinite: str = "abort"
     timeout_s: float | None = None
@@ -105,8 +104,8 @@ def _pipesgd(width: int | None) -> Callable[[ModeArgs], tuple[nn.Module, object]
     def build(a: ModeArgs) -> tuple[nn.Module, object]:
         return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=width or a.width,
                                 compressor=a.compressor, allreduce=a.allreduce, group=a.group,
-                                warmup_sync_steps=a.warmup_sync_steps, bucket_mb=a.bucket_mb,
-                                staleness=a.staleness, nonfinite=a.nonfinite, timeout_s=a.timeout_s)
+                                warmup_sync_steps=a.warmup_sync_steps, staleness=a.staleness,
+                                nonfinite=a.nonfinite, timeout_s=a.timeout_s)
 
     return build
 
@@ -125,7 +124,7 @@ def _ddp(a: ModeArgs) -> tuple[nn.Module, object]:
     if a.world_size == 1:
         return a.model, DDPEngine(a.optimizer, numel, 4, 1, a.nonfinite)
     ids = [a.device.index] if a.device.type == "cuda" else None
-    model = DDP(a.model, device_ids=ids, **({} if a.bucket_mb is None else {"bucket_cap_mb": a.bucket_mb}))
+    model = DDP(a.model, device_ids=ids)
     hook = _DDP_HOOKS[a.compressor.name]
     if hook is not None:
         model.register_comm_hook(None, getattr(default_hooks, hook))

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .buckets import BucketReducer
 from . import trace
 from .comm import CommError, CommStats, CompletedHandle, Handle, get_allreduce
 from .comm.native import check_native, native_allreduce
@@ -120,9 +119,6 @@ class PipeSGD:
     ``compressor`` is a per-chunk compressor carried inside ``allreduce``, or a reduction with
     collectives of its own (``"topk"``, ``"powersgd"``).
 
-    With ``bucket_mb``, step t's reduction starts bucket by bucket during t's backward (hooks on
-    ``params``; one backward per step) instead of inside ``step()``; the update rule is unchanged.
-
     Communication runs on a background thread over ``group`` (default: the default group). Do not
     issue other collectives on the same group from another thread while reductions are in flight;
     give the engine its own group (``dist.new_group()``) if your loop needs collectives too.
@@ -136,8 +132,7 @@ class PipeSGD:
     def __init__(self, optimizer: torch.optim.Optimizer, params: Iterable[Tensor], width: int = 2,
                  compressor: str | Compressor | Reduction | None = "none",
                  allreduce: str | Callable[..., CommStats] = "ring", group=None,
-                 warmup_sync_steps: int = 0, bucket_mb: float | None = None,
-                 staleness: str | Staleness = "none", nonfinite: str = "abort",
+                 warmup_sync_steps: int = 0, staleness: str | Staleness = "none", nonfinite: str = "abort",
                  timeout_s: float | None = None):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
@@ -151,20 +146,8 @@ class PipeSGD:
         if fn is native_allreduce and isinstance(self.compressor, Compressor):
             check_native(self.compressor)
         self.allreduce_name = allreduce if isinstance(allreduce, str) else getattr(fn, "__name__", "custom")
-        self._bucketed = bucket_mb is not None
-        if bucket_mb is None:
-            self._reducer = Reducer(params, self.compressor, fn, group)
-        else:  # reductions start from backward hooks (pipesgd.buckets); same update rule
-            if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
-                raise ValueError(f"bucket_mb must be a number > 0 (MiB) or None, got {bucket_mb!r}")
-            if not isinstance(self.compressor, Compressor):
-                raise ValueError(f"bucket_mb works with in-ring compressors without error feedback; "
-                                 f"got {self.compressor!r}")
-            self._reducer = BucketReducer(params, self.compressor, fn, group, max(1, int(bucket_mb * 2**20)))
+        self._reducer = Reducer(params, self.compressor, fn, group)
         self.staleness = make_staleness(staleness)
-        if bucket_mb is not None and self.staleness.name != "none":
-            raise ValueError(f"bucket_mb cannot be combined with staleness={self.staleness.name!r}: bucketed "
-                             "reductions start inside backward, before a strategy could see the local gradient")
         self.staleness.bind(self._reducer.params, optimizer)
         self._pending: deque[Handle[Reduced]] = deque()
         self.nonfinite = NonFinitePolicy(nonfinite)
@@ -180,12 +163,9 @@ class PipeSGD:
         """Launch this step's reduction; apply the one from K-1 steps ago if there is one."""
         t0 = time.perf_counter()
         with trace.current().span("pack", "pack", self.steps):
-            if self._bucketed:  # launched by backward hooks already; staleness is plain (checked)
-                self._pending.append(self._reducer.launch())
-            else:
-                buf = self._reducer.flatten()  # the gradient, then the non-finite flag slot
-                self.staleness.launched(buf[:-1])
-                self._pending.append(self._reducer.launch(buf))
+            buf = self._reducer.flatten()  # the gradient, then the non-finite flag slot
+            self.staleness.launched(buf[:-1])
+            self._pending.append(self._reducer.launch(buf))
         stats = StepStats(pack_s=time.perf_counter() - t0)
         width = 1 if self.steps < self.warmup_sync_steps else self.width
         if len(self._pending) == width:

@@ -38,7 +38,6 @@ class TrainerConfig:
     mode: str = "pipe"
     width: int = 2
     warmup_sync_steps: int = 0
-    bucket_mb: Optional[float] = None
     staleness: str = "none"
     dc_lambda: float = 0.04
     dc_adaptive: bool = False

@@ -132,6 +132,7 @@ def plot(runs: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     panels = sorted({r["_group"] for r in runs})
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
@@ -147,6 +148,7 @@ def plot(runs: list[dict], path: Path) -> None:
             ax.plot(epochs, [statistics.fmean(y) for y in ys], marker="o", label=f"{lab} (n={len(curves)})")
             ax.fill_between(epochs, [min(y) for y in ys], [max(y) for y in ys], alpha=0.15)
         ax.set(title=" / ".join(panel), xlabel="epoch", ylabel="test accuracy (%)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

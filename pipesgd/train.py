@@ -123,7 +123,6 @@ def worker(container: dict, run_dir: str) -> None:
             model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
             allreduce=_build_allreduce(cfg), group=ctx.comm_group, world_size=ctx.world_size,
             warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
-            bucket_mb=cfg.trainer.get("bucket_mb"),
             staleness=make_staleness(cfg.trainer.staleness, **cfg.trainer),
             nonfinite=cfg.trainer.nonfinite, timeout_s=cfg.dist.timeout_s))
         steps_per_epoch = len(train_loader)
@@ -248,11 +247,6 @@ def _predict_iter_ms(cfg: DictConfig, timing, engine, world_size: int, model: to
         algorithm, options = "ps", {"server_on_worker": True}
     elif algorithm == "hierarchical":
         options = {"per_node": cfg.comm.get("group_size") or pdist.env_int("LOCAL_WORLD_SIZE", world_size)}
-    bucket = cfg.trainer.get("bucket_mb")
-    if bucket is not None:  # config.validate allows it for sync, pipe and ddp only
-        cap = bucket * 2**20  # pipesgd.buckets: every bucket (the first too) holds up to bucket_mb
-        options |= {"bucket_cap_bytes": cap} if cfg.trainer.mode == "ddp" else \
-            {"sync_buckets": engine.width == 1, "bucket_cap_bytes": cap, "first_bucket_bytes": cap}
     return timing.iter_ms(cfg.trainer.mode, algorithm, nbytes, world_size, compute_s, update_s, engine.width,
                           ratio, compressor, **options), source
 

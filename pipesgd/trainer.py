@@ -120,11 +120,13 @@ class Trainer:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             t0 = time.perf_counter()
             self.optimizer.zero_grad(set_to_none=True)
-            # forward_context: the weights the staleness rule wants the gradient at
-            with tr.span("forward", "compute", self.step), self.engine.forward_context():
-                loss = F.cross_entropy(self.model(x), y)
-            with tr.span("backward", "compute", self.step):
-                loss.backward()
+            # forward_context: the weights the staleness rule wants the gradient at, held until
+            # backward has used them (autograd saved those very tensors)
+            with self.engine.forward_context():
+                with tr.span("forward", "compute", self.step):
+                    loss = F.cross_entropy(self.model(x), y)
+                with tr.span("backward", "compute", self.step):
+                    loss.backward()
             self.hooks.on_backward_end(self)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()  # CPU-GPU sync point: only so compute time is real

@@ -444,19 +444,12 @@ def _mode_algorithm(mode: str, algorithm: str) -> None:
 def _predict_s(mode: str, algorithm: str, nbytes: float, p: int, link: Link, compute_s: float,
                update_s: float, width: int, ratio: float, kappa: float, *, forward_fraction: float,
                overlap_slowdown: float, bucket_cap_bytes: float | None, first_bucket_bytes: float,
-               per_node: int, intra: Link | None, server_on_worker: bool = False,
-               sync_buckets: bool = False) -> tuple[float, float]:
+               per_node: int, intra: Link | None, server_on_worker: bool = False) -> tuple[float, float]:
     """(comm seconds, iteration seconds)."""
     _mode_algorithm(mode, algorithm)
     _check_nonneg("compress_s_per_byte", kappa)
     if mode == "local":
         return 0.0, iteration_time(mode, compute_s, 0.0, update_s)
-    if sync_buckets and (mode == "sync" or mode == "pipe" and width == 1):
-        # pipesgd's backward-overlapped buckets at width 1: DDP's schedule with the ring's own κ.
-        sizes = ddp_buckets(nbytes, bucket_cap_bytes or DDP_BUCKET_CAP_BYTES, first_bucket_bytes)
-        comms = [comm_time(algorithm, b, p, link, ratio, kappa, per_node=per_node, intra=intra) for b in sizes]
-        return sum(comms), ddp_iteration_time(compute_s, sizes, comms, update_s, forward_fraction,
-                                              overlap_slowdown)
     if mode != "ddp":
         # A server sharing a worker's rank (pipesgd.ps) serves p-1 remote pushes and pulls.
         remote = p - 1 if server_on_worker and algorithm == "ps" and p > 1 else p
@@ -476,20 +469,17 @@ def predict_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link
                     compress_s_per_byte: float = 0.0, *, forward_fraction: float = 1 / 3,
                     overlap_slowdown: float = 1.0, bucket_cap_bytes: float | None = DDP_BUCKET_CAP_BYTES,
                     first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES, per_node: int = 1,
-                    intra: Link | None = None, server_on_worker: bool = False,
-                    sync_buckets: bool = False) -> float:
+                    intra: Link | None = None, server_on_worker: bool = False) -> float:
     """Predicted milliseconds per steady-state iteration: the one call a training run makes to log
     ``predicted_iter_ms`` next to its measured time. ddp uses DDP's bucketing
     (``bucket_cap_bytes=None``: one bucket); ps modes need ``algorithm="ps"``; with
     ``server_on_worker`` the server shares a worker's rank (p workers, p-1 remote push/pull pairs
-    through its link: ``ps`` with p-1 in the link terms; iteration formulas keep p). With
-    ``sync_buckets`` a sync run's buckets (``bucket_cap_bytes``, the first one ``first_bucket_bytes``)
-    overlap backward as DDP's do; pipe with buckets keeps max(C' + U, X): both bounds still hold."""
+    through its link: ``ps`` with p-1 in the link terms; iteration formulas keep p)."""
     _, iter_s = _predict_s(mode, algorithm, nbytes, p, link, compute_s, update_s, width, ratio,
                            compress_s_per_byte, forward_fraction=forward_fraction,
                            overlap_slowdown=overlap_slowdown, bucket_cap_bytes=bucket_cap_bytes,
                            first_bucket_bytes=first_bucket_bytes, per_node=per_node, intra=intra,
-                           server_on_worker=server_on_worker, sync_buckets=sync_buckets)
+                           server_on_worker=server_on_worker)
     return iter_s * 1e3
 
 
