@@ -135,7 +135,7 @@ def _ddp(a: ModeArgs) -> tuple[nn.Module, object]:
 def _local(a: ModeArgs) -> tuple[nn.Module, object]:
     """No gradient exchange: every rank steps its own replica on its own shard. Not training a
     shared model; the compute-only baseline a benchmark compares the other modes against."""
-    return a.model, DDPEngine(a.optimizer, 0, 4, 1)
+    return a.model, DDPEngine(a.optimizer, 0, 4, 1, a.nonfinite)
 
 
 # Modes whose replicas differ by design (no shared model while training): no replica check.

