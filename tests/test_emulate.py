@@ -216,7 +216,9 @@ def test_shaped_two_worker_run_measures_below_rate_and_cleans_up(
     if delay_ms:  # a round trip crosses the delay twice; never faster, CPU contention only adds
         assert 2 * delay_ms <= rtt["min"] and rtt["median"] < 2 * delay_ms + 15, rtt
     else:
-        assert rtt["min"] < 2, rtt
+        # No added delay: well under the 2 x 5 ms round trip of the delayed case. Not tighter: on a
+        # loaded 2-core machine scheduling alone was seen adding ~4 ms.
+        assert rtt["min"] < 10, rtt
     info = json.loads((run_dir / "emulate.json").read_text())
     assert info["rates"] == ["50mbit", "50mbit"] and info["workers"] == 2
     assert info["delay_ms"] == delay_ms
