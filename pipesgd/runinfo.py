@@ -36,7 +36,6 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be read by others
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -30,10 +30,11 @@ import torch
 from torch import Tensor
 
 from .flat import add_to_params, assign_params, flat_params, has_nonfinite, set_grads, views
+from .registry import Registry
 
 log = logging.getLogger(__name__)
 
-_REGISTRY: dict[str, type[Staleness]] = {}
+_REGISTRY: Registry[type[Staleness]] = Registry("staleness")
 
 
 class Staleness(ABC):
@@ -97,12 +98,7 @@ class Staleness(ABC):
 
 
 def register(name: str):
-    def deco(cls: type[Staleness]) -> type[Staleness]:
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+    return _REGISTRY.register(name)
 
 
 def available() -> list[str]:

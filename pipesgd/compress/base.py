@@ -16,7 +16,9 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-_REGISTRY: dict[str, type[Compressor]] = {}
+from ..registry import Registry
+
+_REGISTRY: Registry[type[Compressor]] = Registry("compressor")
 
 
 @dataclass(frozen=True)
@@ -91,15 +93,7 @@ class Compressor(ABC):
 
 def register(name: str):
     """Class decorator: make a compressor constructible by ``name`` (library and Hydra alike)."""
-
-    def deco(cls: type[Compressor]) -> type[Compressor]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"compressor name {name!r} is registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+    return _REGISTRY.register(name)
 
 
 def available() -> list[str]:

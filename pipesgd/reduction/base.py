@@ -18,9 +18,10 @@ from torch import Tensor
 
 from ..comm import CommStats
 from ..comm.ring import chunk_bounds
+from ..registry import Registry
 from .memory import ErrorFeedback
 
-_REGISTRY: dict[str, type[Reduction]] = {}
+_REGISTRY: Registry[type[Reduction]] = Registry("reduction")
 
 
 class Reduction(ABC):
@@ -58,14 +59,7 @@ class Reduction(ABC):
 def register(name: str):
     """Class decorator: make a reduction selectable as ``compressor=<name>``."""
 
-    def deco(cls: type[Reduction]) -> type[Reduction]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"reduction name {name!r} is registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+    return _REGISTRY.register(name)
 
 
 def reductions() -> list[str]:
