@@ -54,13 +54,23 @@ class Cell:
     width: int = 1
     workload: str = "resnet20"
     nbytes: int = 0  # allreduce cells: tensor bytes (fp32)
+    comm: str = "ring"  # train cells: conf/comm (ring, tree, hierarchical); the ps modes ignore it
+    group_size: int | None = None  # comm=hierarchical: ranks per node group
+
+    @property
+    def train_overrides(self) -> list[str]:
+        """The cell's own training overrides (the workload's come from :class:`Workload`)."""
+        out = [f"trainer.mode={self.mode}", f"trainer.width={max(self.width, 1)}", f"compressor={self.compressor}",
+               f"comm={self.comm}", f"dist.nproc={self.world_size}"]
+        return out + ([f"comm.group_size={self.group_size}"] if self.group_size else [])
 
     @property
     def name(self) -> str:
         if self.kind == "allreduce":
             return f"allreduce/p{self.world_size}/{self.link}/{self.mode}-{_size(self.nbytes)}"
+        via = "" if self.comm == "ring" else f"+{self.comm}"
         suffix = "" if self.compressor == "none" else f"-{self.compressor}"
-        return f"{self.workload}/p{self.world_size}/{self.link}/{self.mode}{suffix}"
+        return f"{self.workload}/p{self.world_size}/{self.link}/{self.mode}{via}{suffix}"
 
     @property
     def emulated(self) -> bool:
@@ -83,12 +93,22 @@ TRAIN_MODES = (("sync", "none"), ("pipe", "none"), ("pipe", "fp16"), ("pipe", "b
                ("ddp", "none"), ("ddp", "fp16"))
 
 
-def _train(mode: str, compressor: str, p: int, link: str, workload: str = "resnet20") -> Cell:
-    return Cell("train", mode, p, link, compressor, 2 if mode == "pipe" else 1, workload)
+# Issue #4's modes (the seed papers' systems), where they differ from the ring: at 100 Mbit.
+# Hierarchical needs nodes of more than one rank: p=4 as 2 groups of 2 (every link is shaped alike
+# here, so it measures the extra intra-group hops, not a faster intra-node fabric).
+SEED_MODES = (("sync", "tree"), ("pipe", "tree"), ("ps_sync", "ring"), ("ps_async", "ring"))
+HIERARCHICAL = (("sync", "hierarchical"), ("pipe", "hierarchical"))
+SEED_LINK = "100mbit"
+
+
+def _train(mode: str, compressor: str, p: int, link: str, workload: str = "resnet20", comm: str = "ring",
+           group_size: int | None = None) -> Cell:
+    return Cell("train", mode, p, link, compressor, 2 if mode == "pipe" else 1, workload, comm=comm,
+                group_size=group_size)
 
 
 def full_grid() -> list[Cell]:
-    """Every cell issue #3 asks for, in run order (loopback first, then each emulated link)."""
+    """Every cell issues #3 and #4 ask for, in run order (loopback first, then each emulated link)."""
     cells: list[Cell] = []
     resnet_bytes, mlp_bytes = 4 * RESNET20.params, 4 * MLP1M.params
     for link in LINKS:
@@ -97,6 +117,10 @@ def full_grid() -> list[Cell]:
                 # Compute-only baseline: same processes and threads, no communication at all.
                 cells.append(_train("local", "none", p, link))
             cells += [_train(mode, comp, p, link) for mode, comp in TRAIN_MODES]
+            if link == SEED_LINK:
+                cells += [_train(mode, "none", p, link, comm=comm) for mode, comm in SEED_MODES]
+                if p == 4:
+                    cells += [_train(mode, "none", p, link, comm=comm, group_size=2) for mode, comm in HIERARCHICAL]
             for nbytes in (resnet_bytes, 8_000_000):
                 cells += [Cell("allreduce", algo, p, link, nbytes=nbytes) for algo in ("ring", "native")]
     # Communication-bound: ~1M parameters at 100 Mbit (compute ~1 ms, allreduce ~360 ms).

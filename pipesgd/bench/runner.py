@@ -223,8 +223,7 @@ def _spread(values: list[float]) -> dict:
 
 def train_command(cell: Cell, run_dir: Path, cal: Path, s: Settings) -> list[str]:
     w = WORKLOADS[cell.workload]
-    overrides = [*w.train_overrides, f"trainer.mode={cell.mode}", f"trainer.width={max(cell.width, 1)}",
-                 f"compressor={cell.compressor}", f"dist.nproc={cell.world_size}", "dist.threads_per_worker=1",
+    overrides = [*w.train_overrides, *cell.train_overrides, "dist.threads_per_worker=1",
                  f"trainer.max_steps={s.skip + s.steps}", "trainer.warmup_sync_steps=0",
                  f"trainer.log_every={s.skip + s.steps}", "trainer.eval_max_batches=1", "data.eval_batch_size=100",
                  f"timing.calibration={cal}", *s.overrides, f"hydra.run.dir={run_dir}"]
@@ -311,7 +310,7 @@ def run_allreduce_cell(cell: Cell, cal: Path, s: Settings) -> dict:
 
 def base_record(cell: Cell, s: Settings) -> dict:
     return {
-        "name": cell.name, "kind": cell.kind, "mode": cell.mode,
+        "name": cell.name, "kind": cell.kind, "mode": cell.mode, "comm": cell.comm if cell.kind == "train" else None,
         "width": cell.width, "compressor": cell.compressor, "world_size": cell.world_size, "link": cell.link,
         "workload": cell.workload if cell.kind == "train" else None, "commit": s.commit,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "loadavg_before": list(os.getloadavg()),
