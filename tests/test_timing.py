@@ -69,6 +69,21 @@ def test_ps_by_hand():
     assert t == pytest.approx(15.3e-3 + 2e-3 + 30.3e-3 + 4e-3, rel=1e-12)
 
 
+def test_server_on_a_worker_rank_saves_one_push_and_pull_only():
+    # pipesgd.ps puts the server on rank 0, which also trains: p=2 means ONE remote push and pull
+    # (2·(α + M·β) = 20.2e-3) but still one server-side add (M·γ = 1e-3). The bug this pins: the
+    # p-1 workers were passed as p, and p=1 took the "no communication" shortcut (0 s).
+    assert allreduce_time("ps", M, 2, A, B, G, server_on_worker=True) == pytest.approx(21.2e-3, rel=1e-12)
+    # p=3, ratio 2: pushes 2·(1e-4 + 5e-3), pulls 2·(1e-4 + 1e-2), 2·M·γ, κ: (2+1)/2·M·κ = 3e-3.
+    t = allreduce_time("ps", M, 3, A, B, G, ratio=2.0, compress_s_per_byte=K, server_on_worker=True)
+    assert t == pytest.approx(10.2e-3 + 20.2e-3 + 2e-3 + 3e-3, rel=1e-12)
+    assert allreduce_time("ps", M, 1, A, B, G, server_on_worker=True) == 0.0
+    # The prediction a ps_sync run logs uses it: compute + that exchange.
+    link = Link(A, B, G)
+    ms = predict_iter_ms("ps_sync", "ps", M, 2, link, compute_s=0.1, server_on_worker=True)
+    assert ms == pytest.approx(1e3 * (0.1 + 21.2e-3), rel=1e-9)
+
+
 def test_kappa_ignored_without_compression_and_ring_beats_tree_at_scale():
     assert allreduce_time("ring", M, 4, A, B, G, ratio=1.0, compress_s_per_byte=1.0) == \
         allreduce_time("ring", M, 4, A, B, G)

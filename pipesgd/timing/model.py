@@ -143,19 +143,22 @@ def tree_time(nbytes: float, p: int, alpha: float, beta: float, gamma: float = 0
 
 
 def ps_time(nbytes: float, p: int, alpha: float, beta: float, gamma: float = 0.0, ratio: float = 1.0,
-            compress_s_per_byte: float = 0.0) -> float:
+            compress_s_per_byte: float = 0.0, *, server_on_worker: bool = False) -> float:
     """One synchronous parameter-server exchange for p workers through ONE server link.
 
-    p·(α + M/r·β) + (p−1)·M·γ + p·(α + M·β) + (p+1)/2·M·κ: the p compressed pushes are serialized on
-    the server's ingress, the server sums p gradients, the p pulls of fp32 weights (never compressed:
-    quantizing weights would change the model) are serialized on its egress. Workers compress in
-    parallel (one half round trip on the path), the server decompresses p gradients.
+    q·(α + M/r·β) + (p−1)·M·γ + q·(α + M·β) + (q+1)/2·M·κ with q = p remote workers: the q
+    compressed pushes are serialized on the server's ingress, the server sums p gradients, the q
+    pulls of fp32 weights (never compressed: quantizing weights would change the model) are
+    serialized on its egress. Workers compress in parallel (one half round trip on the path), the
+    server decompresses q gradients. ``server_on_worker``: the server shares a worker's rank (as
+    pipesgd.ps runs it), so q = p−1: that worker's gradient and weights never cross the link.
     """
     if p == 1:
         return 0.0
-    t = p * (alpha + nbytes / ratio * beta) + (p - 1) * nbytes * gamma + p * (alpha + nbytes * beta)
+    remote = p - 1 if server_on_worker else p
+    t = remote * (alpha + nbytes / ratio * beta) + (p - 1) * nbytes * gamma + remote * (alpha + nbytes * beta)
     if ratio != 1:
-        t += (p + 1) / 2 * nbytes * compress_s_per_byte
+        t += (remote + 1) / 2 * nbytes * compress_s_per_byte
     return t
 
 
@@ -182,10 +185,12 @@ _ALLREDUCE = {"ring": ring_time, "tree": tree_time, "ps": ps_time}
 
 
 def allreduce_time(algorithm: str, nbytes: float, p: int, alpha: float, beta: float, gamma: float = 0.0,
-                   ratio: float = 1.0, *, compress_s_per_byte: float = 0.0) -> float:
+                   ratio: float = 1.0, *, compress_s_per_byte: float = 0.0,
+                   server_on_worker: bool = False) -> float:
     """Seconds to sum an ``nbytes`` fp32 gradient over ``p`` workers with ``algorithm``.
 
-    ``ratio`` is uncompressed/wire bytes; ``compress_s_per_byte`` (κ) is ignored when ratio == 1.
+    ``ratio`` is uncompressed/wire bytes; ``compress_s_per_byte`` (κ) is ignored when ratio == 1;
+    ``server_on_worker`` applies to ``"ps"`` only (see :func:`ps_time`).
     Raises ValueError for an unknown algorithm, p < 1, a negative or non-finite value, ratio <= 0.
     """
     if algorithm not in _ALLREDUCE:
@@ -196,18 +201,21 @@ def allreduce_time(algorithm: str, nbytes: float, p: int, alpha: float, beta: fl
                         ("compress_s_per_byte", compress_s_per_byte)):
         _check_nonneg(name, value)
     _check_ratio(ratio)
+    if algorithm == "ps":
+        return ps_time(nbytes, p, alpha, beta, gamma, ratio, compress_s_per_byte, server_on_worker=server_on_worker)
     return _ALLREDUCE[algorithm](nbytes, p, alpha, beta, gamma, ratio, compress_s_per_byte)
 
 
 def comm_time(algorithm: str, nbytes: float, p: int, link: Link, ratio: float = 1.0,
-              compress_s_per_byte: float = 0.0, *, per_node: int = 1, intra: Link | None = None) -> float:
+              compress_s_per_byte: float = 0.0, *, per_node: int = 1, intra: Link | None = None,
+              server_on_worker: bool = False) -> float:
     """:func:`allreduce_time` on a :class:`Link`, plus ``"hierarchical"`` (p = nodes × per_node;
     ``intra`` defaults to ``link``)."""
     if algorithm != "hierarchical":
         if algorithm not in _ALLREDUCE:
             raise ValueError(f"algorithm must be one of {list(COMM_ALGORITHMS)}, got {algorithm!r}")
         return allreduce_time(algorithm, nbytes, p, link.alpha, link.beta, link.gamma, ratio,
-                              compress_s_per_byte=compress_s_per_byte)
+                              compress_s_per_byte=compress_s_per_byte, server_on_worker=server_on_worker)
     _check_workers("p", p)
     _check_workers("per_node", per_node)
     if p % per_node:
@@ -452,8 +460,8 @@ def _predict_s(mode: str, algorithm: str, nbytes: float, p: int, link: Link, com
         return 0.0, iteration_time(mode, compute_s, 0.0, update_s)
     if mode != "ddp":
         # A server sharing a worker's rank (pipesgd.ps) serves p-1 remote pushes and pulls.
-        remote = p - 1 if server_on_worker and algorithm == "ps" and p > 1 else p
-        comm = comm_time(algorithm, nbytes, remote, link, ratio, kappa, per_node=per_node, intra=intra)
+        comm = comm_time(algorithm, nbytes, p, link, ratio, kappa, per_node=per_node, intra=intra,
+                         server_on_worker=server_on_worker and algorithm == "ps")
         return comm, iteration_time(mode, compute_s, comm, update_s, width, forward_fraction, p=p,
                                     overlap_slowdown=overlap_slowdown)
     # DDP compresses with a cast hook around the native allreduce: one compress + one decompress
