@@ -42,3 +42,25 @@ def test_documented_compressor_meets_its_bound(doc_compressor, shape, magnitude)
 def test_documented_compressor_validates_its_knob(doc_compressor):
     with pytest.raises(ValueError, match="compressor.headroom must be an integer in 0..15, got 16"):
         doc_compressor(headroom=16)
+
+
+README_ROWS = {"sync (K=1, ring)": "sync", "PyTorch DDP": "ddp", "DDP + fp16 hook": "ddp-fp16",
+               "**pipe (K=2, ring)**": "pipe", "pipe + fp16": "pipe-fp16", "**pipe + int8**": "pipe-int8",
+               "sync, FireCaffe tree": "sync+tree", "parameter server (sync)": "ps_sync"}
+
+
+@pytest.mark.timeout(30)
+def test_readme_result_table_matches_benchmarks_json():
+    """The README's headline numbers are docs/benchmarks.json's medians, not hand-copied drift."""
+    import json
+
+    cells = {c["name"]: c for c in json.loads((ROOT / "docs" / "benchmarks.json").read_text())}
+    rows = [line.split("|")[1:-1] for line in (ROOT / "README.md").read_text().splitlines()
+            if line.startswith("| ") and line.split("|")[1].strip() in README_ROWS]
+    assert len(rows) == len(README_ROWS)
+    for label, p2_ms, p2_x, p4_ms, p4_x in rows:
+        for p, ms, speedup in ((2, p2_ms, p2_x), (4, p4_ms, p4_x)):
+            cell = cells[f"resnet20/p{p}/100mbit/{README_ROWS[label.strip()]}"]
+            sync = cells[f"resnet20/p{p}/100mbit/sync"]
+            assert int(ms) == round(cell["median_iter_ms"]), label
+            assert speedup.strip() == f"{sync['median_iter_ms'] / cell['median_iter_ms']:.2f}×", label
