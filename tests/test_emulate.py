@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -155,14 +154,18 @@ def test_cluster_validates_at_construction() -> None:
 @pytest.mark.timeout(30)
 def test_refuses_without_root() -> None:
     before = set(_namespaces())
+    args = ["--workers", "2", "--rate", "100mbit", "--", "x=1"]
     if IS_ROOT:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root and setpriv is missing: cannot drop to a normal user")
-        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        # Run the real CLI in a child that reports a normal user's euid. Dropping to uid 65534 with
+        # setpriv instead fails wherever the checkout is not readable by that user (a clone under
+        # `mktemp -d`, mode 0700), which says nothing about emulate.
+        command = [PY, "-c", "import os, runpy, sys; os.geteuid = lambda: 65534; "
+                   "sys.argv = ['pipesgd.emulate', *sys.argv[1:]]; "
+                   "runpy.run_module('pipesgd.emulate', run_name='__main__')", *args]
     else:
-        prefix = []
+        command = [PY, "-m", "pipesgd.emulate", *args]
     proc = subprocess.Popen(
-        [*prefix, PY, "-m", "pipesgd.emulate", "--workers", "2", "--rate", "100mbit", "--", "x=1"],
+        command,
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
