@@ -12,6 +12,9 @@ a :class:`Staleness` strategy decides WHAT that update is. ``trainer.staleness``
   the gradient is computed at ``w + D·(w - w_prev)``, the weights extrapolated D updates ahead.
 - ``dga``: delayed gradient averaging (Zhu et al., NeurIPS 2021): a rank applies its own
   gradient at once and swaps it for the average when that arrives.
+- ``lookahead``: the gradient is computed at the weights the optimizer will reach once the
+  in-flight steps are applied, with this rank's own gradients standing in for their averages
+  (the optimizer itself takes the steps, momentum included, on a copy that is then discarded).
 
 docs/convergence.md gives each rule, its cost and how it meets momentum. Every strategy is
 bound to one engine's parameters and optimizer; methods run on the caller's thread.
@@ -19,6 +22,7 @@ bound to one engine's parameters and optimizer; methods run on the caller's thre
 
 from __future__ import annotations
 
+import copy
 import logging
 from abc import ABC, abstractmethod
 from collections import deque
@@ -310,3 +314,72 @@ class DelayedAveraging(Staleness):
         self._local = deque(self._check_numel("local step", s) for s in state.get("local", []))
         base = state.get("base")
         self._base = None if base is None else self._check_numel("base", base)
+
+
+@register("lookahead")
+class LocalLookahead(Staleness):
+    """Forward/backward at ``ŵ = S(…S(w, g_{t-D}^local)…, g_{t-1}^local)``: the optimizer's own step
+    ``S`` (momentum, weight decay, lr, LARS trust ratio: whatever ``optimizer.step()`` does) taken
+    on each in-flight gradient in launch order, with this rank's gradient standing in for the
+    average that has not arrived. The weights and the optimizer state are restored exactly on
+    exit and the averages are applied as in ``none``, so replicas stay bit-identical.
+
+    The true weights that the gradient will be applied to are ``S(…S(w, ḡ_{t-D})…, ḡ_{t-1})``, so
+    ``ŵ`` misses them only by the steps' local-minus-average noise; with one rank (or identical
+    data on every rank) ``ŵ`` is them, and the width-K run is synchronous SGD shifted by K-1
+    steps, bit for bit. This is where it differs from ``predict``, which extrapolates the last
+    applied update (one step older) and from ``dga``, whose local step has no momentum: at
+    momentum μ the next update is mostly ``μ·v``, which both of those miss.
+
+    Cost: per launch one gradient copy; per forward D optimizer steps, one weight snapshot and a
+    copy of the optimizer's state for these parameters, restored on exit. Memory: D gradients,
+    one weight copy and one optimizer-state copy. Optimizer step hooks run on the lookahead steps
+    too. A non-finite local gradient contributes no lookahead step.
+    """
+
+    def __init__(self) -> None:
+        self._local: deque[Tensor] = deque()
+
+    def launched(self, local: Tensor) -> None:
+        # NaN/inf here would poison the next forward; the update itself is the policy's business.
+        self._local.append(local.clone().masked_fill_(has_nonfinite(local), 0.0))
+
+    def skip(self) -> None:
+        self._local.popleft()
+
+    def apply(self, avg: Tensor) -> None:
+        self._local.popleft()
+        self.step_optimizer(avg)
+
+    def forward_context(self, delay: int) -> AbstractContextManager:
+        if delay == 0 or not self._local:
+            return nullcontext()
+        return self._ahead()
+
+    @contextmanager
+    def _ahead(self) -> Iterator[None]:
+        weights = flat_params(self.params)
+        state = self.optimizer.state
+        saved = {p: copy.deepcopy(state[p]) if p in state else None for p in self.params}
+        grads = [p.grad for p in self.params]
+        try:
+            for local in self._local:
+                self.step_optimizer(local.clone())  # the optimizer may write into its gradient
+        finally:
+            for p, g in zip(self.params, grads):
+                p.grad = g
+        try:
+            yield
+        finally:
+            assign_params(self.params, weights)
+            for p, s in saved.items():
+                if s is None:
+                    state.pop(p, None)
+                else:
+                    state[p] = s
+
+    def state_dict(self) -> dict:
+        return {"local": [g.clone() for g in self._local]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._local = deque(self._check_numel("local gradient", g) for g in state.get("local", []))

@@ -10,7 +10,7 @@ import pytest
 from test_train import ROOT, fast, train
 
 PAIRS = [("dc", ["compressor=topk"]), ("predict", ["compressor=powersgd"]),
-         ("dga", ["compressor=int8", "compressor.error_feedback=true"])]
+         ("dga", ["compressor=int8", "compressor.error_feedback=true"]), ("lookahead", ["compressor=int8"])]
 
 
 @pytest.mark.slow
@@ -28,7 +28,7 @@ def test_two_worker_mnist_reaches_95_percent(staleness, compressor, tmp_path, sh
 
 
 BAD = [
-    (["trainer.staleness=late"], "trainer.staleness='late' is not known; allowed: none, dc, predict, dga"),
+    (["trainer.staleness=late"], "trainer.staleness='late' is not known; allowed: none, dc, predict, dga, lookahead"),
     (["trainer.staleness=dc", "trainer.dc_lambda=-1"], "trainer.dc_lambda=-1.0 is invalid: must be a number >= 0"),
     (["trainer.mode=ddp", "trainer.staleness=dga"], "trainer.mode=ddp has no staleness and no error feedback"),
     (["trainer.mode=ddp", "compressor=bf16", "compressor.error_feedback=true"], "trainer.mode=ddp has no staleness"),

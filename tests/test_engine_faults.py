@@ -28,10 +28,11 @@ def _nan_worker(rank, p, policy, compressor, staleness="none"):
     try:
         for t in range(STEPS):
             opt.zero_grad()
-            loss = loss_of(model, rank, t)
-            if rank == BAD_RANK and t == BAD_STEP:  # a NaN in one gradient value, made by backward
-                loss = loss + float("nan") * next(model.parameters()).view(-1)[3]
-            loss.backward()
+            with engine.forward_context():
+                loss = loss_of(model, rank, t)
+                if rank == BAD_RANK and t == BAD_STEP:  # a NaN in one gradient value, made by backward
+                    loss = loss + float("nan") * next(model.parameters()).view(-1)[3]
+                loss.backward()
             s = engine.step()
             stats.append((s.applied, s.skipped))
         engine.flush()
@@ -55,8 +56,9 @@ def test_nan_on_one_rank_is_skipped_on_every_rank():
 
 
 # The flag's other paths: its own all_reduce beside a reduction with collectives of its own
-# (top-k), and strategies that keep per-launch state (dc, dga).
-VARIANTS = [("topk", "none"), ("none", "dc"), ("none", "dga")]
+# (top-k), and strategies that keep per-launch state (dc, dga, lookahead: a NaN local gradient
+# must not reach the next forward's weights, or the step after the dropped one is lost too).
+VARIANTS = [("topk", "none"), ("none", "dc"), ("none", "dga"), ("none", "lookahead")]
 
 
 def _variants_worker(rank, p):

@@ -94,12 +94,12 @@ def test_none_is_the_plain_rule_bit_for_bit_on_two_ranks():
         assert torch.equal(params, expected)
 
 
-@pytest.mark.parametrize("name", ["dc", "predict", "dga"])
+@pytest.mark.parametrize("name", ["dc", "predict", "dga", "lookahead"])
 def test_every_compensation_is_the_plain_rule_at_width_1(name):
     """Synchronous steps have no staleness: w_now = w_then, nothing to extrapolate, nothing pending."""
     plain, _ = run_engine("none", steps=6, width=1, momentum=0.9)
     ours, _ = run_engine(name, steps=6, width=1, momentum=0.9)
-    if name == "dga":
+    if name in ("dga", "lookahead"):
         assert torch.equal(ours, plain)
     else:
         torch.testing.assert_close(ours, plain, rtol=0, atol=1e-15)
@@ -237,9 +237,90 @@ def test_dga_with_momentum_follows_the_documented_definition():
             torch.testing.assert_close(results[r][0][t], base + local[r], rtol=0, atol=1e-12)
 
 
+# --- lookahead -----------------------------------------------------------------------------------
+
+def _one_rank(width, staleness, warm=0):
+    """make_model trained on rank 0's data with momentum, weight decay and Nesterov; per step the
+    weights the forward saw, and the final weights."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=1e-3, nesterov=True)
+    engine = PipeSGD(opt, model.parameters(), width=width, staleness=staleness, warmup_sync_steps=warm)
+    seen = []
+    for t in range(STEPS):
+        opt.zero_grad()
+        before = flat_params(model)
+        with engine.forward_context():
+            seen.append(flat_params(model))
+            loss_of(model, 0, t).backward()
+        assert torch.equal(flat_params(model), before), "the forward context must restore the weights exactly"
+        engine.step()
+    engine.flush()
+    return seen, flat_params(model), opt.state_dict()
+
+
+@pytest.mark.parametrize("width,warm", [(2, 0), (3, 0), (3, 4)])
+def test_lookahead_on_one_rank_is_synchronous_sgd_bit_for_bit(width, warm):
+    """With one rank the local gradient IS the average, so every forward sees exactly the weights
+    its gradient will be applied to: the run is synchronous SGD, step for step and bit for bit
+    (the lookahead steps must also leave the momentum buffers exactly as they were)."""
+    sync_seen, sync_final, sync_opt = _one_rank(1, "none")
+    seen, final, opt = _one_rank(width, "lookahead", warm)
+    assert all(torch.equal(a, b) for a, b in zip(seen, sync_seen))
+    assert torch.equal(final, sync_final)
+    for a, b in zip(opt["state"].values(), sync_opt["state"].values()):
+        assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
+    _, plain, _ = _one_rank(width, "none", warm)
+    assert (plain - sync_final).abs().max() > 1e-3, "staleness must matter in this test"
+
+
+def _lookahead_worker(rank, p, steps):
+    model = Quadratic()
+    opt = torch.optim.SGD(model.parameters(), lr=ETA, momentum=0.9)
+    seen = []
+    with PipeSGD(opt, model.parameters(), width=2, staleness="lookahead") as engine:
+        for t in range(steps):
+            opt.zero_grad()
+            with engine.forward_context():
+                seen.append(model.w.detach().clone())
+                model.loss(rank, t).backward()
+            engine.step()
+        engine.flush()
+    return seen, model.w.detach().clone()
+
+
+@pytest.mark.timeout(120)
+def test_lookahead_against_hand_computed_update_on_two_ranks():
+    """Width 2, momentum SGD (v <- μv + g, w <- w - ηv): rank r computes step t's gradient at
+    w_t - η(μ v_t + g_{t-1}^r), the step the optimizer will take with the average, taken with its own
+    gradient instead; the weights themselves follow the plain stale rule on every rank."""
+    mu, steps, p = 0.9, 5, 2
+    results = run_workers(_lookahead_worker, p, steps)
+    w, v = Quadratic().w.detach().clone(), None
+    seen = [[] for _ in range(p)]
+    prev = None                                  # per rank: g_{t-1}^r, in flight during step t
+    for t in range(steps):
+        at = [w if prev is None else w - ETA * (prev[r] if v is None else mu * v + prev[r]) for r in range(p)]
+        g = [grad(at[r], r, t) for r in range(p)]
+        for r in range(p):
+            seen[r].append(at[r])
+        if prev is not None:                     # step t applies the average of step t-1
+            avg = sum(prev) / p
+            v = avg.clone() if v is None else mu * v + avg
+            w = w - ETA * v
+        prev = g
+    avg = sum(prev) / p                          # flush
+    w = w - ETA * (mu * v + avg)
+    for r, (mine, last) in enumerate(results):
+        for t in range(steps):
+            torch.testing.assert_close(mine[t], seen[r][t], rtol=0, atol=1e-12)
+        torch.testing.assert_close(last, w, rtol=0, atol=1e-12)
+    assert not torch.equal(results[0][0][2], results[1][0][2]), "each rank looks ahead with its own gradient"
+    assert torch.equal(results[0][1], results[1][1]), "the weights themselves stay identical"
+
+
 # --- checkpoints ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["dc", "predict", "dga"])
+@pytest.mark.parametrize("name", ["dc", "predict", "dga", "lookahead"])
 def test_state_dict_round_trip_resumes_exactly(name):
     """Stop mid-pipeline (width 3: two steps in flight), restore into fresh objects: identical."""
     def run(split_at=None):
@@ -266,7 +347,7 @@ def test_state_dict_round_trip_resumes_exactly(name):
 
 
 def test_unknown_staleness_and_bad_lambda_name_the_value():
-    with pytest.raises(ValueError, match="trainer.staleness='late'.*allowed: none, dc, predict, dga"):
+    with pytest.raises(ValueError, match="trainer.staleness='late'.*allowed: none, dc, predict, dga, lookahead"):
         make_staleness("late")
     with pytest.raises(ValueError, match=r"trainer.dc_lambda=-1.*>= 0"):
         make_staleness("dc", dc_lambda=-1)
