@@ -239,11 +239,17 @@ def test_dga_with_momentum_follows_the_documented_definition():
 
 # --- lookahead -----------------------------------------------------------------------------------
 
-def _one_rank(width, staleness, warm=0):
-    """make_model trained on rank 0's data with momentum, weight decay and Nesterov; per step the
-    weights the forward saw, and the final weights."""
+OPTIMIZERS = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=LR, momentum=MOMENTUM, weight_decay=1e-3, nesterov=True),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=1e-3),  # state includes a step count
+}
+
+
+def _one_rank(width, staleness, warm=0, optimizer="sgd"):
+    """make_model trained on rank 0's data; per step the weights the forward saw, and the final
+    weights and optimizer state."""
     model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=1e-3, nesterov=True)
+    opt = OPTIMIZERS[optimizer](model.parameters())
     engine = PipeSGD(opt, model.parameters(), width=width, staleness=staleness, warmup_sync_steps=warm)
     seen = []
     for t in range(STEPS):
@@ -258,18 +264,19 @@ def _one_rank(width, staleness, warm=0):
     return seen, flat_params(model), opt.state_dict()
 
 
-@pytest.mark.parametrize("width,warm", [(2, 0), (3, 0), (3, 4)])
-def test_lookahead_on_one_rank_is_synchronous_sgd_bit_for_bit(width, warm):
+@pytest.mark.parametrize("width,warm,optimizer", [(2, 0, "sgd"), (3, 0, "sgd"), (3, 4, "sgd"), (2, 0, "adam")])
+def test_lookahead_on_one_rank_is_synchronous_sgd_bit_for_bit(width, warm, optimizer):
     """With one rank the local gradient IS the average, so every forward sees exactly the weights
-    its gradient will be applied to: the run is synchronous SGD, step for step and bit for bit
-    (the lookahead steps must also leave the momentum buffers exactly as they were)."""
-    sync_seen, sync_final, sync_opt = _one_rank(1, "none")
-    seen, final, opt = _one_rank(width, "lookahead", warm)
+    its gradient will be applied to: the run is synchronous training, step for step and bit for bit
+    (the lookahead steps must also leave the optimizer state exactly as it was)."""
+    sync_seen, sync_final, sync_opt = _one_rank(1, "none", optimizer=optimizer)
+    seen, final, opt = _one_rank(width, "lookahead", warm, optimizer)
     assert all(torch.equal(a, b) for a, b in zip(seen, sync_seen))
     assert torch.equal(final, sync_final)
+    assert opt["state"].keys() == sync_opt["state"].keys()
     for a, b in zip(opt["state"].values(), sync_opt["state"].values()):
-        assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
-    _, plain, _ = _one_rank(width, "none", warm)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    _, plain, _ = _one_rank(width, "none", warm, optimizer)
     assert (plain - sync_final).abs().max() > 1e-3, "staleness must matter in this test"
 
 
