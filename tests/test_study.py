@@ -79,6 +79,7 @@ def test_every_variant_composes_after_an_experiment_and_validates(variant):
     assert cfg.trainer.mode == ("sync" if variant == "sync" else "pipe")
     expected = {"pipe_int8": "int8", "pipe_int8_ef": "int8", "pipe_topk": "topk", "pipe_powersgd": "powersgd"}
     assert compressor.name == expected.get(variant, "none")
-    assert staleness.name == {"pipe_dc": "dc", "pipe_predict": "predict", "pipe_dga": "dga"}.get(variant, "none")
+    assert staleness.name == {"pipe_dc": "dc", "pipe_predict": "predict", "pipe_dga": "dga",
+                              "pipe_lookahead": "lookahead"}.get(variant, "none")
     ef = compressor.memory is not None if hasattr(compressor, "memory") else compressor.error_feedback
     assert ef == (variant in ("pipe_int8_ef", "pipe_topk", "pipe_powersgd"))
