@@ -334,7 +334,10 @@ class LocalLookahead(Staleness):
     Cost: per launch one gradient copy; per forward D optimizer steps, one weight snapshot and a
     copy of the optimizer's state for these parameters, restored on exit. Memory: D gradients,
     one weight copy and one optimizer-state copy. Optimizer step hooks run on the lookahead steps
-    too. A non-finite local gradient contributes no lookahead step.
+    too. A non-finite local gradient contributes no lookahead step. The kept gradients are handed
+    to ``optimizer.step()`` as they are (torch's optimizers and LARS only read ``p.grad``); an
+    optimizer that writes into its gradient would only skew later lookaheads at K >= 3, never
+    the applied update.
     """
 
     def __init__(self) -> None:
@@ -364,7 +367,7 @@ class LocalLookahead(Staleness):
         grads = [p.grad for p in self.params]
         try:
             for local in self._local:
-                self.step_optimizer(local.clone())  # the optimizer may write into its gradient
+                self.step_optimizer(local)
         finally:
             for p, g in zip(self.params, grads):
                 p.grad = g

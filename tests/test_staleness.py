@@ -265,7 +265,7 @@ def _one_rank(width, staleness, warm=0, optimizer="sgd"):
 
 
 @pytest.mark.parametrize("width,warm,optimizer", [(2, 0, "sgd"), (3, 0, "sgd"), (3, 4, "sgd"), (2, 0, "adam")])
-def test_lookahead_on_one_rank_is_synchronous_sgd_bit_for_bit(width, warm, optimizer):
+def test_lookahead_on_one_rank_is_synchronous_training_bit_for_bit(width, warm, optimizer):
     """With one rank the local gradient IS the average, so every forward sees exactly the weights
     its gradient will be applied to: the run is synchronous training, step for step and bit for bit
     (the lookahead steps must also leave the optimizer state exactly as it was)."""

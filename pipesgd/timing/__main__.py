@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -204,13 +206,48 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The ``calibrate`` subcommand: options -> CalibrationSpec, run it, print the file written."""
+    from pipesgd import launch
+
+    from .calibrate import DEFAULT_SIZES, QUICK_SIZES, CalibrationSpec, calibrate
+
+    run_dir = None
+    for extra in args.run_dir:
+        key, sep, value = extra.lstrip("+").partition("=")
+        if key != "hydra.run.dir" or not sep:
+            parser.error(f"unexpected argument {extra!r}: calibrate takes options, and hydra.run.dir=DIR "
+                         "(as pipesgd.emulate passes it) for where to write calibration.json")
+        run_dir = value
+    out = args.out or (os.path.join(run_dir, "calibration.json") if run_dir else "calibration.json")
+    try:
+        spec = CalibrationSpec(
+            model=args.model, data=args.data, model_overrides=tuple(args.model_override),
+            batch_size=args.batch_size, threads=args.threads,
+            sizes=tuple(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else DEFAULT_SIZES),
+            repeats=args.repeats or (6 if args.quick else 12), warmup=2 if args.quick else 3,
+            overlap_steps=args.overlap_steps or (4 if args.quick else 12), rounds=2 if args.quick else 3,
+            command=tuple(sys.argv))
+    except ValueError as e:
+        parser.error(str(e))
+    workers = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else args.workers
+    if workers < 2:
+        parser.error(f"argument --workers: calibrate needs at least 2 workers, got {workers}")
+    try:
+        calibrate(spec, out, workers)
+    except launch.WorkerFailed as e:
+        logging.getLogger("pipesgd.timing.calibrate").error("%s", e)
+        return 1
+    if not launch.under_torchrun() or os.environ.get("RANK") == "0":
+        print(out)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "calibrate":
-        from .calibrate import main as calibrate_main
-
-        return calibrate_main(args, parser)
+        return _calibrate(args, parser)
     inputs = _resolve(parser, args)
     try:
         rows = predict(**inputs)
