@@ -57,7 +57,7 @@ def param_checksum(model: nn.Module) -> str:
 # long to wait, how many processes the launcher spawns (the world size is checked separately).
 NOT_HASHED = ("trainer.resume", "trainer.checkpoint_every", "trainer.keep_checkpoints",
               "trainer.check_every", "trainer.log_every", "trainer.trace", "trainer.trace_steps",
-              "trainer.eval_max_batches", "dist.nproc", "dist.timeout_s",
+              "trainer.eval_max_batches", "trainer.eval_every_steps", "dist.nproc", "dist.timeout_s",
               "dist.max_restarts", "dist.threads_per_worker", "data.root", "data.cache_dir",
               "data.download", "data.url", "timing")
 

@@ -63,6 +63,8 @@ def validate(cfg: DictConfig) -> None:
     if not isinstance(cfg.trainer.trace, bool):
         raise ConfigError(f"trainer.trace={cfg.trainer.trace!r} is invalid: must be true or false")
     _int_at_least(cfg, "trainer.eval_max_batches", 1, "or null for the whole test set", optional=True)
+    _int_at_least(cfg, "trainer.eval_every_steps", 1, "steps between evaluations, or null for epoch ends only",
+                  optional=True)
     _int_at_least(cfg, "seed", 0)
     _int_at_least(cfg, "dist.threads_per_worker", 1, "or null for cores / local workers", optional=True)
     _int_at_least(cfg, "trainer.checkpoint_every", 1, "steps between checkpoints, or null for none",

@@ -4,7 +4,8 @@ One :class:`Reliability` per rank, handed to the Trainer as its hooks. What a ch
 
 * shared by every replica (saved from rank 0): model parameters and buffers, optimizer,
   LR scheduler, the engine's in-flight reductions (policy "save in flight", see below), data
-  position (epoch, index of the next batch in it), global step, world size, config digest;
+  position (epoch, index of the next batch in it), global step, world size, config digest,
+  the evaluations so far (the accuracy curve);
 * per rank (gathered to rank 0, which alone writes): the rest of the engine's state (step
   count, non-finite policy, staleness strategy, reduction state such as error-feedback
   residuals, a parameter server's master weights), a compressor's own state if it keeps any,
@@ -185,6 +186,7 @@ class Reliability(TrainerHooks):
             "world_size": self.world_size, "config_digest": self.digest, "config": self.config,
             "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "engine": shared, "ranks": ranks,
+            "evals": list(trainer.history.evals),
         }
         path = self.checkpoints.save(state, trainer.step)
         log.info("checkpoint %s (step %d, epoch %d batch %d) in %.0f ms", path, trainer.step, epoch + 1, batch,
@@ -259,5 +261,6 @@ class Reliability(TrainerHooks):
                                   f"{type(e).__name__}: {' '.join(str(e).split())[:400]}") from e
         set_rng_state(mine["rng"])
         trainer.last_losses = list(mine["losses"])
+        trainer.history.evals = list(state.get("evals", []))  # the accuracy curve so far (older checkpoints: none)
         trainer.step = state["step"]
         self.resumed_from = state["step"]

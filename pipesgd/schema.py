@@ -44,6 +44,7 @@ class TrainerConfig:
     epochs: int = 1
     max_steps: Optional[int] = None
     eval_max_batches: Optional[int] = None
+    eval_every_steps: Optional[int] = None
     log_every: int = 50
     lr_reference_batch: Optional[int] = 256
     trace: bool = False

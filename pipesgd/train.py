@@ -146,7 +146,8 @@ def worker(container: dict, run_dir: str) -> None:
                           log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main,
                           predict=lambda h: _predict_iter_ms(cfg, timing, engine, ctx.world_size, model, h,
                                                              compressor.name, train_loader.batch_size)[0],
-                          eval_max_batches=cfg.trainer.eval_max_batches, hooks=reliability)
+                          eval_max_batches=cfg.trainer.eval_max_batches,
+                          eval_every_steps=cfg.trainer.eval_every_steps, hooks=reliability)
         with reliability.guard():
             result = trainer.fit()
         if tracer.enabled:

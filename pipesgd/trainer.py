@@ -72,12 +72,13 @@ class Trainer:
                  train_loader, eval_loader, writer: MetricWriter, *, epochs: int,
                  max_steps: int | None, log_every: int, device: torch.device, is_main: bool,
                  predict: Callable[[History], float | None] | None = None,
-                 eval_max_batches: int | None = None, hooks: TrainerHooks | None = None):
+                 eval_max_batches: int | None = None, eval_every_steps: int | None = None,
+                 hooks: TrainerHooks | None = None):
         self.model, self.engine, self.optimizer, self.scheduler = model, engine, optimizer, scheduler
         self.train_loader, self.eval_loader = train_loader, eval_loader
         self.writer = writer
         self.epochs, self.log_every, self.device = epochs, log_every, device
-        self.eval_max_batches = eval_max_batches
+        self.eval_max_batches, self.eval_every_steps = eval_max_batches, eval_every_steps
         per_epoch = len(train_loader)
         self.total_steps = min(epochs * per_epoch, max_steps) if max_steps else epochs * per_epoch
         self.is_main = is_main
@@ -172,7 +173,17 @@ class Trainer:
                 self._log_prediction()
             if self.progress.due(self.step):
                 self.progress.show(self._status(epoch, loss_value))
+            # before on_step_end, so a checkpoint taken at this step already holds this evaluation
+            if self._eval_due(batch + 1):
+                self._evaluate(epoch + (batch + 1) / len(self.train_loader), start)
             self.hooks.on_step_end(self, epoch, batch + 1)
+
+    def _eval_due(self, next_batch: int) -> bool:
+        """An in-epoch evaluation every ``eval_every_steps`` steps, except where the epoch's end (or
+        the run's) evaluates anyway."""
+        every = self.eval_every_steps
+        return (every is not None and self.step % every == 0 and next_batch < len(self.train_loader)
+                and self.step < self.total_steps)
 
     def _status(self, epoch: int, loss: float) -> Status:
         h, n = self.history, self.log_every
@@ -187,9 +198,11 @@ class Trainer:
                                  "time/measured_iter_ms": median(self.history.iter_ms)}, self.step)
 
     @torch.no_grad()
-    def _evaluate(self, epoch: int, start: float) -> dict:
+    def _evaluate(self, epoch: float, start: float) -> dict:
         """Accuracy over the test set (its first ``eval_max_batches`` batches per rank when set):
-        each rank scores its shard, counts are summed."""
+        each rank scores its shard, counts are summed. ``epoch`` is the epochs trained so far
+        (fractional inside an epoch); ``eval_s`` in the result is the evaluation's own time."""
+        t0 = time.perf_counter()
         self.hooks.on_eval_start(self)
         _average_buffers(self.model)
         self.model.eval()
@@ -213,10 +226,10 @@ class Trainer:
         acc = counts[0].item() / max(1.0, counts[1].item())
         result = {"test_accuracy": acc, "test_loss": counts[2].item() / max(1.0, counts[1].item()),
                   "final_train_loss": train_loss.item(), "step": self.step,
-                  "elapsed_s": time.perf_counter() - start}
+                  "elapsed_s": time.perf_counter() - start, "eval_s": time.perf_counter() - t0}
         self.history.evals.append({"epoch": epoch, **result})
         self.writer.scalars({"test/accuracy": acc, "test/loss": result["test_loss"]}, self.step)
-        log.info("eval after epoch %d (step %d): test accuracy %.2f%%, test loss %.4f",
+        log.info("eval after epoch %.4g (step %d): test accuracy %.2f%%, test loss %.4f",
                  epoch, self.step, 100 * acc, result["test_loss"])
         return result
 

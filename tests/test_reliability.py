@@ -28,10 +28,17 @@ from pipesgd.config import ConfigError, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 # 30 steps per epoch (60000 / 2 ranks / 1000), so 40 steps cross an epoch boundary (eval + an
-# epoch-end checkpoint at 30); checkpoints at 8, 16, 24, 30, 32, 40 (the newest 2 kept).
+# epoch-end checkpoint at 30); checkpoints at 8, 16, 24, 30, 32, 40 (the newest 2 kept); evaluations
+# at 12, 24, 30 (epoch end), 36 and 40 (the end).
 MNIST = ["+experiment=mnist_mlp", "trainer.max_steps=40", "data.batch_size=1000", "optimizer.lr=0.05",
          "trainer.lr_reference_batch=null", "trainer.checkpoint_every=8", "trainer.check_every=4",
-         "trainer.log_every=10", "dist.threads_per_worker=1"]
+         "trainer.log_every=10", "dist.threads_per_worker=1", "trainer.eval_every_steps=12"]
+EVAL_STEPS = [12, 24, 30, 36, 40]
+
+
+def curve(s: dict) -> list[tuple]:
+    """The accuracy curve of a run: what must not depend on an interruption."""
+    return [(e["step"], e["epoch"], e["test_accuracy"], e["test_loss"]) for e in s["evals"]]
 KILL_STEP, RESUME_STEP = 35, 32
 
 
@@ -82,6 +89,8 @@ def reference(tmp_path_factory) -> tuple[Path, dict]:
     s = summary(tmp / "run")
     assert s["steps"] == 40 and s["resumed_from_step"] is None and re.fullmatch(r"[0-9a-f]{64}", s["param_checksum"])
     assert s["test_accuracy"] > 0.5, "the run must really train, or equality proves little"
+    assert [e["step"] for e in s["evals"]] == EVAL_STEPS, "in-epoch evaluations every 12 steps, plus epoch ends"
+    assert s["evals"][0]["epoch"] == pytest.approx(12 / 30) and all(e["eval_s"] > 0 for e in s["evals"])
     return tmp / "run", s
 
 
@@ -104,6 +113,7 @@ def test_killed_worker_restarts_and_finishes_bit_identical(launcher, reference, 
     assert s["resumed_from_step"] == RESUME_STEP and s["steps"] == 40
     assert s["param_checksum"] == reference[1]["param_checksum"], "final weights must be bit-identical"
     assert s["test_accuracy"] == reference[1]["test_accuracy"]
+    assert curve(s) == curve(reference[1]), "the evaluations before the checkpoint come back with it"
     assert not tagged_processes(r.tag)
 
 
