@@ -1,0 +1,365 @@
+"""``python -m pipesgd.bench.tta [options] [Hydra overrides for every run]``: the time-to-accuracy
+study (docs/time-to-accuracy.md). Every phase is resumable: run it again and it continues.
+
+Phases (``--phase``, default ``all`` = the four in order):
+
+* ``curves``: one full-length run per (arm, seed) on loopback, ``<dir>/runs/<arm>-s<seed>``; an
+  interrupted run resumes from its checkpoints, a finished one (summary.json) is skipped.
+* ``timing``: per link, short runs of every arm interleaved, ``--repeats`` rounds, skipping the
+  first ``--skip`` steps; appended to ``<dir>/timing.json`` after each run. Needs a quiet machine.
+* ``validate``: the ``--validate-arms`` end to end on each link, ``<dir>/validate/<arm>-<link>``.
+* ``report``: compose accuracy-vs-step with seconds-per-step into ``--json`` (and ``--plot``).
+
+Links other than ``loopback`` run under ``pipesgd.emulate`` (root). Exit status 1 if a run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pipesgd.checkpoint import CheckpointDir, CheckpointError, hashed_config
+from pipesgd.runinfo import git_commit, write_json_atomic
+
+from . import tta_compose as compose
+from .runner import CellFailed, CpuSampler, cpu_split, run_logged
+
+log = logging.getLogger("pipesgd.bench.tta")
+ROOT = Path(__file__).resolve().parents[2]
+
+RECIPE = "resnet_cifar_tta"
+_K1 = ("trainer.width=1", "trainer.warmup_sync_steps=0", "trainer.staleness=none")
+ARMS: dict[str, tuple[str, ...]] = {
+    "ddp": ("trainer.mode=ddp", *_K1, "compressor=none"),
+    "ddp-fp16": ("trainer.mode=ddp", *_K1, "compressor=fp16"),
+    "sync": ("trainer.mode=sync", *_K1, "compressor=none"),
+    "pipe": ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=none", "compressor=none"),
+    "pipe+lookahead": ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=lookahead", "compressor=none"),
+    "pipe+lookahead-int8": ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=lookahead",
+                            "compressor=int8"),
+}
+"""Arm name (as in the bench grid) -> its overrides on the recipe. Spelled here only."""
+PHASES = ("curves", "timing", "validate", "report")
+
+
+def _csv(value: str) -> list[str]:
+    return [v for v in value.split(",") if v]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipesgd.bench.tta", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data.root=PATH")
+    p.add_argument("--phase", default="all", help=f"all or a comma-separated subset of {', '.join(PHASES)}")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {', '.join(ARMS)}")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds of the full-length runs (default 0)")
+    p.add_argument("--links", default="100mbit,50mbit", help="comma-separated tc rates, or loopback")
+    p.add_argument("--validate-arms", default="sync,pipe+lookahead", help="arms timed end to end per link")
+    p.add_argument("--recipe", default=RECIPE, help=f"conf/experiment name (default {RECIPE})")
+    p.add_argument("--dir", type=Path, default=ROOT / "outputs" / "tta", help="run dirs and timing.json")
+    p.add_argument("--json", type=Path, default=ROOT / "docs" / "time-to-accuracy.json", help="the result")
+    p.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "time-to-accuracy.png",
+                   help="accuracy against wall-clock seconds on the first link ('' for none)")
+    p.add_argument("--steps", type=int, default=40, help="timed steps per timing run (default 40)")
+    p.add_argument("--skip", type=int, default=10, help="warm-up steps left out of the timing (default 10)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds per link (default 3)")
+    p.add_argument("--workers", type=int, default=2, help="workers (= the recipe's dist.nproc; default 2)")
+    p.add_argument("--timeout-s", type=float, default=86400.0, help="per run (default 1 day)")
+    return p
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    a.phases = list(PHASES) if a.phase == "all" else _csv(a.phase)
+    a.arms, a.links, a.validate_arms = _csv(a.arms), _csv(a.links), _csv(a.validate_arms)
+    for name, values, allowed in (("--phase", a.phases, PHASES), ("--arms", a.arms, ARMS),
+                                  ("--validate-arms", a.validate_arms, ARMS)):
+        bad = [v for v in values if v not in allowed]
+        if bad or not values and name != "--validate-arms":
+            parser.error(f"argument {name}: {','.join(bad) or '(empty)'} is not one of {', '.join(allowed)}")
+    try:
+        a.seeds = [int(s) for s in _csv(a.seeds)]
+    except ValueError:
+        parser.error(f"argument --seeds: {a.seeds!r} is not a comma-separated list of integers")
+    if not a.seeds or min(a.seeds) < 0:
+        parser.error(f"argument --seeds: {a.seeds!r} must name at least one seed >= 0")
+    for name, low in (("steps", 1), ("skip", 0), ("repeats", 1), ("workers", 1)):
+        if getattr(a, name) < low:
+            parser.error(f"argument --{name}: must be an integer >= {low}, got {getattr(a, name)}")
+    if not a.links:
+        parser.error("argument --links: name at least one link (a tc rate such as 100mbit, or loopback)")
+    bad = [o for o in a.overrides if "=" not in o]
+    if bad:
+        parser.error(f"unexpected argument(s) {bad}: positional arguments are Hydra overrides key=value")
+    if any(link != "loopback" for link in a.links) and set(a.phases) & {"timing", "validate"}:
+        from pipesgd.emulate import EmulateUnavailable, preflight
+
+        try:
+            preflight()
+        except EmulateUnavailable as e:
+            parser.error(f"--links {','.join(a.links)} needs the emulated cluster: {e}")
+    return a
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+
+def train_command(a: argparse.Namespace, arm: str, link: str, run_dir: Path, extra: Sequence[str] = ()) -> list[str]:
+    """``python -m pipesgd.train`` (under ``pipesgd.emulate`` on a shaped link) for one arm."""
+    overrides = [f"+experiment={a.recipe}", *ARMS[arm], f"dist.nproc={a.workers}", *a.overrides, *extra,
+                 f"hydra.run.dir={run_dir}"]  # the phase's own settings (extra) win over the user's
+    if link == "loopback":
+        return [sys.executable, "-m", "pipesgd.train", *overrides]
+    return [sys.executable, "-m", "pipesgd.emulate", "--workers", str(a.workers), "--rate", link,
+            "--timeout-s", str(int(a.timeout_s)), "--", *overrides]
+
+
+def _recorded(cmd: Sequence[str]) -> str:
+    """The command as stored in results: ``python`` for this interpreter, paths relative to the repo."""
+    out = ["python" if c == sys.executable else c for c in cmd]
+    return shlex.join(out).replace(str(ROOT) + os.sep, "")
+
+
+def _run(cmd: list[str], log_path: Path, timeout_s: float) -> bool:
+    log.info("$ %s", _recorded(cmd))
+    try:
+        run_logged(cmd, log_path, timeout_s)
+        return True
+    except CellFailed as e:
+        log.error("%s", e)
+        return False
+
+
+# --- phases --------------------------------------------------------------------------------------
+
+
+def run_curves(a: argparse.Namespace) -> bool:
+    ok = True
+    for seed in a.seeds:
+        for arm in a.arms:
+            run_dir = (a.dir / "runs" / f"{arm}-s{seed}").resolve()
+            if (run_dir / "summary.json").exists():
+                log.info("curve %s seed %d: done (%s)", arm, seed, run_dir)
+                continue
+            log.info("curve %s seed %d -> %s%s", arm, seed, run_dir,
+                     " (resuming)" if (run_dir / "checkpoints").is_dir() else "")
+            cmd = train_command(a, arm, "loopback", run_dir, [f"seed={seed}"])
+            ok &= _run(cmd, run_dir.parent / f"{run_dir.name}.log", a.timeout_s)
+    return ok
+
+
+def run_timing(a: argparse.Namespace) -> bool:
+    """Interleaved: round r runs every arm once on a link before round r+1, so a drift in the
+    machine's speed spreads over all arms instead of biasing one."""
+    path = a.dir / "timing.json"
+    records = json.loads(path.read_text()) if path.exists() else []
+    done = {(r["link"], r["arm"], r["repeat"]) for r in records}
+    ok = True
+    for link in a.links:
+        for rep in range(a.repeats):
+            for arm in a.arms:
+                if (link, arm, rep) in done:
+                    continue
+                run_dir = (a.dir / "timing" / link / f"{arm}-r{rep}").resolve()
+                extra = [f"trainer.max_steps={a.skip + a.steps}", "trainer.warmup_sync_steps=0",
+                         "trainer.eval_every_steps=null", f"trainer.log_every={a.skip + a.steps}",
+                         "trainer.checkpoint_every=null", "trainer.resume=never"]
+                cmd = train_command(a, arm, link, run_dir, extra)
+                load = list(os.getloadavg())
+                with CpuSampler() as sampler:
+                    if not _run(cmd, run_dir.parent / f"{run_dir.name}.log", 3600.0):
+                        ok = False
+                        continue
+                history = json.loads((run_dir / "history.json").read_text())
+                summary = json.loads((run_dir / "summary.json").read_text())
+                steps = history["iter_ms"][a.skip:]
+                start = history["wall_time"][a.skip - 1] if a.skip else history["wall_time"][0]
+                records.append({
+                    "link": link, "arm": arm, "repeat": rep, "iter_ms": steps,
+                    "median_iter_ms": statistics.median(steps), "eval_s": summary["evals"][-1]["eval_s"],
+                    "median_compute_ms": statistics.median(history["compute_ms"][a.skip:]),
+                    "median_exposed_comm_ms": statistics.median(history["exposed_comm_ms"][a.skip:]),
+                    "cpu": cpu_split([sampler.between(start, history["wall_time"][-1])]),
+                    "loadavg_before": load, "command": _recorded(cmd), "commit": git_commit(),
+                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+                write_json_atomic(path, records)
+                log.info("timing %s %s r%d: median %.1f ms/step, eval %.1f s", link, arm, rep,
+                         records[-1]["median_iter_ms"], records[-1]["eval_s"])
+    return ok
+
+
+def run_validation(a: argparse.Namespace) -> bool:
+    ok = True
+    for link in a.links:
+        for arm in a.validate_arms:
+            run_dir = (a.dir / "validate" / f"{arm}-{link}").resolve()
+            if (run_dir / "summary.json").exists():
+                continue
+            # resume=never: a measured wall clock must come from one uninterrupted process
+            cmd = train_command(a, arm, link, run_dir, [f"seed={a.seeds[0]}", "trainer.resume=never"])
+            ok &= _run(cmd, run_dir.parent / f"{run_dir.name}.log", a.timeout_s)
+    return ok
+
+
+# --- report --------------------------------------------------------------------------------------
+
+
+def _curve(evals: list[dict]) -> list[list[float]]:
+    return [[e["step"], 100 * e["test_accuracy"]] for e in evals]
+
+
+def load_runs(a: argparse.Namespace) -> list[dict]:
+    """Every requested (arm, seed): finished runs from summary.json; unfinished ones from their
+    newest checkpoint (``complete: false``, shown but never composed)."""
+    runs = []
+    for arm in a.arms:
+        for seed in a.seeds:
+            run_dir = a.dir / "runs" / f"{arm}-s{seed}"
+            summary = run_dir / "summary.json"
+            if summary.exists():
+                s = json.loads(summary.read_text())
+                runs.append({"name": arm, "seed": seed, "complete": True, "curve": _curve(s["evals"]),
+                             "final_test_accuracy": 100 * s["test_accuracy"], "config": s["config"]})
+                continue
+            try:
+                found = CheckpointDir(run_dir / "checkpoints").newest_valid() if run_dir.is_dir() else None
+            except CheckpointError as e:
+                log.warning("%s seed %d: %s", arm, seed, e)
+                found = None
+            if found is not None:
+                runs.append({"name": arm, "seed": seed, "complete": False, "curve": _curve(found[1].get("evals", [])),
+                             "final_test_accuracy": None, "config": None})
+    return runs
+
+
+def timing_by_link(records: list[dict]) -> dict[str, dict]:
+    """Per link: each arm's median ms/step pooled over repeats (with the repeats' medians as the
+    spread) and the median evaluation time over every run on that link."""
+    out: dict[str, dict] = {}
+    for r in records:
+        block = out.setdefault(r["link"], {"pooled": {}, "repeat_medians": {}, "eval_s": [], "cpu": {}})
+        block["pooled"].setdefault(r["arm"], []).extend(r["iter_ms"])
+        block["repeat_medians"].setdefault(r["arm"], []).append(r["median_iter_ms"])
+        block["eval_s"].append(r["eval_s"])
+        block["cpu"].setdefault(r["arm"], r.get("cpu"))
+    return {link: {"step_ms": {arm: statistics.median(v) for arm, v in b["pooled"].items()},
+                   "repeat_median_ms": b["repeat_medians"], "eval_s": statistics.median(b["eval_s"]),
+                   "cpu": b["cpu"]} for link, b in out.items()}
+
+
+def _warmup(run: dict) -> int:
+    trainer = (run.get("config") or {}).get("trainer", {})
+    return int(trainer.get("warmup_sync_steps") or 0) if trainer.get("mode") == "pipe" else 0
+
+
+def build_result(a: argparse.Namespace, runs: list[dict], timing: dict[str, dict]) -> dict:
+    finished = [r for r in runs if r["complete"]]
+    target = compose.target_accuracy([r["final_test_accuracy"] for r in finished if r["name"] == "sync"])
+    warmup = {r["name"]: _warmup(r) for r in finished}
+    links = {}
+    for link, t in timing.items():
+        block = compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, target)
+        links[link] = block | {"repeat_median_ms": t["repeat_median_ms"], "cpu": t["cpu"]}
+    validation = []
+    for link in links:
+        for arm in a.validate_arms:
+            summary = a.dir / "validate" / f"{arm}-{link}" / "summary.json"
+            if not summary.exists() or arm not in links[link]["step_ms"]:
+                continue
+            s = json.loads(summary.read_text())
+            sync_ms = links[link]["step_ms"].get("sync")
+            row = compose.validation_row(arm, link, _curve(s["evals"]), [e["elapsed_s"] for e in s["evals"]],
+                                         target, links[link]["step_ms"][arm], links[link]["eval_s"],
+                                         warmup.get(arm, 0) if sync_ms else 0, sync_ms)
+            loop = next((r for r in finished if r["name"] == arm and r["seed"] == a.seeds[0]), None)
+            row["same_curve_as_loopback"] = None if loop is None else loop["curve"] == _curve(s["evals"])
+            validation.append(row)
+    reference = hashed_config(next((r["config"] for r in finished if r["name"] == "sync"), {}))
+    return {
+        "recipe": {"experiment": a.recipe, "arms": {arm: list(ARMS[arm]) for arm in a.arms},
+                   "overrides": list(a.overrides), "config": reference},
+        "target_accuracy": target, "same_accuracy_pp": compose.SAME_ACCURACY_PP, "warmup_sync_steps": warmup,
+        "arms": [{k: r[k] for k in ("name", "seed", "complete", "final_test_accuracy", "curve")}
+                 | {"steps_to_target": (compose.steps_to(r["curve"], target) or (None,))[0]} for r in runs],
+        "links": links, "validation": validation,
+        "timing_config": {"steps": a.steps, "skip": a.skip, "repeats": a.repeats, "workers": a.workers},
+        "commit": git_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def plot(result: dict, path: Path) -> None:
+    """Test accuracy against wall-clock seconds on the first link, one curve per arm (its first seed)."""
+    from pipesgd.report.errors import new_figure
+
+    link = next(iter(result["links"]))
+    block = result["links"][link]
+    fig = new_figure(7.5, 4.5)
+    ax = fig.add_subplot()
+    seen = set()
+    for run in result["arms"]:
+        arm = run["name"]
+        if arm in seen or not run["complete"] or arm not in block["step_ms"]:
+            continue
+        seen.add(arm)
+        sync_ms = block["step_ms"].get("sync")
+        warm = result["warmup_sync_steps"].get(arm, 0) if sync_ms is not None else 0
+        pts = compose.wall_curve(run["curve"], block["step_ms"][arm], block["eval_s"], warm, sync_ms)
+        ax.plot([p[0] / 60 for p in pts], [p[1] for p in pts], label=f"{arm} ({block['step_ms'][arm]:.0f} ms/step)",
+                lw=1.6 if arm.startswith("pipe") else 1.1)
+    ax.axhline(result["target_accuracy"], color="0.4", ls="--", lw=0.8)
+    ax.text(0.01, result["target_accuracy"], f"target {result['target_accuracy']:.2f} %", va="bottom", fontsize=8,
+            transform=ax.get_yaxis_transform())
+    top = max((p[1] for r in result["arms"] for p in r["curve"]), default=100)
+    ax.set_ylim(max(0, top - 25), min(100, top + 2))
+    ax.set_xlabel(f"wall-clock minutes at {link} (composed: steps × measured ms/step + evaluations)")
+    ax.set_ylabel("test accuracy %")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+
+
+def report(a: argparse.Namespace) -> dict:
+    runs = load_runs(a)
+    path = a.dir / "timing.json"
+    timing = timing_by_link([r for r in json.loads(path.read_text()) if r["arm"] in a.arms]) if path.exists() else {}
+    result = build_result(a, runs, timing)
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(a.json, result)
+    if str(a.plot) not in ("", ".") and result["links"]:
+        plot(result, a.plot)
+    print(compose.table(result))
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = parse(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    a.dir.mkdir(parents=True, exist_ok=True)
+    ok = True
+    started = time.perf_counter()
+    for phase, run in (("curves", run_curves), ("timing", run_timing), ("validate", run_validation)):
+        if phase in a.phases:
+            ok &= run(a)
+    if "report" in a.phases:
+        try:
+            report(a)
+        except ValueError as e:
+            log.error("report: %s", e)
+            return 1
+    log.info("done in %.0f s", time.perf_counter() - started)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

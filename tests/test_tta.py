@@ -1,0 +1,106 @@
+"""The time-to-accuracy study: its composition arithmetic against hand-computed values, the JSON it
+writes, and a 2-arm miniature (MNIST, a couple of hundred steps) run end to end through the CLI."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipesgd.bench import tta
+from pipesgd.bench import tta_compose as c
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_target_is_the_sync_mean_minus_the_slack():
+    assert c.target_accuracy([90.2, 90.6]) == pytest.approx(90.1)
+    with pytest.raises(ValueError, match="no finished 'sync' run"):
+        c.target_accuracy([])
+
+
+def test_steps_to_counts_the_evaluations_up_to_the_hit():
+    curve = [[100, 50.0], [200, 80.0], [300, 79.0], [400, 90.0]]
+    assert c.steps_to(curve, 80.0) == (200, 2)
+    assert c.steps_to(curve, 85.0) == (400, 4)
+    assert c.steps_to(curve, 95.0) is None
+
+
+def test_time_charges_warmup_at_the_sync_rate_and_every_evaluation():
+    curve = [[100, 50.0], [300, 90.0]]
+    # 300 steps: 200 warm-up at 250 ms + 100 at 150 ms = 65 s, plus 2 evaluations of 10 s
+    assert c.time_to(curve, 90.0, step_ms=150, eval_s=10, warmup_steps=200, warmup_ms=250) == pytest.approx(85.0)
+    assert c.time_to(curve, 90.0, step_ms=150, eval_s=10) == pytest.approx(65.0)
+    assert c.time_to(curve, 99.0, step_ms=150, eval_s=10) is None
+    assert c.wall_curve(curve, 150, 10, 200, 250) == [[pytest.approx(35.0), 50.0], [pytest.approx(85.0), 90.0]]
+
+
+def test_compose_link_means_over_seeds_and_refuses_a_partial_mean():
+    runs = [{"name": "sync", "seed": 0, "curve": [[100, 80.0], [200, 90.0]]},
+            {"name": "sync", "seed": 1, "curve": [[100, 90.0], [200, 91.0]]},
+            {"name": "pipe", "seed": 0, "curve": [[100, 70.0], [200, 90.0]]},
+            {"name": "pipe", "seed": 1, "curve": [[100, 70.0], [200, 80.0]]}]
+    block = c.compose_link(runs, {"sync": 200.0, "pipe": 100.0, "ddp": 1.0}, 5.0, {"pipe": 0}, 90.0)
+    # sync: seed 0 at step 200 (2 evals) = 40 + 10 s; seed 1 at step 100 (1 eval) = 20 + 5 s
+    assert block["time_to_target_s"]["sync"] == pytest.approx((50 + 25) / 2)
+    assert block["time_to_target_s"]["pipe"] is None, "seed 1 never reaches 90 %: no mean of the seed that did"
+    assert block["time_to_85_s"]["sync"] == pytest.approx((50 + 25) / 2) and block["time_to_85_s"]["pipe"] is None
+    assert block["speedup"]["sync"]["sync"] == 1.0 and block["speedup"]["sync"]["pipe"] is None
+    assert "ddp" not in block["time_to_target_s"], "an arm with a step time but no curve is not composed"
+
+
+def test_validation_row_compares_with_the_runs_own_clock():
+    curve = [[100, 80.0], [200, 91.0]]
+    row = c.validation_row("sync", "100mbit", curve, [30.0, 62.0], 90.0, step_ms=250, eval_s=5)
+    assert row["composed_s"] == pytest.approx(60.0) and row["measured_s"] == 62.0
+    assert row["rel_error"] == pytest.approx(-2 / 62)
+
+
+def test_table_has_a_row_per_arm_with_speedups():
+    result = {"target_accuracy": 90.0, "arms": [
+        {"name": "sync", "seed": 0, "final_test_accuracy": 90.3, "curve": [[100, 90.5]]},
+        {"name": "pipe", "seed": 0, "final_test_accuracy": 90.1, "curve": [[100, 90.2]]}],
+        "links": {"100mbit": c.compose_link(
+            [{"name": "sync", "seed": 0, "curve": [[100, 90.5]]}, {"name": "pipe", "seed": 0, "curve": [[100, 90.2]]}],
+            {"sync": 300.0, "pipe": 200.0}, 0.0, {}, 90.0)}}
+    lines = c.table(result).splitlines()
+    assert len(lines) == 4 and lines[3].startswith("| pipe | 1 | 90.10 | 100 | 200 | 0.3 min | 1.50× / – / – |")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--arms", "sync,nope"], "nope is not one of"),
+    (["--seeds", "a"], "not a comma-separated list of integers"),
+    (["--repeats", "0"], "--repeats: must be an integer >= 1, got 0"),
+    (["--phase", "curves,plots"], "plots is not one of"),
+    (["oops"], "positional arguments are Hydra overrides"),
+])
+def test_bad_arguments_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        tta.parse(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_arm_miniature_writes_json_and_plot(tmp_path, shared_data):
+    out, png = tmp_path / "tta.json", tmp_path / "tta.png"
+    cmd = [sys.executable, "-m", "pipesgd.bench.tta", "--recipe", "mnist_mlp", "--arms", "sync,pipe+lookahead",
+           "--links", "loopback", "--repeats", "1", "--steps", "10", "--skip", "3", "--dir", str(tmp_path / "d"),
+           "--json", str(out), "--plot", str(png), f"data.root={shared_data}", f"data.cache_dir={tmp_path / 'c'}",
+           "trainer.max_steps=120", "trainer.eval_every_steps=30", "dist.threads_per_worker=1"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=580)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert {"recipe", "target_accuracy", "arms", "links", "validation", "commit", "date"} <= result.keys()
+    sync = next(a for a in result["arms"] if a["name"] == "sync")
+    assert result["target_accuracy"] == pytest.approx(sync["final_test_accuracy"] - 0.3)
+    assert [p[0] for p in sync["curve"]] == [30, 60, 90, 120] and sync["final_test_accuracy"] > 80
+    block = result["links"]["loopback"]
+    assert set(block["step_ms"]) == {"sync", "pipe+lookahead"} and block["eval_s"] > 0
+    assert {v["arm"] for v in result["validation"]} == {"sync", "pipe+lookahead"}
+    assert all(v["same_curve_as_loopback"] for v in result["validation"]), "fixed staleness: the same curve"
+    assert png.stat().st_size > 10_000 and "| pipe+lookahead | 1 |" in r.stdout
+    # resumable: a second call finds every run done and only re-reports
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "curve sync seed 0: done" in again.stderr and "$ python" not in again.stderr
