@@ -33,9 +33,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import elastic
 from .checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, config_digest, hashed_config,
                          param_checksum, rng_state, set_rng_state)
 from .compress import Compressor
+from .data.loader import mix_seed
 from .faults import Faults
 from .trainer import Trainer, TrainerHooks
 from .watchdog import Watchdog, is_comm_failure
@@ -78,12 +80,15 @@ class Reliability(TrainerHooks):
     ``check_every`` steps (None: never). ``config`` is the resolved config as plain containers.
     ``watchdog`` (default: no heartbeats) records where this rank is, its heartbeat runs from
     ``on_fit_start`` until :meth:`guard` exits; ``faults`` (default: none) are fired after backward.
+    ``elastic`` lets a checkpoint written by another number of ranks resume here
+    (:mod:`pipesgd.elastic` says what happens to each piece of state); without it that is an error.
     """
 
     def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, engine,
                  compressor, rank: int, world_size: int, device: torch.device, run_dir: str | Path,
                  config: dict, checkpoint_every: int | None = None, keep: int = 2, resume: str = "auto",
-                 check_every: int | None = None, watchdog: Watchdog | None = None, faults: Faults | None = None):
+                 check_every: int | None = None, watchdog: Watchdog | None = None, faults: Faults | None = None,
+                 elastic: bool = False, mode: str = "pipe"):
         self.module = getattr(model, "module", model)
         self.optimizer, self.scheduler, self.engine, self.compressor = optimizer, scheduler, engine, compressor
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -94,6 +99,8 @@ class Reliability(TrainerHooks):
         self.watchdog = watchdog or Watchdog(rank, world_size, timeout_s=300.0)
         self.faults = faults or Faults([], rank)
         self.resumed_from: int | None = None
+        self.elastic, self.mode = elastic, mode
+        self.resharded: dict | None = None
 
     # ---- hooks ----
 
@@ -101,23 +108,22 @@ class Reliability(TrainerHooks):
         self.watchdog.start()
         self.watchdog.set("resume (rank 0 reads the checkpoint and broadcasts it)", trainer.step)
         state = self._load_for_resume()
-        epoch, batch = 0, 0
+        epoch, consumed = 0, 0
         if state is not None:
-            self._restore(state, trainer)
-            epoch, batch = state["epoch"], state["batch"]
+            epoch, consumed = self._restore(state, trainer)
         self.watchdog.set("compute", trainer.step + 1)
-        return epoch, batch
+        return epoch, consumed
 
     def on_backward_end(self, trainer: Trainer) -> None:
         self.faults.after_backward(trainer.step + 1, trainer.model)
         self.watchdog.set("engine step (launch, wait for and apply reductions)")
 
-    def on_step_end(self, trainer: Trainer, epoch: int, next_batch: int) -> None:
+    def on_step_end(self, trainer: Trainer, epoch: int, consumed: int) -> None:
         step = trainer.step
         if self.check_every and step % self.check_every == 0:
             self.check_replicas(step)
         if self.checkpoint_every and step % self.checkpoint_every == 0:
-            self.save(trainer, epoch, next_batch)
+            self.save(trainer, epoch, consumed)
         self.watchdog.set("compute", step + 1)
 
     def on_eval_start(self, trainer: Trainer) -> None:
@@ -145,6 +151,7 @@ class Reliability(TrainerHooks):
         """Fields for summary.json."""
         policy = getattr(self.engine, "nonfinite", None)
         return {"param_checksum": param_checksum(self.module), "resumed_from_step": self.resumed_from,
+                "resharded": self.resharded,
                 "nonfinite_skipped_steps": list(policy.skipped) if policy is not None else []}
 
     # ---- replica check ----
@@ -169,8 +176,9 @@ class Reliability(TrainerHooks):
 
     # ---- checkpoint ----
 
-    def save(self, trainer: Trainer, epoch: int, batch: int) -> None:
-        """Collective: every rank contributes its own state, rank 0 writes the checkpoint."""
+    def save(self, trainer: Trainer, epoch: int, consumed: int) -> None:
+        """Collective: every rank contributes its own state, rank 0 writes the checkpoint.
+        ``consumed``: samples of ``epoch``'s permutation all ranks together have trained."""
         self.watchdog.set("checkpoint (gather of every rank's state to rank 0)")
         t0 = time.perf_counter()
         engine = self.engine.state_dict()  # waits for in-flight reductions on every rank alike
@@ -182,14 +190,15 @@ class Reliability(TrainerHooks):
         if self.rank != 0:
             return
         state = {
-            "format": FORMAT, "step": trainer.step, "epoch": epoch, "batch": batch,
+            "format": FORMAT, "step": trainer.step, "epoch": epoch, "consumed": consumed,
+            "batch_size": trainer.train_loader.batch_size,
             "world_size": self.world_size, "config_digest": self.digest, "config": self.config,
             "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "engine": shared, "ranks": ranks,
             "evals": list(trainer.history.evals),
         }
         path = self.checkpoints.save(state, trainer.step)
-        log.info("checkpoint %s (step %d, epoch %d batch %d) in %.0f ms", path, trainer.step, epoch + 1, batch,
+        log.info("checkpoint %s (step %d, epoch %d sample %d) in %.0f ms", path, trainer.step, epoch + 1, consumed,
                  (time.perf_counter() - t0) * 1e3)
 
     def _compressor_state(self) -> dict:
@@ -229,10 +238,15 @@ class Reliability(TrainerHooks):
             path, state = found
         else:
             path, state = Path(self.resume), CheckpointDir.load(self.resume, require_checksum=False)
-        if state["world_size"] != self.world_size:
+        if state["world_size"] != self.world_size and not self.elastic:
             raise CheckpointError(f"checkpoint {path} was written by {state['world_size']} ranks, this job has "
-                                  f"{self.world_size}: the data shards and per-rank state would not line up; run "
-                                  f"with {state['world_size']} workers or set trainer.resume=never")
+                                  f"{self.world_size}: run with {state['world_size']} workers, set "
+                                  "trainer.elastic=true to re-shard the data and per-rank state onto this world "
+                                  "(docs/reliability.md), or set trainer.resume=never")
+        if state["world_size"] != self.world_size and self.mode not in elastic.ELASTIC_MODES:
+            raise CheckpointError(f"checkpoint {path} was written by {state['world_size']} ranks, this job has "
+                                  f"{self.world_size}: trainer.mode={self.mode} cannot resume on another world size "
+                                  f"(elastic modes: {', '.join(elastic.ELASTIC_MODES)})")
         if state["config_digest"] != self.digest:
             diff = "; ".join(config_diff(state["config"], self.config)) or "(keys differ)"
             if self.resume == "auto":
@@ -240,16 +254,21 @@ class Reliability(TrainerHooks):
                                       "run dir, set trainer.resume=never to start over, or trainer.resume=PATH to "
                                       "continue from it anyway")
             log.warning("resuming from %s although its config differs: %s", path, diff)
-        log.info("resuming from %s: step %d, epoch %d, batch %d", path, state["step"], state["epoch"] + 1,
-                 state["batch"])
+        log.info("resuming from %s: step %d, epoch %d", path, state["step"], state["epoch"] + 1)
         return state
 
-    def _restore(self, state: dict, trainer: Trainer) -> None:
+    def _restore(self, state: dict, trainer: Trainer) -> tuple[int, int]:
+        """Load ``state`` into the model, optimizer, scheduler, engine and trainer; returns the data
+        position (epoch, samples of it trained). On another world size, :mod:`pipesgd.elastic`'s rules."""
+        old_world, loader = state["world_size"], trainer.train_loader
+        # older checkpoints count the batches of the epoch instead of its samples
+        consumed = state["consumed"] if "consumed" in state else state["batch"] * loader.batch_size * old_world
+        mine = elastic.rank_state(state["ranks"], self.rank)
+        new_lrs = [g.get("initial_lr", g["lr"]) for g in self.optimizer.param_groups]
         try:
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(dict(state["scheduler"]))
-            mine = state["ranks"][self.rank]
             self.engine.load_state_dict({**mine["engine"], **state["engine"]})
             if isinstance(self.compressor, Compressor):
                 self.compressor.load_state_dict(mine["compressor"])
@@ -260,7 +279,37 @@ class Reliability(TrainerHooks):
             raise CheckpointError(f"checkpoint of step {state['step']} does not fit this model/optimizer/engine: "
                                   f"{type(e).__name__}: {' '.join(str(e).split())[:400]}") from e
         set_rng_state(mine["rng"])
+        if mine.get("new_rank"):
+            torch.manual_seed(mix_seed(state["step"], self.rank))  # not the donor's stream
         trainer.last_losses = list(mine["losses"])
         trainer.history.evals = list(state.get("evals", []))  # the accuracy curve so far (older checkpoints: none)
         trainer.step = state["step"]
         self.resumed_from = state["step"]
+        if old_world != self.world_size:
+            self._reshard(state, trainer, consumed, new_lrs)
+        return state["epoch"], consumed
+
+    def _reshard(self, state: dict, trainer: Trainer, consumed: int, new_lrs: list[float]) -> None:
+        """The step counter, schedule and learning rate of the new world at the same point of training."""
+        loader, epoch, old_world = trainer.train_loader, state["epoch"], state["world_size"]
+        left = loader.batches_left(consumed)
+        pos = elastic.remap_position(epoch=epoch, batches_per_epoch=len(loader), batches_left=left,
+                                     old_step=state["step"], old_scheduler_steps=self.scheduler.last_epoch)
+        old_lrs = list(self.scheduler.base_lrs)
+        self.scheduler.base_lrs = list(new_lrs)
+        self.scheduler.last_epoch = pos.scheduler_steps
+        for i, (group, base) in enumerate(zip(self.optimizer.param_groups, new_lrs)):
+            group["initial_lr"] = base
+            group["lr"] = base * self.scheduler.lr_lambdas[i](pos.scheduler_steps)
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        trainer.step = pos.step
+        self.resharded = elastic.accounting(epoch=epoch, consumed=consumed, dataset=len(loader.split),
+                                            old_world=old_world, new_world=self.world_size,
+                                            batch_size=loader.batch_size, batches_left=left)
+        self.resharded |= {"old_step": state["step"], "new_step": pos.step, "old_lr": old_lrs[0], "new_lr": new_lrs[0]}
+        log.warning("elastic resume: world %d -> %d ranks; global batch %d -> %d, base lr %.4g -> %.4g; step %d -> %d "
+                    "(same point of epoch %d); epoch %d: %d samples trained before, %d left over %d ranks "
+                    "(%d batches each), %d dropped (the last partial global batch)", old_world, self.world_size,
+                    loader.batch_size * old_world, loader.batch_size * self.world_size, old_lrs[0], new_lrs[0],
+                    state["step"], pos.step, epoch + 1, epoch + 1, consumed, self.resharded["samples_after"],
+                    self.world_size, left, self.resharded["dropped"])

@@ -52,6 +52,7 @@ class TrainerConfig:
     checkpoint_every: Optional[int] = 1000
     keep_checkpoints: int = 2
     resume: str = "auto"
+    elastic: bool = False
     nonfinite: NonFinite = NonFinite.abort
     check_every: Optional[int] = 100
 

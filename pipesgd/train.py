@@ -140,7 +140,8 @@ def worker(container: dict, run_dir: str) -> None:
             rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, run_dir=run_dir, config=container,
             checkpoint_every=t.checkpoint_every, keep=t.keep_checkpoints, resume=t.resume,
             check_every=None if t.mode in DIVERGENT_MODES else t.check_every,
-            faults=Faults.from_env(ctx.rank), watchdog=Watchdog.from_env(ctx.rank, ctx.world_size, cfg.dist.timeout_s))
+            faults=Faults.from_env(ctx.rank), watchdog=Watchdog.from_env(ctx.rank, ctx.world_size, cfg.dist.timeout_s),
+            elastic=t.elastic, mode=t.mode)
         trainer = Trainer(model, engine, optimizer, scheduler, train_loader, eval_loader, writer,
                           epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
                           log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main,

@@ -44,9 +44,10 @@ def median(xs: list[float]) -> float | None:
 
 class TrainerHooks:
     """Where the loop calls out; every method is a no-op here. ``on_fit_start`` may restore state
-    (including ``trainer.step``) and returns the (epoch, batch index within it) to start from;
-    ``on_step_end`` gets the position of the next batch; ``on_epoch_end`` runs after the
-    epoch's evaluation with the number of the epoch about to start."""
+    (including ``trainer.step``) and returns the position to start from: (epoch, samples of its
+    permutation all ranks together have trained); ``on_step_end`` gets the position after the
+    step; ``on_epoch_end`` runs after the epoch's evaluation with the number of the epoch about
+    to start."""
 
     def on_fit_start(self, trainer: Trainer) -> tuple[int, int]:
         return 0, 0
@@ -54,7 +55,7 @@ class TrainerHooks:
     def on_backward_end(self, trainer: Trainer) -> None:
         pass
 
-    def on_step_end(self, trainer: Trainer, epoch: int, next_batch: int) -> None:
+    def on_step_end(self, trainer: Trainer, epoch: int, consumed: int) -> None:
         pass
 
     def on_eval_start(self, trainer: Trainer) -> None:
@@ -92,12 +93,12 @@ class Trainer:
     def fit(self) -> dict:
         """Train to ``total_steps``; evaluate after every epoch and at the end. Returns metrics."""
         start = time.perf_counter()
-        epoch, batch = self.hooks.on_fit_start(self)
+        epoch, consumed = self.hooks.on_fit_start(self)
         log.info("training %d steps (%d per epoch) on %s", self.total_steps, len(self.train_loader), self.device)
         try:
             while self.step < self.total_steps:
-                self._train_epoch(epoch, start, batch)
-                epoch, batch = epoch + 1, 0
+                self._train_epoch(epoch, start, consumed)
+                epoch, consumed = epoch + 1, 0
                 if self.step < self.total_steps:
                     self._evaluate(epoch, start)
                     self.hooks.on_epoch_end(self, epoch)
@@ -109,13 +110,17 @@ class Trainer:
         result["wall_seconds"] = time.perf_counter() - start
         return result
 
-    def _train_epoch(self, epoch: int, start: float, first_batch: int = 0) -> None:
+    def _train_epoch(self, epoch: int, start: float, consumed: int = 0) -> None:
+        """The rest of ``epoch`` after ``consumed`` samples (by all ranks) of its permutation."""
         self.model.train()
         self.train_loader.set_epoch(epoch)
         h = self.history
         tr = trace.current()
         t_prev = time.perf_counter()
-        for batch, (x, y) in enumerate(self.train_loader.iter_epoch(epoch, first_batch), first_batch):
+        loader = self.train_loader
+        per_step = loader.batch_size * loader.world_size
+        left = loader.batches_left(consumed)
+        for batch, (x, y) in enumerate(loader.iter_epoch(epoch, 0, consumed), 1):
             if self.step >= self.total_steps:
                 break
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -174,16 +179,15 @@ class Trainer:
             if self.progress.due(self.step):
                 self.progress.show(self._status(epoch, loss_value))
             # before on_step_end, so a checkpoint taken at this step already holds this evaluation
-            if self._eval_due(batch + 1):
-                self._evaluate(epoch + (batch + 1) / len(self.train_loader), start)
-            self.hooks.on_step_end(self, epoch, batch + 1)
+            if self._eval_due(epoch_ends=batch == left):
+                self._evaluate(epoch + (consumed + batch * per_step) / (len(loader) * per_step), start)
+            self.hooks.on_step_end(self, epoch, consumed + batch * per_step)
 
-    def _eval_due(self, next_batch: int) -> bool:
+    def _eval_due(self, epoch_ends: bool) -> bool:
         """An in-epoch evaluation every ``eval_every_steps`` steps, except where the epoch's end (or
         the run's) evaluates anyway."""
         every = self.eval_every_steps
-        return (every is not None and self.step % every == 0 and next_batch < len(self.train_loader)
-                and self.step < self.total_steps)
+        return every is not None and self.step % every == 0 and not epoch_ends and self.step < self.total_steps
 
     def _status(self, epoch: int, loss: float) -> Status:
         h, n = self.history, self.log_every

@@ -89,6 +89,13 @@ class ShardedLoader:
     randomly cropped (4-pixel zero padding) and flipped with draws from ``(seed, epoch, rank)``,
     made for the whole epoch up front so that ``iter_epoch(e, start_batch=k)`` yields exactly
     batches ``k..`` of ``iter_epoch(e)``: a resumed run continues bit-exactly.
+
+    Re-sharding (a run resumed on another number of ranks): ``consumed`` is how many samples of
+    the epoch's permutation every rank together has trained, a prefix of it whatever the world
+    size was; the rest of the permutation is dealt out over this world the same way, so no sample
+    is trained twice and none is skipped but the last partial global batch (as in any epoch). At
+    the world size that trained the prefix, ``consumed = k * batch_size * world_size`` yields
+    exactly batches ``k..`` again.
     """
 
     def __init__(
@@ -132,34 +139,44 @@ class ShardedLoader:
     def __iter__(self) -> Iterator[Batch]:
         return self.iter_epoch(self.epoch)
 
-    def indices(self, epoch: int) -> Tensor:
-        """The ``len(self) * batch_size`` sample indices this rank visits in ``epoch``, in order."""
+    def batches_left(self, consumed: int = 0) -> int:
+        """Batches this rank yields for the rest of an epoch after ``consumed`` samples."""
+        _check_int(type(self).__name__, "consumed", consumed, 0, len(self.split))
+        return (len(self.split) - consumed) // self.world_size // self.batch_size
+
+    def indices(self, epoch: int, consumed: int = 0) -> Tensor:
+        """The ``batches_left(consumed) * batch_size`` sample indices this rank visits in the rest
+        of ``epoch`` after ``consumed`` samples of its permutation, in order."""
         n = len(self.split)
         if self.shuffle:
             g = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
             order = torch.randperm(n, generator=g)
         else:
             order = torch.arange(n)
-        mine = order[self.rank : self.per_rank * self.world_size : self.world_size]
-        return mine[: self.num_batches * self.batch_size]
+        mine = order[consumed + self.rank :: self.world_size]
+        return mine[: self.batches_left(consumed) * self.batch_size]
 
-    def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
-        """Batches ``start_batch..len(self)-1`` of ``epoch``; the same ones a full pass yields."""
+    def iter_epoch(self, epoch: int, start_batch: int = 0, consumed: int = 0) -> Iterator[Batch]:
+        """Batches ``start_batch..`` of the rest of ``epoch`` after ``consumed`` samples (0: of the
+        whole epoch, the same batches a full pass yields)."""
         owner = type(self).__name__
         _check_int(owner, "epoch", epoch, 0)
-        _check_int(owner, "start_batch", start_batch, 0, self.num_batches)
-        return self._batches(epoch, start_batch)
+        _check_int(owner, "start_batch", start_batch, 0, self.batches_left(consumed))
+        return self._batches(epoch, start_batch, consumed)
 
-    def _batches(self, epoch: int, start_batch: int) -> Iterator[Batch]:
-        idx = self.indices(epoch)
+    def _batches(self, epoch: int, start_batch: int, consumed: int) -> Iterator[Batch]:
+        idx = self.indices(epoch, consumed)
         if self.augment:
+            # Draws for this rank's whole epoch at this world size: the prefix this rank would
+            # have used comes first, so a same-world resume reproduces the full pass's draws.
+            skip = consumed // self.world_size
             g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, self.rank))
             span = 2 * CROP_PADDING + 1
-            dy = torch.randint(span, (len(idx),), generator=g)
-            dx = torch.randint(span, (len(idx),), generator=g)
-            flip = torch.rand(len(idx), generator=g) < 0.5
+            dy = torch.randint(span, (skip + len(idx),), generator=g)[skip:]
+            dx = torch.randint(span, (skip + len(idx),), generator=g)[skip:]
+            flip = (torch.rand(skip + len(idx), generator=g) < 0.5)[skip:]
         images, labels, b = self.split.images, self.split.labels, self.batch_size
-        for k in range(start_batch, self.num_batches):
+        for k in range(start_batch, len(idx) // b):
             sel = idx[k * b : (k + 1) * b]
             x = images.index_select(0, sel)
             if self.augment:
