@@ -89,13 +89,16 @@ def _job_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
     Under torchrun / elastic the agent hosts the store and keeps it across restarts, and torch
     does not namespace the process groups' keys by attempt: a restarted job's ``new_group`` can
     read the dead attempt's Gloo addresses and fail with "connectFullMesh ... Connection
-    refused" (seen with torch 2.13). Without an agent, rank 0 hosts the store, as ``env://`` does.
+    refused" (seen with torch 2.13). Without an agent store, rank 0 hosts a fresh store each
+    attempt, as ``env://`` does, and the prefix is constant: agents that joined in different rounds
+    (an elastic scale-up) count their restarts differently, so the count could not be shared.
     """
     host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
     store = dist.TCPStore(host, port, world, is_master=rank == 0 and not agent, timeout=timeout,
                           multi_tenant=True)
-    return dist.PrefixStore(f"pipesgd/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if agent else "0"
+    return dist.PrefixStore(f"pipesgd/attempt_{attempt}/", store)
 
 
 def _rendezvous_error(rank: int, e: Exception) -> RendezvousError:

@@ -17,3 +17,17 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "mnist").is_dir():
         pytest.skip(f"offline datasets not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def netns() -> None:
+    """Skip unless this process can really build a (one-worker) emulated cluster."""
+    from pipesgd.emulate import Cluster, EmulateError
+
+    if os.geteuid() != 0:
+        pytest.skip("emulated cluster needs root (network namespaces, veth, tc)")
+    try:
+        with Cluster(1, "100mbit", handle_signals=False):
+            pass
+    except EmulateError as e:
+        pytest.skip(f"cannot build an emulated cluster here: {e}")

@@ -130,3 +130,29 @@ def test_three_rank_checkpoint_resumes_on_another_world(three_rank_checkpoint, w
     assert f"elastic resume: world 3 -> {world} ranks" in r.stderr
     assert not tagged_processes(r.tag)
     json.dumps(rs)
+
+
+DRILL = ["+experiment=mnist_mlp", "trainer.epochs=4", "data.batch_size=100", "trainer.checkpoint_every=20",
+         "dist.threads_per_worker=1", "optimizer.lr=0.004", "trainer.lr_reference_batch=100",
+         "trainer.warmup_sync_steps=0", "dist.timeout_s=60"]
+
+
+@needs_mnist
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_lose_a_node_and_bring_it_back_on_the_emulated_cluster(netns, tmp_path):
+    """Three torchrun agents (--nnodes 2:3) in network namespaces; node 2 is SIGKILLed after the
+    checkpoint at step 40, the two others go on at world 2, node 2 comes back and the run ends at 3."""
+    from pipesgd.emulate.netns import list_namespaces
+
+    run_dir, before = tmp_path / "run", set(list_namespaces())
+    r = run("--run-dir", str(run_dir), "--kill-at-step", "40", "--rejoin-after", "20", "--timeout-s", "540", "--",
+            *DRILL, tmp=tmp_path, prefix=("-m", "pipesgd.emulate.drill"), timeout=580)
+    assert r.returncode == 0, r.stderr[-4000:]
+    d = json.loads((run_dir / "drill.json").read_text())
+    assert d["agent_exit_codes"] == {"0": 0, "1": 0, "2": 0}
+    assert d["steps_lost"] == d["killed_at_step"] - d["newest_checkpoint_step"] >= 0
+    assert "world 3 -> 2 ranks" in d["shrink_line"] and "world 2 -> 3 ranks" in d["grow_line"]
+    assert d["seconds_to_first_step"] < 120 and d["seconds_to_rejoin"] < 180
+    assert d["world_size"] == 3 and d["test_accuracy"] > 0.9
+    assert not tagged_processes(r.tag) and set(list_namespaces()) <= before, "no process or namespace left"

@@ -101,18 +101,6 @@ def _wait_for(paths: list[Path], timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def netns() -> None:
-    """Skip unless this process can really build a (one-worker) emulated cluster."""
-    if not IS_ROOT:
-        pytest.skip("emulated cluster needs root (network namespaces, veth, tc)")
-    try:
-        with Cluster(1, "100mbit", handle_signals=False):
-            pass
-    except EmulateError as e:
-        pytest.skip(f"cannot build an emulated cluster here: {e}")
-
-
 # ---- no root needed ------------------------------------------------------------------------------
 
 
