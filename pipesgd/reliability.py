@@ -1,24 +1,8 @@
 """The trainer's reliability hooks: checkpoint and resume, replica checks, hang context, faults.
 
-One :class:`Reliability` per rank, handed to the Trainer as its hooks. What a checkpoint holds:
-
-* shared by every replica (saved from rank 0): model parameters and buffers, optimizer,
-  LR scheduler, the engine's in-flight reductions (policy "save in flight", see below), data
-  position (epoch, index of the next batch in it), global step, world size, config digest,
-  the evaluations so far (the accuracy curve);
-* per rank (gathered to rank 0, which alone writes): the rest of the engine's state (step
-  count, non-finite policy, staleness strategy, reduction state such as error-feedback
-  residuals, a parameter server's master weights), a compressor's own state if it keeps any,
-  torch / CUDA / numpy / Python RNG states, the model's buffers (BatchNorm statistics differ
-  across ranks until evaluation averages them) and the recent losses.
-
-In-flight policy: with width K, K-1 averaged gradients are launched but not applied at any step
-boundary. A checkpoint waits for them (without applying them) and stores them, and the restored
-engine applies them at the same steps the uninterrupted run would: nothing is drained early, so
-resume is bit-exact. The wait exposes at most one reduction time once per checkpoint.
-
-Every collective here runs on the default process group from the main thread; the engine's
-reductions own the other group (:mod:`pipesgd.dist`).
+docs/reliability.md says what a checkpoint holds (shared state from rank 0, per-rank state
+gathered to it) and why in-flight reductions are saved, not drained. Every collective here runs on
+the default process group from the main thread; the engine's reductions own the other group.
 """
 
 from __future__ import annotations
@@ -36,6 +20,7 @@ from torch import nn
 from .checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, config_digest, hashed_config,
                          param_checksum, rng_state, set_rng_state)
 from .compress import Compressor
+from .engine.base import Engine
 from .faults import Faults
 from .trainer import Trainer, TrainerHooks
 from .watchdog import Watchdog, is_comm_failure
@@ -80,7 +65,7 @@ class Reliability(TrainerHooks):
     ``on_fit_start`` until :meth:`guard` exits; ``faults`` (default: none) are fired after backward.
     """
 
-    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, engine,
+    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, engine: Engine,
                  compressor, rank: int, world_size: int, device: torch.device, run_dir: str | Path,
                  config: dict, checkpoint_every: int | None = None, keep: int = 2, resume: str = "auto",
                  check_every: int | None = None, watchdog: Watchdog | None = None, faults: Faults | None = None):
@@ -143,7 +128,7 @@ class Reliability(TrainerHooks):
 
     def summary(self) -> dict:
         """Fields for summary.json."""
-        policy = getattr(self.engine, "nonfinite", None)
+        policy = self.engine.nonfinite
         return {"param_checksum": param_checksum(self.module), "resumed_from_step": self.resumed_from,
                 "nonfinite_skipped_steps": list(policy.skipped) if policy is not None else []}
 
@@ -156,8 +141,7 @@ class Reliability(TrainerHooks):
             return
         self.watchdog.set("replica check (all_gather of parameter checksums)")
         # The weights every replica must agree on (staleness=dga keeps pending local steps on top).
-        consistent = getattr(self.engine, "consistent_weights", contextlib.nullcontext)
-        with consistent():
+        with self.engine.consistent_weights():
             digest = param_checksum(self.module)
         mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8, device=self.device)
         out = [torch.empty_like(mine) for _ in range(self.world_size)]

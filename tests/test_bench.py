@@ -135,7 +135,8 @@ def test_local_mode_steps_without_communication():
     import torch
 
     from pipesgd.compress import get_compressor
-    from pipesgd.modes import ModeArgs, build
+    from pipesgd.engine import ModeArgs
+    from pipesgd.modes import build
 
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
