@@ -28,7 +28,7 @@ def test_two_worker_mnist_reaches_95_percent(staleness, compressor, tmp_path, sh
 
 
 BAD = [
-    (["trainer.staleness=late"], "trainer.staleness='late' is not known; allowed: none, dc, predict, dga, lookahead"),
+    (["trainer.staleness=late"], "trainer.staleness='late' is not known; allowed: none, dc, dga, lookahead, predict"),
     (["trainer.staleness=dc", "trainer.dc_lambda=-1"], "trainer.dc_lambda=-1.0 is invalid: must be a number >= 0"),
     (["trainer.mode=ddp", "trainer.staleness=dga"], "trainer.staleness=dga is not used by trainer.mode=ddp; only "
                                                     "sync, pipe apply a staleness rule"),
