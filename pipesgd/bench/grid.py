@@ -108,7 +108,7 @@ def _train(mode: str, compressor: str, p: int, link: str, workload: str = "resne
 
 
 def full_grid() -> list[Cell]:
-    """Every cell issues #3 and #4 ask for, in run order (loopback first, then each emulated link)."""
+    """Every cell of the suite (docs/benchmarks.md), in run order (loopback first, then each emulated link)."""
     cells: list[Cell] = []
     resnet_bytes, mlp_bytes = 4 * RESNET20.params, 4 * MLP1M.params
     for link in LINKS:
