@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .timing import TimingModel
 from .trainer import History, median
 
 
@@ -23,7 +24,7 @@ class Prediction:
     the allreduce that DDP runs inside backward: only the calibrated prediction is a priori.
     """
 
-    timing: object  # pipesgd.timing.TimingModel
+    timing: TimingModel
     mode: str
     algorithm: str
     width: int
