@@ -8,9 +8,9 @@ DATA ?= ../shared/data
 # Options for the benchmark suite, e.g. BENCH="--quick" or BENCH="--only 'resnet20/p2/*'".
 BENCH ?=
 
-.PHONY: setup run test bench clean
+.PHONY: setup datasets run test bench clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed datasets
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[dev,plot]"
 	touch $@
+
+# Fashion-MNIST for tests/test_data.py is Debian's dataset-fashion-mnist (30 MB): installed when this
+# runs as root with apt-get, quietly skipped otherwise (the test then skips, except under CI=true).
+datasets:
+	@if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist) \
+	    >/dev/null 2>&1 || echo "note: dataset-fashion-mnist not installed; its test will skip"; fi
 
 run: setup
 	$(PY) -m pipesgd.train +experiment=resnet_cifar data.root=$(DATA) trainer.epochs=1

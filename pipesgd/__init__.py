@@ -2,8 +2,8 @@
 
 from .comm import native_allreduce, ring_allreduce
 from .compress import Compressor, get_compressor
-from .pipeline import NonFiniteGradient, PipeSGD, ReductionError, StepStats
+from .engine import Engine, NonFiniteGradient, PipeSGD, ReductionError, StepStats
 
 __version__ = "0.1.0"
-__all__ = ["Compressor", "NonFiniteGradient", "PipeSGD", "ReductionError", "StepStats", "get_compressor",
+__all__ = ["Compressor", "Engine", "NonFiniteGradient", "PipeSGD", "ReductionError", "StepStats", "get_compressor",
            "native_allreduce", "ring_allreduce"]

@@ -1,17 +1,8 @@
 """Checkpoint files: atomic, checksummed, safe to load, the newest k kept.
 
-A checkpoint is ``<run dir>/checkpoints/step-00000032.pt`` (``torch.save`` of tensors and plain
-Python containers only) plus ``step-00000032.pt.sha256`` in ``sha256sum`` format, so
-``sha256sum -c step-00000032.pt.sha256`` checks it by hand. Writing goes to a temporary file in
-the same directory, is fsynced and renamed over the final name, then the checksum file the same
-way, then the directory is fsynced: a crash leaves the old files, a complete new pair, or a
-``.pt`` without its checksum (skipped as incomplete), never a torn file under the final name.
-
-Loading verifies the sha256 first and then uses ``torch.load(weights_only=True)``, which
-unpickles only tensors and primitive containers: a crafted checkpoint cannot run code.
-
-What goes inside is assembled by :mod:`pipesgd.reliability`; this module also has the pieces it
-needs that are about bytes: :func:`param_checksum`, :func:`config_digest` and the RNG states.
+``<run dir>/checkpoints/step-00000032.pt`` plus its ``.sha256`` (``sha256sum -c`` format), written
+to a temporary file, fsynced and renamed, loaded with ``torch.load(weights_only=True)`` after the
+checksum is verified (docs/reliability.md). What goes inside is :mod:`pipesgd.reliability`'s.
 """
 
 from __future__ import annotations

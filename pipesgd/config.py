@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
-from omegaconf import DictConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 
 from .launch import under_torchrun
-from .modes import MODES
+from .modes import MODES, check_compressor, get_mode, modes_with
 from .schema import Config, DistConfig, TrainerConfig
 from .staleness import available as stalenesses
 
@@ -43,11 +45,18 @@ def _known_keys(cfg: DictConfig) -> None:
                 raise ConfigError(f"{prefix}{key} is not a setting; {hint}allowed: {', '.join(allowed)}")
 
 
-def validate(cfg: DictConfig) -> None:
+def command_line_keys(overrides: Iterable[str]) -> frozenset[str]:
+    """The keys a list of Hydra overrides sets (``trainer.width=4``, ``+x=1``, ``compressor=int8``)."""
+    return frozenset(o.split("=", 1)[0].lstrip("+~") for o in overrides)
+
+
+def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
+    """Raise :class:`ConfigError` naming the first bad key. ``explicit``: the keys set on the command
+    line (:func:`command_line_keys`), where a setting the mode does not use is a conflict rather
+    than a config file's default for another mode."""
     _known_keys(cfg)
-    mode = cfg.trainer.mode
-    if mode not in MODES:
-        raise ConfigError(f"trainer.mode={mode!r} is not known; allowed: {', '.join(MODES)}")
+    if cfg.trainer.mode not in MODES:
+        raise ConfigError(f"trainer.mode={cfg.trainer.mode!r} is not known; allowed: {', '.join(MODES)}")
     _int_at_least(cfg, "trainer.width", 1, "pipeline width; 1 = synchronous SGD, 2 = Pipe-SGD")
     if cfg.trainer.staleness not in stalenesses():
         raise ConfigError(f"trainer.staleness={cfg.trainer.staleness!r} is not known; "
@@ -78,16 +87,43 @@ def validate(cfg: DictConfig) -> None:
     ref = cfg.trainer.lr_reference_batch
     if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
         raise ConfigError(f"trainer.lr_reference_batch={ref!r} is invalid: must be an integer >= 1 or null")
+    _check_mode(cfg, explicit)
     _check_scheme_options(cfg)
 
 
+def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
+    """What ``trainer.mode`` does not use is an error, not silently ignored (docs/modes.md). A width
+    from a config file is pipe's default and a mode of fixed width runs at its own; set on the
+    command line, it conflicts."""
+    name = cfg.trainer.mode
+    mode = get_mode(name)
+    pipelined = ", ".join(m for m in MODES if MODES[m].width is None)
+    if mode.width is not None:
+        for key, neutral in (("trainer.width", mode.width), ("trainer.warmup_sync_steps", 0)):
+            value = OmegaConf.select(cfg, key)
+            if key in explicit and value != neutral:
+                raise ConfigError(f"{key}={value} is not used by trainer.mode={name}, which runs at width "
+                                  f"{mode.width}; drop {key} or use trainer.mode={pipelined}")
+    if not mode.staleness and cfg.trainer.staleness != "none":
+        raise ConfigError(f"trainer.staleness={cfg.trainer.staleness} is not used by trainer.mode={name}; only "
+                          f"{', '.join(modes_with('staleness'))} apply a staleness rule (use trainer.staleness=none)")
+    if not mode.nonfinite_skip and cfg.trainer.nonfinite == "skip":
+        raise ConfigError(f"trainer.nonfinite=skip is not available with trainer.mode={name}: its ranks do not "
+                          "decide a non-finite gradient together; use trainer.nonfinite=abort")
+    try:
+        check_compressor(name, instantiate(cfg.compressor))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    nproc = None if under_torchrun() else cfg.dist.nproc  # under torchrun the engine checks the world
+    if nproc is not None and nproc < mode.min_world:
+        raise ConfigError(f"dist.nproc={nproc} is invalid for trainer.mode={name}: it needs >= {mode.min_world} "
+                          "processes")
+
+
 def _check_scheme_options(cfg: DictConfig) -> None:
-    """Parameter server, hierarchical groups and LARS. Under torchrun ``dist.nproc`` is ignored
-    (the environment sets the world), so the world-size checks run in the workers instead."""
+    """Hierarchical groups and LARS. Under torchrun ``dist.nproc`` is ignored (the environment sets
+    the world), so the world-size checks run in the workers instead."""
     nproc = None if under_torchrun() else cfg.dist.nproc
-    if cfg.trainer.mode in ("ps_sync", "ps_async") and nproc is not None and nproc < 2:
-        raise ConfigError(f"dist.nproc={nproc} is invalid for trainer.mode={cfg.trainer.mode}: a parameter "
-                          "server needs >= 2 processes (rank 0 serves and trains, the others push and pull)")
     size = cfg.comm.get("group_size")
     if cfg.comm.get("name") == "hierarchical" and size is not None:
         _int_at_least(cfg, "comm.group_size", 1, "ranks per node group, or null for LOCAL_WORLD_SIZE")

@@ -23,10 +23,6 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-ELASTIC_MODES = ("sync", "pipe", "ddp", "local")
-"""Modes whose per-rank state the rules above cover (a parameter server's master copy is not)."""
-
-
 def donor(rank: int, old_world: int) -> int:
     """The old rank whose per-rank state rank ``rank`` of the new world takes."""
     return rank if rank < old_world else rank % old_world

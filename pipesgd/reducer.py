@@ -1,20 +1,6 @@
-"""WHAT is communicated: the gradients of a parameter list, flattened into one fresh buffer.
-
-The buffer is a copy (``torch.cat``), so the next backward writing into ``p.grad`` can never touch a
-gradient that is still in flight: that is the double buffering Pipe-SGD needs. The reduction and
-the division by the world size run on the communication thread, off the caller's critical path.
-The flat gradient is handed to a :class:`~pipesgd.reduction.Reduction`: an in-ring compressor rides
-the configured allreduce unchanged; top-k and PowerSGD bring collectives of their own.
-
-Every step's reduction also carries a non-finite FLAG: 0 when all of this rank's gradient values
-are finite, +inf otherwise, summed over ranks. Every rank reads the same reduced flag, so all skip
-or all abort together (trainer.nonfinite). On the dense path (an in-ring compressor without error
-feedback) the flag is one more value at the end of the very buffer the allreduce sends: no extra
-message, and 0 and inf rather than a count because every per-chunk compressor maps 0 to exactly 0
-and inf to a non-finite value, so quantisation can neither invent nor round away the flag. A
-reduction with collectives or state of its own (top-k, PowerSGD, error feedback) gets the
-gradient alone (zeros from a rank whose gradient is non-finite, so its state stays finite) and
-the flag follows in a one-value ``all_reduce`` on the same group.
+"""WHAT is communicated: the gradients of a parameter list, flattened into one fresh buffer (the
+double buffering Pipe-SGD needs), reduced on the communication thread, with a non-finite flag every
+rank reads alike. docs/reliability.md ("NaN and inf") says how the flag rides the reduction.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """The trainer's reliability hooks: checkpoint and resume, replica checks, hang context, faults.
 
-One :class:`Reliability` per rank, handed to the Trainer as its hooks. What a checkpoint holds:
-
-* shared by every replica (saved from rank 0): model parameters and buffers, optimizer,
-  LR scheduler, the engine's in-flight reductions (policy "save in flight", see below), data
-  position (epoch, index of the next batch in it), global step, world size, config digest,
-  the evaluations so far (the accuracy curve);
-* per rank (gathered to rank 0, which alone writes): the rest of the engine's state (step
-  count, non-finite policy, staleness strategy, reduction state such as error-feedback
-  residuals, a parameter server's master weights), a compressor's own state if it keeps any,
-  torch / CUDA / numpy / Python RNG states, the model's buffers (BatchNorm statistics differ
-  across ranks until evaluation averages them) and the recent losses.
-
-In-flight policy: with width K, K-1 averaged gradients are launched but not applied at any step
-boundary. A checkpoint waits for them (without applying them) and stores them, and the restored
-engine applies them at the same steps the uninterrupted run would: nothing is drained early, so
-resume is bit-exact. The wait exposes at most one reduction time once per checkpoint.
-
-Every collective here runs on the default process group from the main thread; the engine's
-reductions own the other group (:mod:`pipesgd.dist`).
+docs/reliability.md says what a checkpoint holds (shared state from rank 0, per-rank state
+gathered to it) and why in-flight reductions are saved, not drained. Every collective here runs on
+the default process group from the main thread; the engine's reductions own the other group.
 """
 
 from __future__ import annotations
@@ -38,7 +22,9 @@ from .checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, co
                          param_checksum, rng_state, set_rng_state)
 from .compress import Compressor
 from .data.loader import mix_seed
+from .engine.base import Engine
 from .faults import Faults
+from .modes import get_mode, modes_with
 from .trainer import Trainer, TrainerHooks
 from .watchdog import Watchdog, is_comm_failure
 
@@ -84,7 +70,7 @@ class Reliability(TrainerHooks):
     (:mod:`pipesgd.elastic` says what happens to each piece of state); without it that is an error.
     """
 
-    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, engine,
+    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, engine: Engine,
                  compressor, rank: int, world_size: int, device: torch.device, run_dir: str | Path,
                  config: dict, checkpoint_every: int | None = None, keep: int = 2, resume: str = "auto",
                  check_every: int | None = None, watchdog: Watchdog | None = None, faults: Faults | None = None,
@@ -149,7 +135,7 @@ class Reliability(TrainerHooks):
 
     def summary(self) -> dict:
         """Fields for summary.json."""
-        policy = getattr(self.engine, "nonfinite", None)
+        policy = self.engine.nonfinite
         return {"param_checksum": param_checksum(self.module), "resumed_from_step": self.resumed_from,
                 "resharded": self.resharded,
                 "nonfinite_skipped_steps": list(policy.skipped) if policy is not None else []}
@@ -163,8 +149,7 @@ class Reliability(TrainerHooks):
             return
         self.watchdog.set("replica check (all_gather of parameter checksums)")
         # The weights every replica must agree on (staleness=dga keeps pending local steps on top).
-        consistent = getattr(self.engine, "consistent_weights", contextlib.nullcontext)
-        with consistent():
+        with self.engine.consistent_weights():
             digest = param_checksum(self.module)
         mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8, device=self.device)
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
@@ -243,10 +228,10 @@ class Reliability(TrainerHooks):
                                   f"{self.world_size}: run with {state['world_size']} workers, set "
                                   "trainer.elastic=true to re-shard the data and per-rank state onto this world "
                                   "(docs/reliability.md), or set trainer.resume=never")
-        if state["world_size"] != self.world_size and self.mode not in elastic.ELASTIC_MODES:
+        if state["world_size"] != self.world_size and not get_mode(self.mode).elastic:
             raise CheckpointError(f"checkpoint {path} was written by {state['world_size']} ranks, this job has "
                                   f"{self.world_size}: trainer.mode={self.mode} cannot resume on another world size "
-                                  f"(elastic modes: {', '.join(elastic.ELASTIC_MODES)})")
+                                  f"(elastic modes: {', '.join(modes_with('elastic'))})")
         if state["config_digest"] != self.digest:
             diff = "; ".join(config_diff(state["config"], self.config)) or "(keys differ)"
             if self.resume == "auto":

@@ -1,16 +1,7 @@
-"""Structured config: the types of the top level, ``trainer`` and ``dist``, registered in Hydra's
-ConfigStore so that composition itself rejects an unknown key or a wrongly typed value, with
-Hydra's own message (``Key 'widht' not in 'TrainerConfig'``, ``Value 'two' of type 'str' could not
-be converted to Integer``), before anything else runs.
-
-The groups whose keys are constructor arguments (model, data, compressor, comm, optimizer,
-scheduler, timing) stay untyped here: ``instantiate`` checks them against the constructor's own
-signature and the constructor validates the values. Ranges and cross-field rules that a type cannot
-express (width >= 1, a known mode, a resume path that exists) live in :mod:`pipesgd.config`.
-
-``conf/config.yaml`` lists ``pipesgd_schema`` first in its defaults, so every YAML file and every
-override is merged onto these dataclasses. A new key in ``conf/trainer/*.yaml`` or a new top-level
-group needs a field here too. Importing this module registers the schema (in memory, no I/O).
+"""Structured config: the types of the top level, ``trainer`` and ``dist``, registered with Hydra's
+ConfigStore (``pipesgd_schema``, first in conf/config.yaml's defaults), so composition itself
+rejects an unknown key or a wrongly typed value with Hydra's message. Ranges and cross-field rules
+live in :mod:`pipesgd.config`; a new key in ``conf/trainer/*.yaml`` needs a field here too.
 """
 
 from __future__ import annotations

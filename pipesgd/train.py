@@ -24,14 +24,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import dist as pdist
 from . import launch, schema, trace  # noqa: F401  (schema: registers the structured config with Hydra)
-from .config import ConfigError, check_batch, validate
+from .config import ConfigError, check_batch, command_line_keys, validate
 from .data import DatasetError
+from .engine import ModeArgs
 from .faults import Faults
 from .metrics import make_writer
-from .modes import DIVERGENT_MODES, ModeArgs, build
+from .modes import build, get_mode
 from .reliability import Reliability
 from .runinfo import git_commit, write_json_atomic
 from .staleness import make_staleness
+from .summary import Prediction, summary
 from .trainer import Trainer, median
 from .watchdog import Watchdog
 
@@ -42,7 +44,8 @@ log = logging.getLogger("pipesgd.train")
 def main(cfg: DictConfig) -> float | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        validate(cfg)
+        explicit = command_line_keys(HydraConfig.get().overrides.task)
+        validate(cfg, explicit)
         _check_buildable(cfg)
         if not launch.under_torchrun() or pdist.env_int("LOCAL_RANK", 0) == 0:
             instantiate(cfg.data).prepare()
@@ -63,10 +66,10 @@ def main(cfg: DictConfig) -> float | None:
     summary_path = run_dir / "summary.json"
     if launch.under_torchrun() and pdist.env_int("RANK", 0) != 0:
         return None
-    summary = json.loads(summary_path.read_text())
+    done = json.loads(summary_path.read_text())
     log.info("done: test accuracy %.2f%%, median iteration %.1f ms, %s",
-             100 * summary["test_accuracy"], summary["median_iter_ms"], summary_path)
-    return summary["test_accuracy"]
+             100 * done["test_accuracy"], done["median_iter_ms"], summary_path)
+    return done["test_accuracy"]
 
 
 def _check_buildable(cfg: DictConfig) -> None:
@@ -74,13 +77,7 @@ def _check_buildable(cfg: DictConfig) -> None:
     compressor = instantiate(cfg.compressor)
     allreduce = instantiate(cfg.comm)
     make_staleness(cfg.trainer.staleness, **cfg.trainer)
-    if cfg.trainer.mode == "ddp" and compressor.name not in ("none", "fp16", "bf16"):
-        raise ConfigError(f"compressor={compressor.name} is not available with trainer.mode=ddp; "
-                          "allowed: none, fp16, bf16 (DDP's own compression hooks)")
-    if cfg.trainer.mode == "ddp" and (getattr(compressor, "error_feedback", False) or cfg.trainer.staleness != "none"):
-        raise ConfigError("trainer.mode=ddp has no staleness and no error feedback; use trainer.staleness=none "
-                          "and compressor.error_feedback=false, or trainer.mode=pipe|sync")
-    if cfg.trainer.mode != "ddp":
+    if get_mode(cfg.trainer.mode).allreduce:
         from .comm.native import check_native, native_allreduce
         from .compress import Compressor
 
@@ -119,10 +116,11 @@ def worker(container: dict, run_dir: str) -> None:
         lr = cfg.optimizer.lr * (global_batch / ref if ref else 1.0)
         optimizer = instantiate(cfg.optimizer)(model.parameters(), lr=lr)
         compressor = instantiate(cfg.compressor)
+        mode = get_mode(cfg.trainer.mode)
         model, engine = build(cfg.trainer.mode, ModeArgs(
             model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
-            allreduce=_build_allreduce(cfg), group=ctx.comm_group, world_size=ctx.world_size,
-            warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
+            allreduce=_build_allreduce(cfg) if mode.allreduce else None, group=ctx.comm_group,
+            world_size=ctx.world_size, warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
             staleness=make_staleness(cfg.trainer.staleness, **cfg.trainer),
             nonfinite=cfg.trainer.nonfinite, timeout_s=cfg.dist.timeout_s))
         steps_per_epoch = len(train_loader)
@@ -130,63 +128,42 @@ def worker(container: dict, run_dir: str) -> None:
         total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
         scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total, steps_per_epoch=steps_per_epoch)
         writer = make_writer(run_dir, ctx.is_main)
-        log.info("mode=%s width=%d staleness=%s compressor=%s comm=%s world=%d global batch %d lr %.4g "
+        allreduce = cfg.comm.name if mode.allreduce else mode.timing
+        log.info("mode=%s width=%d staleness=%s compressor=%s allreduce=%s world=%d global batch %d lr %.4g "
                  "threads/worker %d", cfg.trainer.mode, engine.width, cfg.trainer.staleness, compressor.name,
-                 cfg.comm.name, ctx.world_size, global_batch, lr, threads)
-        timing = instantiate(cfg.timing)
+                 allreduce, ctx.world_size, global_batch, lr, threads)
+        predict = _prediction(cfg, engine.width, model, ctx.world_size, compressor.name, train_loader.batch_size)
         t = cfg.trainer
         reliability = Reliability(
             model=model, optimizer=optimizer, scheduler=scheduler, engine=engine, compressor=compressor,
             rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, run_dir=run_dir, config=container,
             checkpoint_every=t.checkpoint_every, keep=t.keep_checkpoints, resume=t.resume,
-            check_every=None if t.mode in DIVERGENT_MODES else t.check_every,
+            check_every=t.check_every if mode.replicas_agree else None,
             faults=Faults.from_env(ctx.rank), watchdog=Watchdog.from_env(ctx.rank, ctx.world_size, cfg.dist.timeout_s),
             elastic=t.elastic, mode=t.mode)
         trainer = Trainer(model, engine, optimizer, scheduler, train_loader, eval_loader, writer,
                           epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
                           log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main,
-                          predict=lambda h: _predict_iter_ms(cfg, timing, engine, ctx.world_size, model, h,
-                                                             compressor.name, train_loader.batch_size)[0],
-                          eval_max_batches=cfg.trainer.eval_max_batches,
+                          predict=lambda h: predict(h)[0], eval_max_batches=cfg.trainer.eval_max_batches,
                           eval_every_steps=cfg.trainer.eval_every_steps, hooks=reliability)
         with reliability.guard():
             result = trainer.fit()
         if tracer.enabled:
             trace.save(tracer, run_dir, {"mode": cfg.trainer.mode, "width": engine.width,
                                          "warmup_sync_steps": cfg.trainer.warmup_sync_steps,
-                                         "compressor": compressor.name, "allreduce": cfg.comm.name})
+                                         "compressor": compressor.name, "allreduce": allreduce})
         if ctx.is_main:
             h = trainer.history
-            applied_bytes = [b for b in h.wire_bytes if b]
-            ratio = _ratio(h)
-            predicted, predicted_from = _predict_iter_ms(cfg, timing, engine, ctx.world_size, model, h,
-                                                         compressor.name, train_loader.batch_size)
+            predicted = predict(h)
             writer.hparams(_hparams(cfg, engine.width, compressor.name, ctx.world_size, global_batch), {
                 "hparams/test_accuracy": result["test_accuracy"], "hparams/test_loss": result["test_loss"],
-                "hparams/iter_ms": median(h.iter_ms), "hparams/predicted_iter_ms": predicted,
+                "hparams/iter_ms": median(h.iter_ms), "hparams/predicted_iter_ms": predicted[0],
                 "hparams/wall_seconds": result["wall_seconds"]}, trainer.step)
-            summary = {
-                "mode": cfg.trainer.mode, "width": engine.width, "staleness": cfg.trainer.staleness,
-                "compressor": compressor.name,
-                "allreduce": "ps" if cfg.trainer.mode.startswith("ps_") else cfg.comm.name,
-                "world_size": ctx.world_size, "backend": ctx.backend,
-                "steps": trainer.step, "epochs": result["epochs"],
-                "final_train_loss": result["final_train_loss"], "test_accuracy": result["test_accuracy"],
-                "test_loss": result["test_loss"],
-                "median_iter_ms": median(h.iter_ms), "measured_iter_ms": median(h.iter_ms),
-                "predicted_iter_ms": predicted, "predicted_from": predicted_from,
-                "median_compute_ms": median(h.compute_ms),
-                "median_update_ms": median(h.update_ms),
-                "median_exposed_comm_ms": median(h.exposed_comm_ms),
-                "median_comm_ms": median([c for c, b in zip(h.comm_ms, h.wire_bytes) if b]),
-                "bytes_per_step": median(applied_bytes) if applied_bytes else 0,
-                "compression_ratio": ratio,
-                "global_batch": global_batch, "lr": lr, "threads_per_worker": threads,
-                "wall_seconds": result["wall_seconds"], "evals": h.evals,
-                "git_commit": git_commit(), "config": container, **reliability.summary(),
-                **(engine.summary() if hasattr(engine, "summary") else {}),  # e.g. ps staleness
-            }
-            write_json_atomic(Path(run_dir) / "summary.json", summary)
+            write_json_atomic(Path(run_dir) / "summary.json", summary(
+                h, result, predicted, mode=cfg.trainer.mode, width=engine.width, staleness=cfg.trainer.staleness,
+                compressor=compressor.name, allreduce=allreduce, world_size=ctx.world_size, backend=ctx.backend,
+                steps=trainer.step, global_batch=global_batch, lr=lr, threads_per_worker=threads,
+                git_commit=git_commit(), config=container, **reliability.summary(), **engine.summary()))
             # Per-step timings for benchmarks that skip warm-up steps (pipesgd.bench).
             write_json_atomic(Path(run_dir) / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
     finally:
@@ -208,11 +185,6 @@ def _build_allreduce(cfg: DictConfig):
     return allreduce
 
 
-def _ratio(h) -> float:
-    """Median measured compression ratio of the steps that applied a reduction."""
-    return median([r for r, b in zip(h.ratio, h.wire_bytes) if b]) or 1.0
-
-
 def _hparams(cfg: DictConfig, width: int, compressor: str, world_size: int, global_batch: int) -> dict:
     """What a sweep varies, flat, for TensorBoard's HParams tab."""
     return {"mode": cfg.trainer.mode, "width": width, "compressor": compressor, "comm": cfg.comm.name,
@@ -222,35 +194,21 @@ def _hparams(cfg: DictConfig, width: int, compressor: str, world_size: int, glob
             "seed": cfg.seed}
 
 
-def _predict_iter_ms(cfg: DictConfig, timing, engine, world_size: int, model: torch.nn.Module, h,
-                     compressor: str, batch_size: int) -> tuple[float | None, str | None]:
-    """(the timing model's iteration time for this run, where its compute time came from).
-
-    Compute comes from the calibration file when it was measured for this model size and batch
-    ("calibration"), else from this run's own median forward+backward ("measured compute"), which
-    under pipe already includes the slowdown from overlapped communication and under ddp includes
-    the allreduce that DDP runs inside backward: only the calibrated prediction is a priori.
-    The compression ratio is the one measured so far. (None, None) before the first step.
-    """
-    if not h.compute_ms:
-        return None, None
-    ratio = _ratio(h)
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    calibrated = timing.calibrated_compute(params, batch_size)
-    if calibrated is not None:
-        compute_s, update_s, source = calibrated.compute_s, calibrated.update_s, "calibration"
-    else:
-        compute_s, update_s = median(h.compute_ms) / 1e3, (median(h.update_ms) or 0.0) / 1e3
-        source = "measured compute"
-    algorithm = "ring" if cfg.comm.name in ("ring", "native") else cfg.comm.name
-    options: dict = {}
-    if cfg.trainer.mode in ("ps_sync", "ps_async"):  # pipesgd.ps: rank 0 is worker and server
-        algorithm, options = "ps", {"server_on_worker": True}
+def _prediction(cfg: DictConfig, width: int, model: torch.nn.Module, world_size: int, compressor: str,
+                batch_size: int) -> Prediction:
+    """The timing model's prediction for this run (the algorithm and options its mode implies)."""
+    mode = get_mode(cfg.trainer.mode)
+    algorithm, options = mode.timing, {}
+    if mode.allreduce:
+        algorithm = "ring" if cfg.comm.name == "native" else cfg.comm.name
+    if algorithm == "ps":  # pipesgd.engine.ps: rank 0 is worker and server
+        options = {"server_on_worker": True}
     elif algorithm == "hierarchical":
         options = {"per_node": cfg.comm.get("group_size") or pdist.env_int("LOCAL_WORLD_SIZE", world_size)}
-    return timing.iter_ms(cfg.trainer.mode, algorithm, nbytes, world_size, compute_s, update_s, engine.width,
-                          ratio, compressor, **options), source
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return Prediction(instantiate(cfg.timing), cfg.trainer.mode, algorithm, width,
+                      sum(p.numel() * p.element_size() for p in trainable), sum(p.numel() for p in trainable),
+                      batch_size, world_size, compressor, options)
 
 
 def _broadcast_parameters(model: torch.nn.Module) -> None:

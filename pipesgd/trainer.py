@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import trace
+from .engine.base import Engine
 from .metrics import MetricWriter
 from .progress import Status, make_progress
 
@@ -69,7 +70,7 @@ class Trainer:
     """``predict(history) -> ms``, if given, is the timing model's iteration time for what the run
     has measured so far; it is logged next to the measured median at every progress point."""
 
-    def __init__(self, model: nn.Module, engine, optimizer: torch.optim.Optimizer, scheduler,
+    def __init__(self, model: nn.Module, engine: Engine, optimizer: torch.optim.Optimizer, scheduler,
                  train_loader, eval_loader, writer: MetricWriter, *, epochs: int,
                  max_steps: int | None, log_every: int, device: torch.device, is_main: bool,
                  predict: Callable[[History], float | None] | None = None,
@@ -172,7 +173,7 @@ class Trainer:
             }, self.step)
             # An engine with a non-finite policy decides on the gradient with every rank together
             # (trainer.nonfinite); without one, this rank stops on its own.
-            if not math.isfinite(loss_value) and getattr(self.engine, "nonfinite", None) is None:
+            if not math.isfinite(loss_value) and self.engine.nonfinite is None:
                 raise FloatingPointError(f"loss is {loss_value} at step {self.step} (epoch {epoch})")
             if self.step % self.log_every == 0 or self.step == self.total_steps:
                 self._log_prediction()

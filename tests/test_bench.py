@@ -11,7 +11,7 @@ import pytest
 from pipesgd.bench.__main__ import main as bench_main
 from pipesgd.bench.grid import LINKS, MLP, RESNET20, TRAIN_MODES, WORLD_SIZES, Cell, full_grid, quick_grid, select
 from pipesgd.bench.render import BEGIN, END, Results, render, targets, write_markdown
-from pipesgd.bench.runner import Settings, cpu_split, merge, run_cells, save
+from pipesgd.bench.runner import Settings, cpu_split, merge, recorded, run_cells, save
 
 REQUIRED = {"name", "mode", "compressor", "world_size", "link", "n", "median_iter_ms", "min_iter_ms",
             "max_iter_ms", "predicted_iter_ms", "rel_error", "command", "commit", "config"}
@@ -116,7 +116,7 @@ def test_one_tiny_cell_of_each_kind_end_to_end(tmp_path, shared_data):
     assert train["n"] == 2 and train["predicted_from"] == "calibration"
     # pipe, comm far faster than compute: the model says compute + update, from the calibration.
     assert train["predicted_iter_ms"] == pytest.approx(2.5, rel=0.2)
-    assert "pipesgd.train" in train["command"] and "trainer.max_steps=3" in train["command"]
+    assert train["command"].startswith("python -m pipesgd.train ") and "trainer.max_steps=3" in train["command"]
     assert allreduce["n"] == 3 and allreduce["bytes"] == 4096 and allreduce["bound_ms"] is None
 
     out, md = tmp_path / "benchmarks.json", tmp_path / "benchmarks.md"
@@ -135,7 +135,8 @@ def test_local_mode_steps_without_communication():
     import torch
 
     from pipesgd.compress import get_compressor
-    from pipesgd.modes import ModeArgs, build
+    from pipesgd.engine import ModeArgs
+    from pipesgd.modes import build
 
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
@@ -147,3 +148,11 @@ def test_local_mode_steps_without_communication():
     stats = engine.step()
     assert stats.applied and stats.comm.wire_bytes == 0
     assert torch.equal(model.weight, before - 1.0)
+
+
+def test_commands_are_recorded_relative_to_the_repository_root(tmp_path):
+    s = Settings(bench_dir=tmp_path / "outputs" / "bench" / "t", python="/venv/bin/python", root=tmp_path)
+    cmd = ["/venv/bin/python", "-m", "pipesgd.train", f"hydra.run.dir={s.bench_dir}/cells/x/r0",
+           f"timing.calibration={s.bench_dir}/calibration/c.json", "data.root=/data elsewhere"]
+    assert recorded(cmd, s) == ("python -m pipesgd.train hydra.run.dir=outputs/bench/t/cells/x/r0 "
+                                "timing.calibration=outputs/bench/t/calibration/c.json 'data.root=/data elsewhere'")

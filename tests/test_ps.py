@@ -10,7 +10,7 @@ import torch.distributed as dist
 from distributed_utils import run_workers
 from pipesgd import PipeSGD
 from pipesgd.compress import get_compressor
-from pipesgd.ps import ParameterServerEngine
+from pipesgd.engine import ParameterServerEngine
 from test_engine import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, reference
 from test_train import fast, train
 

@@ -24,7 +24,7 @@ from hydra import compose, initialize_config_dir
 
 import pipesgd.schema  # noqa: F401  (registers the structured config)
 from conftest import SHARED_DATA
-from pipesgd.config import ConfigError, validate
+from pipesgd.config import ConfigError, command_line_keys, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 # 30 steps per epoch (60000 / 2 ranks / 1000), so 40 steps cross an epoch boundary (eval + an
@@ -234,12 +234,36 @@ def test_forced_keys_and_ranges_are_explained(override, message):
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize("overrides,message", [
+    (["trainer.mode=ddp", "trainer.width=4"], "trainer.width=4 is not used by trainer.mode=ddp, which runs at width 1"),
+    (["trainer.mode=sync", "trainer.width=2"], "trainer.width=2 is not used by trainer.mode=sync"),
+    (["trainer.mode=local", "trainer.warmup_sync_steps=5"], "trainer.warmup_sync_steps=5 is not used by "
+                                                            "trainer.mode=local"),
+    (["trainer.mode=ps_async", "trainer.staleness=dc"], "trainer.staleness=dc is not used by trainer.mode=ps_async"),
+])
+def test_a_setting_the_mode_does_not_use_is_an_error(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        validate(composed(*overrides), command_line_keys(overrides))
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["trainer.mode=ddp"],                                   # mnist_mlp's width 2 is pipe's default: ddp runs at 1
+    ["trainer.mode=sync", "trainer.width=1", "trainer.warmup_sync_steps=0"],  # the mode's own values
+    ["trainer.mode=pipe", "trainer.width=4", "trainer.staleness=dc"],
+])
+def test_a_mode_ignores_the_config_files_width_but_not_the_command_lines(overrides):
+    validate(composed(*overrides), command_line_keys(overrides))
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("override,message", [
     ("trainer.widht=3", "Could not override 'trainer.widht'"),
     ("data.batch_size=40000", "data.batch_size=40000 is larger than the 30000 training samples each of the 2 ranks"),
+    ("trainer.mode=ddp trainer.width=4", "trainer.width=4 is not used by trainer.mode=ddp"),
+    ("trainer.mode=ps_async trainer.staleness=dc", "trainer.staleness=dc is not used by trainer.mode=ps_async"),
 ])
 def test_bad_config_on_the_command_line_fails_before_workers_start(override, message, tmp_path):
-    r = run("+experiment=mnist_mlp", override, f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path)
+    r = run("+experiment=mnist_mlp", *override.split(), f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path)
     assert r.returncode != 0 and message in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and "] - training " not in r.stderr, "no worker may have started"

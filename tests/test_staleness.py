@@ -13,8 +13,10 @@ from torch import nn
 
 from distributed_utils import run_workers
 from pipesgd import PipeSGD
-from pipesgd.staleness import make_staleness
+from pipesgd.staleness import available, make_staleness
 from test_engine import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, reference
+
+COMPENSATIONS = [name for name in available() if name != "none"]
 
 ETA, LAMBDA = 0.1, 0.5
 
@@ -94,7 +96,7 @@ def test_none_is_the_plain_rule_bit_for_bit_on_two_ranks():
         assert torch.equal(params, expected)
 
 
-@pytest.mark.parametrize("name", ["dc", "predict", "dga", "lookahead"])
+@pytest.mark.parametrize("name", COMPENSATIONS)  # every registered rule, so a new one is tested too
 def test_every_compensation_is_the_plain_rule_at_width_1(name):
     """Synchronous steps have no staleness: w_now = w_then, nothing to extrapolate, nothing pending."""
     plain, _ = run_engine("none", steps=6, width=1, momentum=0.9)
@@ -327,7 +329,7 @@ def test_lookahead_against_hand_computed_update_on_two_ranks():
 
 # --- checkpoints ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["dc", "predict", "dga", "lookahead"])
+@pytest.mark.parametrize("name", COMPENSATIONS)  # every registered rule, so a new one is tested too
 def test_state_dict_round_trip_resumes_exactly(name):
     """Stop mid-pipeline (width 3: two steps in flight), restore into fresh objects: identical."""
     def run(split_at=None):

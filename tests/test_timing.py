@@ -70,7 +70,7 @@ def test_ps_by_hand():
 
 
 def test_server_on_a_worker_rank_saves_one_push_and_pull_only():
-    # pipesgd.ps puts the server on rank 0, which also trains: p=2 means ONE remote push and pull
+    # pipesgd.engine.ps puts the server on rank 0, which also trains: p=2 means ONE remote push and pull
     # (2·(α + M·β) = 20.2e-3) but still one server-side add (M·γ = 1e-3). The bug this pins: the
     # p-1 workers were passed as p, and p=1 took the "no communication" shortcut (0 s).
     assert allreduce_time("ps", M, 2, A, B, G, server_on_worker=True) == pytest.approx(21.2e-3, rel=1e-12)

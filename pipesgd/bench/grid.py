@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
+from pipesgd.modes import MODES
 from pipesgd.timing import MODEL_PARAMS
 
 LOOPBACK = "loopback"
@@ -103,12 +104,12 @@ SEED_LINK = "100mbit"
 
 def _train(mode: str, compressor: str, p: int, link: str, workload: str = "resnet20", comm: str = "ring",
            group_size: int | None = None) -> Cell:
-    return Cell("train", mode, p, link, compressor, 2 if mode == "pipe" else 1, workload, comm=comm,
-                group_size=group_size)
+    return Cell("train", mode, p, link, compressor, MODES[mode].width or 2, workload, comm=comm,
+                group_size=group_size)  # width 2 for the pipelined mode, the mode's own for the others
 
 
 def full_grid() -> list[Cell]:
-    """Every cell issues #3 and #4 ask for, in run order (loopback first, then each emulated link)."""
+    """Every cell of the suite (docs/benchmarks.md), in run order (loopback first, then each emulated link)."""
     cells: list[Cell] = []
     resnet_bytes, mlp_bytes = 4 * RESNET20.params, 4 * MLP1M.params
     for link in LINKS:

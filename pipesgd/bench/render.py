@@ -81,7 +81,7 @@ class Results:
 
 
 def targets(r: Results) -> list[list[str]]:
-    """[target, measured as, value, goal, met, ceiling] rows for issue #3's targets.
+    """[target, measured as, value, goal, met, ceiling] rows for the suite's targets (docs/benchmarks.md).
 
     ceiling: for the speedup targets, the best value this machine allows with perfect overlap,
     i.e. with pipe replaced by max(compute-only iteration, allreduce alone) measured in the same

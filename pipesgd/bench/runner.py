@@ -3,8 +3,8 @@ separate process, skip warm-up steps, pool the rest, and write one record per ce
 
 Every command is a plain CLI invocation (``python -m pipesgd.train``, ``python -m pipesgd.emulate
 ... -- ...``, ``python -m pipesgd.timing calibrate``, ``python -m pipesgd.bench.allreduce``), saved in
-the record, so any number can be reproduced by hand. Output of each process goes to a log file
-next to its run directory, never to the terminal.
+the record relative to the repository root, so any number can be reproduced by hand from a
+checkout. Output of each process goes to a log file next to its run directory, never to the terminal.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from pipesgd.comm import ring_bytes
 from pipesgd.runinfo import git_commit, write_json_atomic
 from pipesgd.timing import load_calibration, parse_bandwidth, ring_time
 
@@ -55,6 +56,15 @@ class Settings:
     python: str = sys.executable
     timeout_s: float = 1800.0
     commit: str = field(default_factory=git_commit)
+    root: Path = Path(__file__).resolve().parents[2]
+
+
+def recorded(cmd: Sequence[str], s: Settings | None = None) -> str:
+    """``cmd`` as a reader re-runs it from the repository root: ``python`` for the interpreter and
+    paths under the root relative to it (a run dir outside the root stays absolute). Without
+    ``s``: this interpreter and this checkout."""
+    python, root = (s.python, s.root) if s is not None else (sys.executable, Settings.root)
+    return shlex.join("python" if a == python else a.replace(f"{root}/", "") for a in cmd)
 
 
 # --- processes --------------------------------------------------------------------------------------
@@ -255,7 +265,7 @@ def run_train_cell(cell: Cell, cal: Path, s: Settings) -> dict:
         if summary.get("predicted_iter_ms") is not None:
             predicted.append(summary["predicted_iter_ms"])
         run_dirs.append(str(run_dir))
-        commands.append(shlex.join(cmd))
+        commands.append(recorded(cmd, s))
     it = _spread(pooled["iter_ms"])
     pred = statistics.median(predicted) if predicted else None
     comm = [c for c in pooled["comm_ms"] if c > 0]  # steps that applied a reduction
@@ -291,7 +301,7 @@ def run_allreduce_cell(cell: Cell, cal: Path, s: Settings) -> dict:
     p, nbytes = cell.world_size, result["bytes"]
     pred = ring_time(nbytes, p, cal_values["alpha_s"], cal_values["beta_s_per_byte"],
                      cal_values["gamma_s_per_byte"]) * 1e3
-    moved = 2 * (p - 1) / p * nbytes  # bytes each rank sends in a bandwidth-optimal allreduce
+    moved = ring_bytes(nbytes, p, 1)  # bytes each rank sends in a bandwidth-optimal allreduce
     rate = parse_bandwidth(cell.link) if cell.emulated else None
     bound = None if rate is None else moved * 8 / rate * 1e3
     return {
@@ -301,7 +311,7 @@ def run_allreduce_cell(cell: Cell, cal: Path, s: Settings) -> dict:
         "busbw_mbit_s": moved * 8 / (it["median"] / 1e3) / 1e6, "bound_ms": bound,
         "rank_cpu_cores": {k: statistics.fmean(r[k] for r in result["cpu_cores_per_rank"]) for k in ("user", "system")},
         "fraction_of_bound": None if bound is None else bound / it["median"],
-        "command": shlex.join(cmd), "run_dirs": [str(run_dir)],
+        "command": recorded(cmd, s), "run_dirs": [str(run_dir)],
     }
 
 

@@ -19,7 +19,6 @@ import argparse
 import json
 import logging
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ from pipesgd.checkpoint import CheckpointDir, CheckpointError, hashed_config
 from pipesgd.runinfo import git_commit, write_json_atomic
 
 from . import tta_compose as compose
-from .runner import CellFailed, CpuSampler, cpu_split, run_logged
+from .runner import CellFailed, CpuSampler, cpu_split, recorded, run_logged
 
 log = logging.getLogger("pipesgd.bench.tta")
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,14 +123,8 @@ def train_command(a: argparse.Namespace, arm: str, link: str, run_dir: Path, ext
             "--timeout-s", str(int(a.timeout_s)), "--", *overrides]
 
 
-def _recorded(cmd: Sequence[str]) -> str:
-    """The command as stored in results: ``python`` for this interpreter, paths relative to the repo."""
-    out = ["python" if c == sys.executable else c for c in cmd]
-    return shlex.join(out).replace(str(ROOT) + os.sep, "")
-
-
 def _run(cmd: list[str], log_path: Path, timeout_s: float) -> bool:
-    log.info("$ %s", _recorded(cmd))
+    log.info("$ %s", recorded(cmd))
     try:
         run_logged(cmd, log_path, timeout_s)
         return True
@@ -190,7 +183,7 @@ def run_timing(a: argparse.Namespace) -> bool:
                     "median_compute_ms": statistics.median(history["compute_ms"][a.skip:]),
                     "median_exposed_comm_ms": statistics.median(history["exposed_comm_ms"][a.skip:]),
                     "cpu": cpu_split([sampler.between(start, history["wall_time"][-1])]),
-                    "loadavg_before": load, "command": _recorded(cmd), "commit": git_commit(),
+                    "loadavg_before": load, "command": recorded(cmd), "commit": git_commit(),
                     "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
                 write_json_atomic(path, records)
                 log.info("timing %s %s r%d: median %.1f ms/step, eval %.1f s", link, arm, rep,

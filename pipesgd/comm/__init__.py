@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 from .base import CommError, CommStats, CommThread, CompletedHandle, FutureHandle, Handle, note, one_line
 from .native import native_allreduce
-from .ring import ring_allreduce
+from .ring import ring_allreduce, ring_bytes
 from .tree import tree_allreduce
 
 ALLREDUCE: dict[str, Callable[..., CommStats]] = {
@@ -23,5 +23,5 @@ def get_allreduce(name: str) -> Callable[..., CommStats]:
 
 __all__ = [
     "ALLREDUCE", "CommError", "CommStats", "CommThread", "CompletedHandle", "FutureHandle", "Handle",
-    "get_allreduce", "native_allreduce", "note", "one_line", "ring_allreduce", "tree_allreduce",
+    "get_allreduce", "native_allreduce", "note", "one_line", "ring_allreduce", "ring_bytes", "tree_allreduce",
 ]

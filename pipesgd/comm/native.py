@@ -10,7 +10,7 @@ from .. import trace
 from ..compress import Compressor, get_compressor
 from ..compress.none import NoCompression
 from .base import CommStats, note, timed
-from .ring import chunk_bounds
+from .ring import ring_bytes
 
 
 def check_native(comp: Compressor) -> None:
@@ -45,7 +45,7 @@ def native_allreduce(tensor: Tensor, compressor: Compressor | str | None = None,
                 tensor.copy_(buf)
             wire = buf.element_size()
         # Bytes an ideal ring would send; the backend's algorithm is opaque to us.
-        sent = 2 * sum(b - a for a, b in chunk_bounds(tensor.numel(), p)[1:])
-        return CommStats(wire_bytes=sent * wire, raw_bytes=sent * tensor.element_size())
+        return CommStats(wire_bytes=ring_bytes(tensor.numel(), p, wire),
+                         raw_bytes=ring_bytes(tensor.numel(), p, tensor.element_size()))
 
     return timed(run)

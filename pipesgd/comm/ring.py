@@ -34,6 +34,14 @@ def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def ring_bytes(numel: int, p: int, elem_size: int) -> int:
+    """Bytes one rank sends in an uncompressed ring allreduce of ``numel`` values of ``elem_size``
+    bytes over ``p`` ranks (0 for p = 1): the reference every compression ratio is taken against."""
+    if p <= 1:
+        return 0
+    return 2 * sum(b - a for a, b in chunk_bounds(numel, p)[1:]) * elem_size
+
+
 def work_buffer(tensor: Tensor, identity: bool) -> tuple[Tensor, Tensor]:
     """(flat view of ``tensor`` or a contiguous copy, buffer to accumulate in). Without compression
     the sum runs in the tensor's own dtype (as the backend does); with it, in fp32 (fp64 stays fp64)."""

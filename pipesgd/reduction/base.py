@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from ..comm import CommStats
-from ..comm.ring import chunk_bounds
 from ..registry import Registry
 from .memory import ErrorFeedback
 
@@ -68,13 +67,6 @@ def reductions() -> list[str]:
 
 def get_reduction(name: str, **kwargs) -> Reduction:
     return _REGISTRY[name](**kwargs)
-
-
-def dense_ring_bytes(numel: int, p: int, elem_size: int) -> int:
-    """Bytes one rank sends in a ring allreduce of ``numel`` values: the uncompressed reference."""
-    if p <= 1:
-        return 0
-    return 2 * sum(b - a for a, b in chunk_bounds(numel, p)[1:]) * elem_size
 
 
 def check_fraction(key: str, value: float) -> float:

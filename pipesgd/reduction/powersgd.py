@@ -29,10 +29,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..comm import CommStats
+from ..comm import CommStats, ring_bytes
 from ..comm.base import timed
 from ..flat import views
-from .base import Reduction, dense_ring_bytes, register
+from .base import Reduction, register
 from .memory import ErrorFeedback
 
 
@@ -123,7 +123,7 @@ class PowerSGD(Reduction):
             self.memory.update(corrected, decoded)
         flat.copy_(out)
         return CommStats(wire_bytes=stats.wire_bytes,
-                         raw_bytes=dense_ring_bytes(flat.numel(), p, flat.element_size()))
+                         raw_bytes=ring_bytes(flat.numel(), p, flat.element_size()))
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "q": [q.clone() for q in self.q]}

@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..comm import CommStats
+from ..comm import CommStats, ring_bytes
 from ..comm.base import timed
-from .base import Reduction, check_fraction, dense_ring_bytes, register
+from .base import Reduction, check_fraction, register
 from .memory import ErrorFeedback
 
 
@@ -67,7 +67,7 @@ class TopK(Reduction):
         for g in gathered:  # rank order: the same float additions on every rank
             flat.index_add_(0, g[self.k:].long(), g[: self.k].view(torch.float32).to(flat.dtype))
         return CommStats(wire_bytes=(p - 1) * payload.nbytes,
-                         raw_bytes=dense_ring_bytes(flat.numel(), p, flat.element_size()))
+                         raw_bytes=ring_bytes(flat.numel(), p, flat.element_size()))
 
 
     def __repr__(self) -> str:

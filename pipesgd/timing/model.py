@@ -16,16 +16,17 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..modes import MODES as TRAINER_MODES
 from .units import parse_bandwidth, parse_latency
 
 ALGORITHMS = ("ring", "tree", "ps")
-"""Algorithms :func:`allreduce_time` accepts (the issue's contract)."""
+"""Algorithms :func:`allreduce_time` accepts."""
 COMM_ALGORITHMS = ("ring", "tree", "hierarchical", "ps")
 """Everything :func:`comm_time` and :func:`predict_iter_ms` accept."""
-MODES = ("sync", "pipe", "ddp", "ps_sync", "ps_async", "local")
+MODES = tuple(TRAINER_MODES)
 """``local`` is the trainer's compute-only baseline (no gradient exchange): compute + update."""
 COMPRESSORS = ("none", "fp16", "bf16", "int8")
-DDP_MODE_COMPRESSORS = ("none", "fp16", "bf16")
+DDP_MODE_COMPRESSORS = TRAINER_MODES["ddp"].compressors
 """DDP ships comm hooks for fp16 and bf16 only; int8 has no DDP row."""
 
 DDP_BUCKET_CAP_BYTES = 25 * 2**20
@@ -151,7 +152,7 @@ def ps_time(nbytes: float, p: int, alpha: float, beta: float, gamma: float = 0.0
     pulls of fp32 weights (never compressed: quantizing weights would change the model) are
     serialized on its egress. Workers compress in parallel (one half round trip on the path), the
     server decompresses q gradients. ``server_on_worker``: the server shares a worker's rank (as
-    pipesgd.ps runs it), so q = p−1: that worker's gradient and weights never cross the link.
+    pipesgd.engine.ps runs it), so q = p−1: that worker's gradient and weights never cross the link.
     """
     if p == 1:
         return 0.0
@@ -459,7 +460,7 @@ def _predict_s(mode: str, algorithm: str, nbytes: float, p: int, link: Link, com
     if mode == "local":
         return 0.0, iteration_time(mode, compute_s, 0.0, update_s)
     if mode != "ddp":
-        # A server sharing a worker's rank (pipesgd.ps) serves p-1 remote pushes and pulls.
+        # A server sharing a worker's rank (pipesgd.engine.ps) serves p-1 remote pushes and pulls.
         comm = comm_time(algorithm, nbytes, p, link, ratio, kappa, per_node=per_node, intra=intra,
                          server_on_worker=server_on_worker and algorithm == "ps")
         return comm, iteration_time(mode, compute_s, comm, update_s, width, forward_fraction, p=p,

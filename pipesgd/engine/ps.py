@@ -1,28 +1,9 @@
 """Parameter-server training (``trainer.mode=ps_sync`` and ``ps_async``) over point-to-point messages.
 
-Placement: rank 0 of the engine's group is the server AND a worker. It keeps the master weights
-(one flat fp32 buffer) and the only optimizer state in a server optimizer built from the caller's
-(same class, same param-group options, followed every update so the trainer's schedule applies);
-every rank, rank 0 included, computes gradients on its own replica. Rank 0's own gradient never
-touches the network but goes through the compressor like every push, so the update does not
-depend on where the server lives. A world of p ranks is p workers and p-1 remote push/pull pairs:
-the timing model's ``ps`` with p-1 remote workers (``server_on_worker=True`` in pipesgd.timing).
-
-Sync (``ps_sync``): each worker pushes its compressed gradient; the server decodes the p gradients,
-sums them in rank order in fp32, divides by p, applies ``optimizer.step()`` and sends the fp32
-weights back (never compressed: that would change the model, not the update). Same rule as
-synchronous allreduce SGD; replicas are bit-identical after every step.
-
-Async (``ps_async``, Downpour/Hogwild style): a server thread on rank 0 takes pushes in arrival
-order (any-source receive), applies each gradient divided by p at once (p async updates of one
-worker's batch ≈ one sync update of the global batch: the linear-scaling lr stays valid) and replies
-with the weights as they are now. Rank 0's own worker applies its gradient in-process under the
-same lock. Staleness of a gradient = updates applied between the weights it was computed on and
-its own application; it is random (arrival order) and logged (``ps/staleness_*``). ``flush()`` is a
-barrier: every worker says it is done, then all ranks receive the final weights.
-
-Wire protocol on ``group`` (async): worker -> server ``int64[1]`` header (0 push, 1 done), then the
-compressed payload when pushing; server -> worker the fp32 weights. Sync needs no header.
+Rank 0 of the engine's group is the server AND a worker; docs/modes.md ("Parameter server") gives
+the placement, both update rules and the timing. Wire protocol on ``group`` (async): worker ->
+server an ``int64[1]`` header (0 push, 1 done), then the compressed payload when pushing; server ->
+worker the fp32 weights. Sync needs no header.
 """
 
 from __future__ import annotations
@@ -30,20 +11,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .comm import CommStats
-from .compress import Compressor, Ctx
-from .compress.none import NoCompression
-from .pipeline import StepStats
-
-if TYPE_CHECKING:
-    from .modes import ModeArgs
+from ..comm import CommStats
+from ..compress import Compressor, Ctx
+from ..compress.none import NoCompression
+from .base import Engine, ModeArgs, StepStats
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +59,13 @@ class _Server:
         self.version += 1
 
 
-class ParameterServerEngine:
-    """The engine surface (``step/flush/state_dict/load_state_dict/close/width/last``) for PS training.
-
-    ``step()`` after each backward: pushes this rank's gradient and leaves this rank's parameters
-    holding the server's weights (sync: after the update of this step; async: whatever the server
-    has at the reply). ``StepStats.comm`` counts this rank's gradient push (compressed bytes vs fp32;
-    on rank 0 the in-process push); pulls are M fp32 bytes per remote worker and step.
+class ParameterServerEngine(Engine):
+    """Parameter-server training behind the engine contract. ``step()`` after each backward pushes
+    this rank's gradient and leaves this rank's parameters holding the server's weights (sync: after
+    the update of this step; async: whatever the server has at the reply). ``StepStats.comm`` counts
+    this rank's gradient push (compressed bytes vs fp32; on rank 0 the in-process push); pulls are
+    M fp32 bytes per remote worker and step. ``nonfinite`` is None: the ranks do not decide a
+    non-finite gradient together, so a non-finite loss stops its own rank.
     """
 
     width = 1
@@ -209,13 +185,6 @@ class ParameterServerEngine:
             self.server.version = int(srv["version"])
             self.server.optimizer.load_state_dict(srv["optimizer"])
             self._load(self.server.flat)
-
-    def forward_context(self) -> AbstractContextManager:
-        """Workers compute at the weights they last pulled; nothing to adjust."""
-        return nullcontext()
-
-    def consistent_weights(self) -> AbstractContextManager:
-        return nullcontext()
 
     def close(self) -> None:
         """Nothing to release in sync mode; an async server thread still serving (no ``flush()``,

@@ -1,0 +1,158 @@
+"""The engine contract: what the trainer, the reliability hooks and the composition root may call.
+
+Every ``trainer.mode`` builds an :class:`Engine` (docs/architecture.md, "The engine contract").
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..comm import CommError, CommStats
+from ..compress import Compressor
+from ..reduction import Reduction
+from ..staleness import Staleness
+
+log = logging.getLogger(__name__)
+
+NONFINITE = ("abort", "skip")
+
+
+@dataclass
+class StepStats:
+    """Where the caller's time went inside one ``step()``; ``comm`` is the applied reduction's cost.
+    ``staleness``: how many steps old the applied gradient is (0 = this step's; K-1 in a full pipeline).
+    ``metrics``: engine-specific scalars for TensorBoard (e.g. ``ps/staleness_mean``).
+    ``skipped``: an update was due but dropped because its gradient was non-finite."""
+
+    pack_s: float = 0.0
+    wait_s: float = 0.0
+    update_s: float = 0.0
+    applied: bool = False
+    comm: CommStats = field(default_factory=CommStats)
+    staleness: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    skipped: bool = False
+
+
+class ReductionError(CommError):
+    """A reduction this rank waited for failed or did not finish within the engine's timeout."""
+
+
+class NonFiniteGradient(FloatingPointError):
+    """A step's averaged gradient is non-finite and the policy says stop (raised on every rank)."""
+
+
+class NonFinitePolicy:
+    """What every rank does with an update whose gradient is non-finite somewhere: ``abort``
+    raises :class:`NonFiniteGradient`; ``skip`` drops the update, but raises after
+    ``max_in_a_row`` consecutive skips (a run whose weights are already NaN only ever skips).
+    Callers feed it the same decisions in the same order on every rank, so its state agrees."""
+
+    def __init__(self, mode: str = "abort", max_in_a_row: int = 10):
+        if mode not in NONFINITE:
+            raise ValueError(f"nonfinite={mode!r} is not known; allowed: {', '.join(NONFINITE)}")
+        self.mode, self.max_in_a_row = mode, max_in_a_row
+        self.in_a_row = 0
+        self.skipped: list[int] = []
+
+    def bad(self, step: int, where: str) -> None:
+        """Step ``step``'s gradient is non-finite (``where`` says on which ranks): log and skip, or raise."""
+        what = f"non-finite gradient at step {step} ({where})"
+        if self.mode == "abort":
+            raise NonFiniteGradient(f"{what}; trainer.nonfinite=abort stops every rank (set "
+                                    "trainer.nonfinite=skip to drop such steps, or lower the learning rate)")
+        self.in_a_row += 1
+        if self.in_a_row > self.max_in_a_row:
+            raise NonFiniteGradient(f"{what}: the {self.in_a_row}th such step in a row; stopping because "
+                                    "skipping no longer helps (are the weights already non-finite?)")
+        self.skipped.append(step)
+        log.warning("%s: update skipped on every rank (trainer.nonfinite=skip)", what)
+
+    def good(self) -> None:
+        self.in_a_row = 0
+
+    def state_dict(self) -> dict:
+        return {"in_a_row": self.in_a_row, "skipped": list(self.skipped)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.in_a_row, self.skipped = int(state["in_a_row"]), [int(s) for s in state["skipped"]]
+
+
+class Engine(ABC):
+    """One data-parallel update scheme behind one surface.
+
+    ``step()`` after each ``loss.backward()`` (instead of ``optimizer.step()``), ``flush()`` once at
+    the end; ``forward_context()`` wraps each forward and backward, ``consistent_weights()`` each
+    evaluation and replica check. ``state_dict()`` holds ``width``, ``steps`` and ``pending`` (the
+    in-flight gradients; ``[]`` when nothing is in flight) and may wait for in-flight work, never
+    apply it. ``width``: in-flight reductions + 1 (1 = synchronous). ``nonfinite``: the policy all
+    ranks decide a non-finite gradient with, or None when this engine cannot decide it together
+    (the trainer then stops a rank whose loss is non-finite). ``summary()``: run-level fields for
+    summary.json. ``close()`` releases threads; the engine is also a context manager doing that.
+    """
+
+    width: int = 1
+    nonfinite: NonFinitePolicy | None = None
+    steps: int = 0
+    last: StepStats
+
+    @abstractmethod
+    def step(self) -> StepStats:
+        """This step's update (or launch); the stats of whatever was applied."""
+
+    @abstractmethod
+    def flush(self) -> StepStats:
+        """Apply everything still in flight; afterwards every replica holds the final weights."""
+
+    @abstractmethod
+    def state_dict(self) -> dict:
+        ...
+
+    @abstractmethod
+    def load_state_dict(self, state: dict) -> None:
+        ...
+
+    def forward_context(self) -> AbstractContextManager:
+        """The weights the next forward and backward should see (default: the current ones)."""
+        return nullcontext()
+
+    def consistent_weights(self) -> AbstractContextManager:
+        """Inside: the parameters every replica agrees on (default: they already do)."""
+        return nullcontext()
+
+    def summary(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass
+class ModeArgs:
+    """What a mode's builder gets from the composition root; ``width`` is already the mode's own."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    width: int
+    compressor: Compressor | Reduction
+    allreduce: Callable[..., CommStats]
+    group: object | None
+    world_size: int
+    warmup_sync_steps: int
+    device: torch.device
+    staleness: str | Staleness = "none"
+    nonfinite: str = "abort"
+    timeout_s: float | None = None

@@ -1,0 +1,190 @@
+"""PipeSGD, the width-K engine: WHEN a reduction is waited for and applied (``trainer.mode=sync``
+and ``pipe``). docs/architecture.md, "The pipeline", draws the schedule."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+
+import torch
+from torch import Tensor
+
+from .. import trace
+from ..comm import CommError, CommStats, CompletedHandle, Handle, get_allreduce
+from ..comm.native import check_native, native_allreduce
+from ..compress import Compressor
+from ..reducer import Reduced, Reducer
+from ..reduction import Reduction, resolve
+from ..staleness import Staleness, make_staleness
+from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats
+
+
+class PipeSGD(Engine):
+    """Pipelined data-parallel SGD for any ``torch.optim`` optimizer.
+
+    Call ``step()`` after each ``loss.backward()`` (instead of ``optimizer.step()``) and ``flush()``
+    once at the end. The update applied at step t is ``optimizer.step()`` with every ``p.grad`` set
+    to the rank-average of the gradients computed at step t-K+1; steps t < K-1 apply nothing;
+    ``flush()`` applies what is still in flight, in order. Every replica applies the same averaged
+    gradients in the same order, so replicas stay identical. With ``warmup_sync_steps = N``, steps
+    t < N apply their own step's average (width 1) and the rule above holds from step N on, counting
+    steps N..N+K-2 as the pipeline's fill. ``staleness`` replaces "optimizer.step() with the
+    average" by a compensated update (docs/convergence.md); ``"none"`` is the rule above bit for bit.
+    ``compressor`` is a per-chunk compressor carried inside ``allreduce``, or a reduction with
+    collectives of its own (``"topk"``, ``"powersgd"``).
+
+    Communication runs on a background thread over ``group`` (default: the default group). Do not
+    issue other collectives on the same group from another thread while reductions are in flight;
+    give the engine its own group (``dist.new_group()``) if your loop needs collectives too.
+
+    ``nonfinite``: when any rank's gradient of a step holds a NaN/inf, every rank either raises
+    :class:`NonFiniteGradient` (``"abort"``) or skips that update (``"skip"``; ``StepStats.skipped``).
+    ``timeout_s``: a reduction not finished this long after ``step()`` starts waiting for it raises
+    :class:`ReductionError` (a backstop: the backend's own timeout usually fires first).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: Iterable[Tensor], width: int = 2,
+                 compressor: str | Compressor | Reduction | None = "none",
+                 allreduce: str | Callable[..., CommStats] = "ring", group=None,
+                 warmup_sync_steps: int = 0, staleness: str | Staleness = "none", nonfinite: str = "abort",
+                 timeout_s: float | None = None):
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
+        if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
+            raise ValueError(f"warmup_sync_steps must be an integer >= 0, got {warmup_sync_steps!r}")
+        self.optimizer = optimizer
+        self.width = width
+        self.warmup_sync_steps = warmup_sync_steps
+        self.compressor = resolve(compressor)
+        fn = get_allreduce(allreduce) if isinstance(allreduce, str) else allreduce
+        if fn is native_allreduce and isinstance(self.compressor, Compressor):
+            check_native(self.compressor)
+        self._reducer = Reducer(params, self.compressor, fn, group)
+        self.staleness = make_staleness(staleness)
+        self.staleness.bind(self._reducer.params, optimizer)
+        self._pending: deque[Handle[Reduced]] = deque()
+        self.nonfinite = NonFinitePolicy(nonfinite)
+        self.timeout_s = timeout_s
+        self.steps = 0
+        self.last = StepStats()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def step(self) -> StepStats:
+        """Launch this step's reduction; apply the one from K-1 steps ago if there is one."""
+        t0 = time.perf_counter()
+        with trace.current().span("pack", "pack", self.steps):
+            buf = self._reducer.flatten()  # the gradient, then the non-finite flag slot
+            self.staleness.launched(buf[:-1])
+            self._pending.append(self._reducer.launch(buf))
+        stats = StepStats(pack_s=time.perf_counter() - t0)
+        width = 1 if self.steps < self.warmup_sync_steps else self.width
+        if len(self._pending) == width:
+            self._apply_oldest(stats, self.steps + 1)
+        self.steps += 1
+        self.last = stats
+        return stats
+
+    def flush(self) -> StepStats:
+        """Wait for and apply every outstanding reduction, oldest first."""
+        stats = StepStats()
+        while self._pending:
+            self._apply_oldest(stats, self.steps)
+        return stats
+
+    def _apply_oldest(self, stats: StepStats, current: int) -> None:
+        """Wait for the oldest reduction and apply it; ``current`` is the (1-based) step the caller is in."""
+        step = current - len(self._pending) + 1  # the step whose gradient this is
+        tr = trace.current()
+        t0 = time.perf_counter()
+        with tr.span("wait", "wait", self.steps):
+            reduced = self._wait(self._pending.popleft(), step, current)
+        t1 = time.perf_counter()
+        stats.wait_s += t1 - t0
+        stats.comm += reduced.stats
+        if reduced.nonfinite:
+            flags = self._reducer.gather(int(reduced.local_nonfinite))
+            ranks = [str(r) for r, bad in enumerate(flags) if bad]
+            where = (f"NaN/inf on rank(s) {', '.join(ranks)}" if ranks else
+                     "no rank reports NaN/inf of its own: the sum overflowed, or it was restored from a checkpoint")
+            self.nonfinite.bad(step, where)
+            self.staleness.skip()
+            stats.skipped = True
+            return
+        self.nonfinite.good()
+        with tr.span("update", "update", self.steps):
+            self.staleness.apply(reduced.flat)
+        stats.staleness = len(self._pending)
+        stats.update_s += time.perf_counter() - t1
+        stats.applied = True
+
+    def _wait(self, handle: Handle[Reduced], step: int, current: int) -> Reduced:
+        what = f"the reduction of step {step}'s gradient (waited for at step {current})"
+        try:
+            return handle.wait(self.timeout_s)
+        except TimeoutError:
+            activity = self._reducer.activity
+            raise ReductionError(f"{what} did not finish within {self.timeout_s:g} s; the communication "
+                                 f"thread was {activity or 'idle'}", activity) from None
+        except CommError as e:
+            raise ReductionError(f"{what} failed: {e}", e.activity) from e
+
+    def forward_context(self) -> AbstractContextManager:
+        """Run the next forward and backward inside this: the weights the staleness strategy wants
+        the gradient at (``predict`` extrapolates; the others leave the weights alone)."""
+        return self.staleness.forward_context(self.in_flight)
+
+    def consistent_params(self) -> Tensor:
+        """A flat copy of the weights every replica holds identically (``dga`` replicas differ by
+        their pending local steps; this is the weights without them)."""
+        return self.staleness.consistent_params()
+
+    def consistent_weights(self) -> AbstractContextManager:
+        """Inside: the parameters hold :meth:`consistent_params` (evaluate here); restored after."""
+        return self.staleness.consistent_weights()
+
+    def state_dict(self) -> dict:
+        """Engine state including in-flight gradients (waited for, not applied) with their
+        non-finite flags, the staleness strategy's and the reduction's state (error-feedback
+        residuals), so a restored engine applies exactly what this one would have. Does not
+        include the optimizer. ``pending`` is identical on every rank; ``staleness`` and
+        ``reduction`` may be per rank. Waiting here exposes at most one reduction time."""
+        done = [self._wait(h, self.steps - len(self._pending) + 1 + i, self.steps)
+                for i, h in enumerate(self._pending)]
+        self._pending = deque(CompletedHandle(r) for r in done)
+        return {"width": self.width, "steps": self.steps, "pending": [r.flat.clone() for r in done],
+                "pending_nonfinite": [r.nonfinite for r in done], "nonfinite": self.nonfinite.state_dict(),
+                "staleness": self.staleness.state_dict(), "reduction": self._reducer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["width"] != self.width:
+            raise ValueError(f"checkpoint has width={state['width']}, engine has width={self.width}")
+        if self._pending:
+            raise RuntimeError("load_state_dict on an engine with reductions in flight; call flush() first")
+        numel = self._reducer.numel
+        for f in state["pending"]:
+            if f.numel() != numel:
+                raise ValueError(f"in-flight gradient has {f.numel()} values, model has {numel}")
+        self.steps = int(state["steps"])
+        self.staleness.load_state_dict(state.get("staleness", {}))
+        self._reducer.load_state_dict(state.get("reduction", {}))
+        flags = state.get("pending_nonfinite", [False] * len(state["pending"]))
+        self._pending = deque(
+            CompletedHandle(Reduced(f.clone(), CommStats(), torch.tensor([float("inf") if bad else 0.0])))
+            for f, bad in zip(state["pending"], flags))
+        if "nonfinite" in state:
+            self.nonfinite.load_state_dict(state["nonfinite"])
+
+    def close(self) -> None:
+        """Stop the communication thread (after ``flush()``; pending work is cancelled)."""
+        self._reducer.close()
+
+
+def build(a: ModeArgs) -> tuple[torch.nn.Module, PipeSGD]:
+    return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=a.width, compressor=a.compressor,
+                            allreduce=a.allreduce, group=a.group, warmup_sync_steps=a.warmup_sync_steps,
+                            staleness=a.staleness, nonfinite=a.nonfinite, timeout_s=a.timeout_s)

@@ -1,0 +1,102 @@
+"""The staleness contract: what a late averaged gradient does to the weights.
+
+The engine decides WHEN the average of step t-D is applied (D = updates between a gradient's
+computation and its application: K-1 in a full width-K pipeline, 0 while synchronous); a
+:class:`Staleness` rule decides WHAT that update is. docs/convergence.md gives each rule, its cost
+and how it meets momentum. Every rule is bound to one engine's parameters and optimizer; methods
+run on the caller's thread.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from ..flat import flat_params, set_grads
+from ..registry import Registry
+
+_REGISTRY: Registry[type[Staleness]] = Registry("staleness")
+
+
+class Staleness(ABC):
+    """One engine's update rule for averaged gradients that arrive late.
+
+    Call order, per engine step: ``launched(local)`` with this rank's flat gradient just before
+    its reduction starts, then zero or more ``apply(avg)`` with averages in launch order; an
+    average that is non-finite on some rank is replaced by ``skip()`` on every rank.
+    ``options`` names the ``trainer.<key>`` settings the constructor takes.
+    """
+
+    name: ClassVar[str]
+    options: ClassVar[tuple[str, ...]] = ()
+
+    def bind(self, params: Sequence[Tensor], optimizer: torch.optim.Optimizer) -> None:
+        self.params = list(params)
+        self.optimizer = optimizer
+        self.numel = sum(p.numel() for p in self.params)
+
+    def launched(self, local: Tensor) -> None:
+        """This rank's gradient of the step being launched. The reduction will overwrite
+        ``local`` in place, so a strategy that needs it later must copy it now."""
+
+    def skip(self) -> None:
+        """The oldest launched step's average is dropped (trainer.nonfinite=skip): forget what
+        ``launched`` kept for it, as if that step had never run."""
+
+    @abstractmethod
+    def apply(self, avg: Tensor) -> None:
+        """Update the parameters with the average of the oldest launched step (``avg`` may be
+        modified and is left as the parameters' ``.grad`` views)."""
+
+    def step_optimizer(self, grad: Tensor) -> None:
+        """The plain rule: ``optimizer.step()`` with every ``p.grad`` a view into ``grad``."""
+        set_grads(self.params, grad)
+        self.optimizer.step()
+
+    def forward_context(self, delay: int) -> AbstractContextManager:
+        """Weights the next forward/backward should see; ``delay`` = updates before its gradient
+        is applied. Default: the current weights."""
+        return nullcontext()
+
+    def consistent_params(self) -> Tensor:
+        """A flat copy of the weights every replica agrees on, bit for bit."""
+        return flat_params(self.params)
+
+    def consistent_weights(self) -> AbstractContextManager:
+        """Inside: the parameters hold :meth:`consistent_params` (for evaluation); restored after."""
+        return nullcontext()
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def _check_numel(self, what: str, t: Tensor) -> Tensor:
+        if t.numel() != self.numel:
+            raise ValueError(f"{self.name}: checkpoint {what} has {t.numel()} values, model has {self.numel}")
+        return t.clone()
+
+
+def register(name: str):
+    return _REGISTRY.register(name)
+
+
+def available() -> list[str]:
+    return list(_REGISTRY)
+
+
+def make_staleness(name: str | Staleness = "none", **options) -> Staleness:
+    """The strategy called ``name``, built from the ``options`` it takes (others are ignored, so
+    the caller may pass every ``trainer.*`` staleness setting)."""
+    if isinstance(name, Staleness):
+        return name
+    if name not in _REGISTRY:
+        raise ValueError(f"trainer.staleness={name!r} is not known; allowed: {', '.join(_REGISTRY)}")
+    cls = _REGISTRY[name]
+    return cls(**{k: v for k, v in options.items() if k in cls.options})

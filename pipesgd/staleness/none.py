@@ -1,0 +1,15 @@
+"""``trainer.staleness=none``: the plain stale rule, bit for bit the core engine's update."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .base import Staleness, register
+
+
+@register("none")
+class Plain(Staleness):
+    """The plain stale rule: apply the average as it is."""
+
+    def apply(self, avg: Tensor) -> None:
+        self.step_optimizer(avg)
