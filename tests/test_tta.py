@@ -54,7 +54,15 @@ def test_validation_row_compares_with_the_runs_own_clock():
     curve = [[100, 80.0], [200, 91.0]]
     row = c.validation_row("sync", "100mbit", curve, [30.0, 62.0], 90.0, step_ms=250, eval_s=5)
     assert row["composed_s"] == pytest.approx(60.0) and row["measured_s"] == 62.0
-    assert row["rel_error"] == pytest.approx(-2 / 62)
+    assert row["rel_error"] == pytest.approx(-2 / 62) and row["at_step"] == 200
+
+
+def test_validation_row_of_a_shortened_run_compares_at_its_last_evaluation():
+    curve = [[100, 40.0], [150, 50.0]]
+    row = c.validation_row("pipe", "50mbit", curve, [30.0, 49.0], None, step_ms=250, eval_s=5,
+                           warmup_steps=20, warmup_ms=400)
+    assert row["at_step"] == 150 and row["measured_s"] == 49.0
+    assert row["composed_s"] == pytest.approx((20 * 400 + 130 * 250) / 1e3 + 2 * 5)
 
 
 def test_table_has_a_row_per_arm_with_speedups():

@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", default="0", help="comma-separated seeds of the full-length runs (default 0)")
     p.add_argument("--links", default="100mbit,50mbit", help="comma-separated tc rates, or loopback")
     p.add_argument("--validate-arms", default="sync,pipe+lookahead", help="arms timed end to end per link")
+    p.add_argument("--validate-steps", type=int, default=None,
+                   help="stop each validation run after this many steps and compare at its last evaluation "
+                        "(default: the whole recipe, compared at the target)")
     p.add_argument("--recipe", default=RECIPE, help=f"conf/experiment name (default {RECIPE})")
     p.add_argument("--dir", type=Path, default=ROOT / "outputs" / "tta", help="run dirs and timing.json")
     p.add_argument("--json", type=Path, default=ROOT / "docs" / "time-to-accuracy.json", help="the result")
@@ -92,6 +95,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"argument --seeds: {a.seeds!r} is not a comma-separated list of integers")
     if not a.seeds or min(a.seeds) < 0:
         parser.error(f"argument --seeds: {a.seeds!r} must name at least one seed >= 0")
+    if a.validate_steps is not None and a.validate_steps < 1:
+        parser.error(f"argument --validate-steps: must be an integer >= 1, got {a.validate_steps}")
     for name, low in (("steps", 1), ("skip", 0), ("repeats", 1), ("workers", 1)):
         if getattr(a, name) < low:
             parser.error(f"argument --{name}: must be an integer >= {low}, got {getattr(a, name)}")
@@ -191,15 +196,23 @@ def run_timing(a: argparse.Namespace) -> bool:
     return ok
 
 
+def _validate_dir(a: argparse.Namespace, arm: str, link: str) -> Path:
+    suffix = "" if a.validate_steps is None else f"-{a.validate_steps}steps"
+    return (a.dir / "validate" / f"{arm}-{link}{suffix}").resolve()
+
+
 def run_validation(a: argparse.Namespace) -> bool:
     ok = True
     for link in a.links:
         for arm in a.validate_arms:
-            run_dir = (a.dir / "validate" / f"{arm}-{link}").resolve()
+            run_dir = _validate_dir(a, arm, link)
             if (run_dir / "summary.json").exists():
                 continue
             # resume=never: a measured wall clock must come from one uninterrupted process
-            cmd = train_command(a, arm, link, run_dir, [f"seed={a.seeds[0]}", "trainer.resume=never"])
+            extra = [f"seed={a.seeds[0]}", "trainer.resume=never"]
+            if a.validate_steps is not None:  # a shorter schedule: compared at its last evaluation
+                extra += [f"trainer.max_steps={a.validate_steps}", "trainer.checkpoint_every=null"]
+            cmd = train_command(a, arm, link, run_dir, extra)
             ok &= _run(cmd, run_dir.parent / f"{run_dir.name}.log", a.timeout_s)
     return ok
 
@@ -266,16 +279,20 @@ def build_result(a: argparse.Namespace, runs: list[dict], timing: dict[str, dict
     validation = []
     for link in links:
         for arm in a.validate_arms:
-            summary = a.dir / "validate" / f"{arm}-{link}" / "summary.json"
+            summary = _validate_dir(a, arm, link) / "summary.json"
             if not summary.exists() or arm not in links[link]["step_ms"]:
                 continue
             s = json.loads(summary.read_text())
             sync_ms = links[link]["step_ms"].get("sync")
             row = compose.validation_row(arm, link, _curve(s["evals"]), [e["elapsed_s"] for e in s["evals"]],
-                                         target, links[link]["step_ms"][arm], links[link]["eval_s"],
+                                         None if a.validate_steps else target,
+                                         links[link]["step_ms"][arm], links[link]["eval_s"],
                                          warmup.get(arm, 0) if sync_ms else 0, sync_ms)
             loop = next((r for r in finished if r["name"] == arm and r["seed"] == a.seeds[0]), None)
-            row["same_curve_as_loopback"] = None if loop is None else loop["curve"] == _curve(s["evals"])
+            # a shortened run has its own (shorter) schedule, so its curve is not the loopback run's
+            row["same_curve_as_loopback"] = (None if loop is None or a.validate_steps
+                                             else loop["curve"] == _curve(s["evals"]))
+            row["steps"] = a.validate_steps
             validation.append(row)
     reference = hashed_config(next((r["config"] for r in finished if r["name"] == "sync"), {}))
     return {

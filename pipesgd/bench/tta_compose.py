@@ -114,15 +114,20 @@ def arm_summary(runs: Sequence[dict], target: float) -> list[dict]:
 
 
 def validation_row(arm: str, link: str, curve: Sequence[Sequence[float]], measured_elapsed: Sequence[float],
-                   target: float, step_ms: float, eval_s: float, warmup_steps: int = 0,
+                   target: float | None, step_ms: float, eval_s: float, warmup_steps: int = 0,
                    warmup_ms: float | None = None) -> dict:
     """Composed against measured seconds to ``target`` for a run timed end to end on ``link``:
     ``measured_elapsed[i]`` is the run's own clock at its ``i``-th evaluation (fit start to the
-    end of that evaluation)."""
-    hit = steps_to(curve, target)
-    composed = time_to(curve, target, step_ms, eval_s, warmup_steps, warmup_ms)
+    end of that evaluation). ``target=None`` compares at the run's last evaluation instead (a
+    shortened validation run that stops before the target)."""
+    if target is None:
+        hit = (int(curve[-1][0]), len(curve)) if curve else None
+    else:
+        hit = steps_to(curve, target)
+    composed = None if hit is None else train_seconds(hit[0], step_ms, warmup_steps, warmup_ms) + hit[1] * eval_s
     measured = None if hit is None else measured_elapsed[hit[1] - 1]
-    return {"arm": arm, "link": link, "composed_s": composed, "measured_s": measured,
+    return {"arm": arm, "link": link, "at_step": None if hit is None else hit[0], "composed_s": composed,
+            "measured_s": measured,
             "rel_error": None if composed is None or not measured else (composed - measured) / measured}
 
 
