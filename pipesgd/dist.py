@@ -41,10 +41,6 @@ class DistContext:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @property
-    def initialized(self) -> bool:
-        return self.world_size > 1 or dist.is_initialized()
-
 
 def resolve_backend(backend: str) -> str:
     if backend not in BACKENDS:

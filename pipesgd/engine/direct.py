@@ -32,7 +32,7 @@ class DirectEngine(Engine):
         self.steps += 1
         comm = CommStats(self._comm.wire_bytes, self._comm.raw_bytes)
         grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
-        # NaN/inf propagate through sums (see Reducer.flatten); one device sync per step.
+        # NaN/inf propagate through sums (see GradientExchange.flatten); one device sync per step.
         if grads and not torch.isfinite(torch.stack([g.float().sum() for g in grads]).sum()).item():
             self.nonfinite.bad(self.steps, "averaged by DDP, which does not say which rank")
             self.last = StepStats(comm=comm, skipped=True)

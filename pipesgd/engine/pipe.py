@@ -13,10 +13,9 @@ from torch import Tensor
 
 from .. import trace
 from ..comm import CommError, CommStats, CompletedHandle, Handle, get_allreduce
-from ..comm.native import check_native, native_allreduce
 from ..compress import Compressor
-from ..reducer import Reduced, Reducer
-from ..reduction import Reduction, resolve
+from .exchange import GradientExchange, Reduced
+from ..reduction import Reduction
 from ..staleness import Staleness, make_staleness
 from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats
 
@@ -57,11 +56,9 @@ class PipeSGD(Engine):
         self.optimizer = optimizer
         self.width = width
         self.warmup_sync_steps = warmup_sync_steps
-        self.compressor = resolve(compressor)
         fn = get_allreduce(allreduce) if isinstance(allreduce, str) else allreduce
-        if fn is native_allreduce and isinstance(self.compressor, Compressor):
-            check_native(self.compressor)
-        self._reducer = Reducer(params, self.compressor, fn, group)
+        self._reducer = GradientExchange(params, compressor, fn, group)
+        self.compressor = self._reducer.compressor
         self.staleness = make_staleness(staleness)
         self.staleness.bind(self._reducer.params, optimizer)
         self._pending: deque[Handle[Reduced]] = deque()

@@ -1,4 +1,4 @@
-"""WHAT one step's flat gradient becomes on the wire: reduction strategies the Reducer delegates to.
+"""WHAT one step's flat gradient becomes on the wire: reduction strategies the GradientExchange delegates to.
 
 ``compressor=none|fp16|bf16|int8`` are per-chunk encoders carried inside the configured allreduce
 (:class:`InRing`); ``compressor=topk|powersgd`` are reductions with collectives of their own. Adding

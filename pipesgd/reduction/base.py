@@ -1,6 +1,6 @@
 """The reduction contract: one strategy decides what one step's flat gradient becomes on the wire.
 
-The :class:`~pipesgd.reducer.Reducer` flattens the gradients and hands the flat tensor to a
+The :class:`~pipesgd.engine.exchange.GradientExchange` flattens the gradients and hands the flat tensor to a
 :class:`Reduction`, which replaces it in place with the sum over ranks of what it communicates.
 In-ring compressors ride the configured allreduce unchanged (:class:`~.inring.InRing`); top-k
 and PowerSGD need collectives of their own (an allgather; two allreduces around an
@@ -27,7 +27,7 @@ class Reduction(ABC):
     """Sums one flat gradient across ranks, possibly lossily, keeping whatever state that needs.
 
     Instances hold per-run state (error-feedback residuals, warm-start factors): use one instance
-    per engine. ``bind`` is called once by the Reducer before the first ``reduce``; ``reduce``
+    per engine. ``bind`` is called once by the GradientExchange before the first ``reduce``; ``reduce``
     runs on the communication thread, in launch order, one call at a time.
     """
 

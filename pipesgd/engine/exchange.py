@@ -12,11 +12,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from . import trace
-from .comm import CommStats, CommThread, CompletedHandle, Handle, note
-from .compress import Compressor
-from .flat import has_nonfinite, set_grads
-from .reduction import InRing, Reduction, as_reduction
+from .. import trace
+from ..comm import CommStats, CommThread, CompletedHandle, Handle, note
+from ..comm.native import check_native, native_allreduce
+from ..compress import Compressor
+from ..flat import has_nonfinite
+from ..reduction import InRing, Spec, as_reduction, resolve
 
 
 @dataclass
@@ -45,21 +46,25 @@ def mark_nonfinite(buf: Tensor) -> Tensor:
     return bad
 
 
-class Reducer:
-    def __init__(self, params: Iterable[Tensor], compressor: Compressor | Reduction,
-                 allreduce: Callable[..., CommStats], group=None):
+class GradientExchange:
+    """WHAT one engine communicates: its parameters' gradients, flattened, handed to the reduction
+    the compressor spec resolves to (checked once against the allreduce here), on one comm thread."""
+
+    def __init__(self, params: Iterable[Tensor], compressor: Spec, allreduce: Callable[..., CommStats], group=None):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params has no tensor with requires_grad=True: nothing to reduce")
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
             raise ValueError(f"params must share one dtype, got {sorted(map(str, dtypes))}")
-        self.compressor = compressor
+        self.compressor = resolve(compressor)  # the one place a spec is resolved and checked
+        if allreduce is native_allreduce and isinstance(self.compressor, Compressor):
+            check_native(self.compressor)
         self.allreduce = allreduce
         self.group = group
         self.numel = sum(p.numel() for p in self.params)
         self.flat_numel = self.numel + 1  # gradients + the non-finite flag slot
-        self.reduction = as_reduction(compressor)
+        self.reduction = as_reduction(self.compressor)
         self.reduction.bind([p.shape for p in self.params], allreduce)
         # The flag rides in the allreduce's own buffer only through a stateless dense reduction.
         self._flag_rides = isinstance(self.reduction, InRing) and self.reduction.memory is None
@@ -125,10 +130,6 @@ class Reducer:
             return [int(t.item()) for t in out]
 
         return self._thread.submit(job).wait()
-
-    def unflatten(self, flat: Tensor) -> None:
-        """Point every ``p.grad`` at its slice of ``flat`` (views, no copy)."""
-        set_grads(self.params, flat)
 
     def state_dict(self) -> dict:
         """The reduction's state (error-feedback residuals, warm starts). Call with nothing in flight."""
