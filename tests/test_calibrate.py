@@ -13,7 +13,7 @@ import pytest
 
 from pipesgd.timing import MODEL_PARAMS, load_calibration, load_timing_model
 from pipesgd.timing.__main__ import main
-from pipesgd.timing.calibrate import CalibrationError, CalibrationSpec, fit_alpha_beta, parse_size
+from pipesgd.bench.calibrate import CalibrationError, CalibrationSpec, fit_alpha_beta, parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""One point-to-point round trip, timed: the measurement behind α and β (pipesgd.timing.calibrate)
+"""One point-to-point round trip, timed: the measurement behind α and β (pipesgd.bench.calibrate)
 and the emulated-link probe (pipesgd.emulate.probe)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``python -m pipesgd.timing predict ...``: predicted iteration time of every mode, no workers needed.
 ``python -m pipesgd.timing calibrate ...``: measure the constants on a real process group
-(pipesgd/timing/calibrate.py; needs torch, starts workers).
+(pipesgd/bench/calibrate.py, imported only for this subcommand; needs torch, starts workers).
 
 Values for ``predict`` come from, in order of precedence: an explicit flag, the ``--calibration``
 file, the defaults (10gbit, 50us, γ = 0, no compression cost, no CPU interference).
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sizes(text: str) -> list[int]:
-    from .calibrate import parse_size
+    from pipesgd.bench.calibrate import parse_size
 
     return [parse_size(part) for part in text.split(",") if part.strip()]
 
@@ -210,7 +210,7 @@ def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     """The ``calibrate`` subcommand: options -> CalibrationSpec, run it, print the file written."""
     from pipesgd import launch
 
-    from .calibrate import DEFAULT_SIZES, QUICK_SIZES, CalibrationSpec, calibrate
+    from pipesgd.bench.calibrate import DEFAULT_SIZES, QUICK_SIZES, CalibrationSpec, calibrate
 
     run_dir = None
     for extra in args.run_dir:

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from pipesgd.runinfo import git_commit, write_json_atomic
 
-from .model import ring_time
+from pipesgd.timing.model import ring_time
 
 log = logging.getLogger("pipesgd.timing.calibrate")
 
