@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -26,13 +27,12 @@ from . import dist as pdist
 from . import launch, schema, trace  # noqa: F401  (schema: registers the structured config with Hydra)
 from .config import ConfigError, check_batch, command_line_keys, validate
 from .data import DatasetError
-from .engine import ModeArgs
+from .engine import Engine, ModeArgs
 from .faults import Faults
 from .metrics import make_writer
 from .modes import build, get_mode
 from .reliability import Reliability
 from .runinfo import git_commit, write_json_atomic
-from .staleness import make_staleness
 from .summary import Prediction, summary
 from .trainer import Trainer, median
 from .watchdog import Watchdog
@@ -76,7 +76,7 @@ def _check_buildable(cfg: DictConfig) -> None:
     """Instantiate the cheap objects once so their own argument checks run before workers start."""
     compressor = instantiate(cfg.compressor)
     allreduce = instantiate(cfg.comm)
-    make_staleness(cfg.trainer.staleness, **cfg.trainer)
+    instantiate(cfg.staleness)
     if get_mode(cfg.trainer.mode).allreduce:
         from .comm.native import check_native, native_allreduce
         from .compress import Compressor
@@ -88,60 +88,42 @@ def _check_buildable(cfg: DictConfig) -> None:
     check_batch(data.batch_size, data.train_size, world)
 
 
+@dataclass
+class _Run:
+    """What a worker builds before training: the parts the trainer and the summary read."""
+
+    loaders: tuple
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    compressor: object
+    engine: Engine
+    lr: float
+    global_batch: int
+    allreduce: str
+
+
 def worker(container: dict, run_dir: str) -> None:
     """One rank of the job: everything from process group to summary.json, torn down in one place."""
     cfg = OmegaConf.create(container)
-    rank = pdist.env_int("RANK", 0)
-    _setup_logging(rank, run_dir)
-    threads = cfg.dist.threads_per_worker or pdist.env_int("OMP_NUM_THREADS", 0) or max(
-        1, (os.cpu_count() or 1) // pdist.env_int("LOCAL_WORLD_SIZE", 1))
-    torch.set_num_threads(threads)
+    _setup_logging(pdist.env_int("RANK", 0), run_dir)
+    threads = _threads(cfg)
     ctx = pdist.init(cfg.dist.backend, cfg.dist.timeout_s)
-    engine = writer = None
+    run = writer = None
     try:
         tracer = trace.Tracer(ctx.rank, cfg.trainer.trace_steps) if cfg.trainer.trace else trace.NULL_TRACER
         trace.install(tracer)
         run_dir = pdist.broadcast_object(run_dir, ctx)
         torch.manual_seed(cfg.seed)
-        dataset = instantiate(cfg.data)
-        train_split, test_split = dataset.load()
-        train_loader = dataset.train_loader(train_split, ctx.rank, ctx.world_size, cfg.seed)
-        eval_loader = dataset.eval_loader(test_split, ctx.rank, ctx.world_size)
-
-        model = instantiate(cfg.model, num_classes=dataset.num_classes, in_channels=dataset.in_channels,
-                            image_size=dataset.image_size).to(ctx.device)
-        _broadcast_parameters(model)
-        global_batch = train_loader.batch_size * ctx.world_size
-        ref = cfg.trainer.lr_reference_batch
-        lr = cfg.optimizer.lr * (global_batch / ref if ref else 1.0)
-        optimizer = instantiate(cfg.optimizer)(model.parameters(), lr=lr)
-        compressor = instantiate(cfg.compressor)
-        mode = get_mode(cfg.trainer.mode)
-        model, engine = build(cfg.trainer.mode, ModeArgs(
-            model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
-            allreduce=_build_allreduce(cfg) if mode.allreduce else None, group=ctx.comm_group,
-            world_size=ctx.world_size, warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
-            staleness=make_staleness(cfg.trainer.staleness, **cfg.trainer),
-            nonfinite=cfg.trainer.nonfinite, timeout_s=cfg.dist.timeout_s))
-        steps_per_epoch = len(train_loader)
-        total = cfg.trainer.epochs * steps_per_epoch
-        total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
-        scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total, steps_per_epoch=steps_per_epoch)
+        run = _build(cfg, ctx)
         writer = make_writer(run_dir, ctx.is_main)
-        allreduce = cfg.comm.name if mode.allreduce else mode.timing
         log.info("mode=%s width=%d staleness=%s compressor=%s allreduce=%s world=%d global batch %d lr %.4g "
-                 "threads/worker %d", cfg.trainer.mode, engine.width, cfg.trainer.staleness, compressor.name,
-                 allreduce, ctx.world_size, global_batch, lr, threads)
-        predict = _prediction(cfg, engine.width, model, ctx.world_size, compressor.name, train_loader.batch_size)
-        t = cfg.trainer
-        reliability = Reliability(
-            model=model, optimizer=optimizer, scheduler=scheduler, engine=engine, compressor=compressor,
-            rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, run_dir=run_dir, config=container,
-            checkpoint_every=t.checkpoint_every, keep=t.keep_checkpoints, resume=t.resume,
-            check_every=t.check_every if mode.replicas_agree else None,
-            faults=Faults.from_env(ctx.rank), watchdog=Watchdog.from_env(ctx.rank, ctx.world_size, cfg.dist.timeout_s),
-            elastic=t.elastic, mode=t.mode)
-        trainer = Trainer(model, engine, optimizer, scheduler, train_loader, eval_loader, writer,
+                 "threads/worker %d", cfg.trainer.mode, run.engine.width, cfg.trainer.staleness, run.compressor.name,
+                 run.allreduce, ctx.world_size, run.global_batch, run.lr, threads)
+        predict = _prediction(cfg, run.engine.width, run.model, ctx.world_size, run.compressor.name,
+                              run.loaders[0].batch_size)
+        reliability = _reliability(cfg, ctx, run, run_dir, container)
+        trainer = Trainer(run.model, run.engine, run.optimizer, run.scheduler, *run.loaders, writer,
                           epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
                           log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main,
                           predict=lambda h: predict(h)[0], eval_max_batches=cfg.trainer.eval_max_batches,
@@ -149,30 +131,89 @@ def worker(container: dict, run_dir: str) -> None:
         with reliability.guard():
             result = trainer.fit()
         if tracer.enabled:
-            trace.save(tracer, run_dir, {"mode": cfg.trainer.mode, "width": engine.width,
+            trace.save(tracer, run_dir, {"mode": cfg.trainer.mode, "width": run.engine.width,
                                          "warmup_sync_steps": cfg.trainer.warmup_sync_steps,
-                                         "compressor": compressor.name, "allreduce": allreduce})
+                                         "compressor": run.compressor.name, "allreduce": run.allreduce})
         if ctx.is_main:
-            h = trainer.history
-            predicted = predict(h)
-            writer.hparams(_hparams(cfg, engine.width, compressor.name, ctx.world_size, global_batch), {
-                "hparams/test_accuracy": result["test_accuracy"], "hparams/test_loss": result["test_loss"],
-                "hparams/iter_ms": median(h.iter_ms), "hparams/predicted_iter_ms": predicted[0],
-                "hparams/wall_seconds": result["wall_seconds"]}, trainer.step)
-            write_json_atomic(Path(run_dir) / "summary.json", summary(
-                h, result, predicted, mode=cfg.trainer.mode, width=engine.width, staleness=cfg.trainer.staleness,
-                compressor=compressor.name, allreduce=allreduce, world_size=ctx.world_size, backend=ctx.backend,
-                steps=trainer.step, global_batch=global_batch, lr=lr, threads_per_worker=threads,
-                git_commit=git_commit(), config=container, **reliability.summary(), **engine.summary()))
-            # Per-step timings for benchmarks that skip warm-up steps (pipesgd.bench).
-            write_json_atomic(Path(run_dir) / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
+            _write_results(cfg, ctx, run, trainer, result, predict(trainer.history), reliability, writer,
+                           Path(run_dir), container, threads)
     finally:
         trace.install(trace.NULL_TRACER)
         if writer is not None:
             writer.close()
-        if engine is not None:
-            engine.close()
+        if run is not None:
+            run.engine.close()
         pdist.destroy()
+
+
+def _threads(cfg: DictConfig) -> int:
+    """torch threads per worker: the config's, else OMP_NUM_THREADS, else the cores shared by the
+    node's workers; set for this process."""
+    threads = cfg.dist.threads_per_worker or pdist.env_int("OMP_NUM_THREADS", 0) or max(
+        1, (os.cpu_count() or 1) // pdist.env_int("LOCAL_WORLD_SIZE", 1))
+    torch.set_num_threads(threads)
+    return threads
+
+
+def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
+    """Data, model (rank 0's weights everywhere), optimizer at the linearly scaled lr, the mode's
+    engine and the schedule over the run's steps."""
+    dataset = instantiate(cfg.data)
+    train_split, test_split = dataset.load()
+    train_loader = dataset.train_loader(train_split, ctx.rank, ctx.world_size, cfg.seed)
+    eval_loader = dataset.eval_loader(test_split, ctx.rank, ctx.world_size)
+    model = instantiate(cfg.model, num_classes=dataset.num_classes, in_channels=dataset.in_channels,
+                        image_size=dataset.image_size).to(ctx.device)
+    _broadcast_parameters(model)
+    global_batch = train_loader.batch_size * ctx.world_size
+    ref = cfg.trainer.lr_reference_batch
+    lr = cfg.optimizer.lr * (global_batch / ref if ref else 1.0)
+    optimizer = instantiate(cfg.optimizer)(model.parameters(), lr=lr)
+    compressor = instantiate(cfg.compressor)
+    mode = get_mode(cfg.trainer.mode)
+    model, engine = build(cfg.trainer.mode, ModeArgs(
+        model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
+        allreduce=_build_allreduce(cfg) if mode.allreduce else None, group=ctx.comm_group,
+        world_size=ctx.world_size, warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
+        staleness=instantiate(cfg.staleness),
+        nonfinite=cfg.trainer.nonfinite, timeout_s=cfg.dist.timeout_s))
+    steps_per_epoch = len(train_loader)
+    total = cfg.trainer.epochs * steps_per_epoch
+    total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
+    scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total, steps_per_epoch=steps_per_epoch)
+    return _Run((train_loader, eval_loader), model, optimizer, scheduler, compressor, engine, lr, global_batch,
+                cfg.comm.name if mode.allreduce else mode.timing)
+
+
+def _reliability(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, run_dir: str, container: dict) -> Reliability:
+    """The trainer's hooks: checkpoints and resume, replica checks, faults, the hang watchdog."""
+    t = cfg.trainer
+    return Reliability(
+        model=run.model, optimizer=run.optimizer, scheduler=run.scheduler, engine=run.engine,
+        compressor=run.compressor, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, run_dir=run_dir,
+        config=container, checkpoint_every=t.checkpoint_every, keep=t.keep_checkpoints, resume=t.resume,
+        check_every=t.check_every if get_mode(t.mode).replicas_agree else None,
+        faults=Faults.from_env(ctx.rank), watchdog=Watchdog.from_env(ctx.rank, ctx.world_size, cfg.dist.timeout_s),
+        elastic=t.elastic, mode=t.mode)
+
+
+def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: Trainer, result: dict,
+                   predicted: tuple, reliability: Reliability, writer, run_dir: Path, container: dict,
+                   threads: int) -> None:
+    """Rank 0: TensorBoard's HParams row, summary.json and history.json."""
+    h = trainer.history
+    name = run.compressor.name
+    writer.hparams(_hparams(cfg, run.engine.width, name, ctx.world_size, run.global_batch), {
+        "hparams/test_accuracy": result["test_accuracy"], "hparams/test_loss": result["test_loss"],
+        "hparams/iter_ms": median(h.iter_ms), "hparams/predicted_iter_ms": predicted[0],
+        "hparams/wall_seconds": result["wall_seconds"]}, trainer.step)
+    write_json_atomic(run_dir / "summary.json", summary(
+        h, result, predicted, mode=cfg.trainer.mode, width=run.engine.width, staleness=cfg.trainer.staleness,
+        compressor=name, allreduce=run.allreduce, world_size=ctx.world_size, backend=ctx.backend,
+        steps=trainer.step, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
+        git_commit=git_commit(), config=container, **reliability.summary(), **run.engine.summary()))
+    # Per-step timings for benchmarks that skip warm-up steps (pipesgd.bench).
+    write_json_atomic(run_dir / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
 
 
 def _build_allreduce(cfg: DictConfig):
