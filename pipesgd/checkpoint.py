@@ -53,9 +53,22 @@ NOT_HASHED = ("trainer.resume", "trainer.elastic", "trainer.checkpoint_every", "
               "data.download", "data.url", "timing")
 
 
+def _legacy_staleness(out: dict) -> dict:
+    """The ``staleness`` group written as the ``trainer.*`` keys it replaced, so a checkpoint written
+    before the group existed still matches the run that resumes it."""
+    group = out.pop("staleness", None)
+    trainer = out.get("trainer")
+    if isinstance(group, dict) and isinstance(trainer, dict):
+        trainer["dc_lambda"] = group.get("dc_lambda", 0.04)
+        trainer["dc_adaptive"] = group.get("dc_adaptive", False)
+        if group.get("dc_momentum", 0.95) != 0.95:
+            trainer["dc_momentum"] = group["dc_momentum"]
+    return out
+
+
 def hashed_config(config: dict) -> dict:
     """``config`` (resolved, plain containers) without the :data:`NOT_HASHED` keys."""
-    out = json.loads(json.dumps(config, default=str))
+    out = _legacy_staleness(json.loads(json.dumps(config, default=str)))
     for key in NOT_HASHED:
         *parents, last = key.split(".")
         node = out

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .launch import under_torchrun
 from .modes import MODES, check_compressor, get_mode, modes_with
 from .schema import Config, DistConfig, TrainerConfig
 from .staleness import available as stalenesses
+from .staleness import rule_class
 
 
 class ConfigError(ValueError):
@@ -50,17 +52,57 @@ def command_line_keys(overrides: Iterable[str]) -> frozenset[str]:
     return frozenset(o.split("=", 1)[0].lstrip("+~") for o in overrides)
 
 
+def _rule_name(node: DictConfig) -> str:
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    for name in stalenesses():
+        cls = rule_class(name)
+        if target == f"{cls.__module__}.{cls.__qualname__}":
+            return name
+    raise ConfigError(f"staleness._target_={target!r} is not a registered staleness rule; "
+                      f"choose one with staleness=NAME, NAME in {', '.join(stalenesses())}")
+
+
+def resolve_staleness(cfg: DictConfig) -> None:
+    """Fold the aliases into the ``staleness`` group, in place: ``trainer.staleness=NAME`` selects
+    that rule (with its defaults) and ``trainer.dc_lambda`` / ``trainer.dc_adaptive`` set
+    ``staleness=dc``'s options. Afterwards ``trainer.staleness`` names the rule the group builds."""
+    group = _rule_name(cfg.staleness)
+    alias = cfg.trainer.staleness
+    if alias is not None and alias != group:
+        if alias not in stalenesses():
+            raise ConfigError(f"trainer.staleness={alias!r} is not known; allowed: {', '.join(stalenesses())} "
+                              "(docs/convergence.md)")
+        if group != "none":
+            raise ConfigError(f"trainer.staleness={alias} and staleness={group} name two rules; "
+                              f"use staleness={alias} alone")
+        cls = rule_class(alias)
+        defaults = inspect.signature(cls).parameters  # = conf/staleness/<alias>.yaml (tests/test_layout.py)
+        node = {"_target_": f"{cls.__module__}.{cls.__qualname__}"} | {k: defaults[k].default for k in cls.options}
+    else:
+        node = OmegaConf.to_container(cfg.staleness)
+    for key in ("dc_lambda", "dc_adaptive"):
+        value = cfg.trainer[key]
+        if value is None:
+            continue
+        if node["_target_"] != f"{rule_class('dc').__module__}.{rule_class('dc').__qualname__}":
+            raise ConfigError(f"trainer.{key}={value} is an option of staleness=dc, not of "
+                              f"staleness={alias or group}")
+        node[key] = value
+    with open_dict(cfg):
+        cfg.staleness = node
+        cfg.trainer.staleness = _rule_name(cfg.staleness)
+        cfg.trainer.dc_lambda = cfg.trainer.dc_adaptive = None
+
+
 def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
     """Raise :class:`ConfigError` naming the first bad key. ``explicit``: the keys set on the command
     line (:func:`command_line_keys`), where a setting the mode does not use is a conflict rather
     than a config file's default for another mode."""
     _known_keys(cfg)
+    resolve_staleness(cfg)
     if cfg.trainer.mode not in MODES:
         raise ConfigError(f"trainer.mode={cfg.trainer.mode!r} is not known; allowed: {', '.join(MODES)}")
     _int_at_least(cfg, "trainer.width", 1, "pipeline width; 1 = synchronous SGD, 2 = Pipe-SGD")
-    if cfg.trainer.staleness not in stalenesses():
-        raise ConfigError(f"trainer.staleness={cfg.trainer.staleness!r} is not known; "
-                          f"allowed: {', '.join(stalenesses())} (docs/convergence.md)")
     _int_at_least(cfg, "dist.nproc", 1, "number of local worker processes")
     _int_at_least(cfg, "dist.max_restarts", 0)
     _int_at_least(cfg, "trainer.warmup_sync_steps", 0, "synchronous steps before the pipeline starts")
@@ -105,8 +147,8 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
                 raise ConfigError(f"{key}={value} is not used by trainer.mode={name}, which runs at width "
                                   f"{mode.width}; drop {key} or use trainer.mode={pipelined}")
     if not mode.staleness and cfg.trainer.staleness != "none":
-        raise ConfigError(f"trainer.staleness={cfg.trainer.staleness} is not used by trainer.mode={name}; only "
-                          f"{', '.join(modes_with('staleness'))} apply a staleness rule (use trainer.staleness=none)")
+        raise ConfigError(f"staleness={cfg.trainer.staleness} is not used by trainer.mode={name}; only "
+                          f"{', '.join(modes_with('staleness'))} apply a staleness rule (use staleness=none)")
     if not mode.nonfinite_skip and cfg.trainer.nonfinite == "skip":
         raise ConfigError(f"trainer.nonfinite=skip is not available with trainer.mode={name}: its ranks do not "
                           "decide a non-finite gradient together; use trainer.nonfinite=abort")

@@ -29,9 +29,9 @@ class TrainerConfig:
     mode: str = "pipe"
     width: int = 2
     warmup_sync_steps: int = 0
-    staleness: str = "none"
-    dc_lambda: float = 0.04
-    dc_adaptive: bool = False
+    staleness: Optional[str] = None  # alias of the staleness group; holds the rule's name once validated
+    dc_lambda: Optional[float] = None  # aliases of staleness.dc_lambda / dc_adaptive (staleness=dc)
+    dc_adaptive: Optional[bool] = None
     epochs: int = 1
     max_steps: Optional[int] = None
     eval_max_batches: Optional[int] = None
@@ -65,6 +65,7 @@ class Config:
     model: Any = MISSING
     data: Any = MISSING
     compressor: Any = MISSING
+    staleness: Any = MISSING
     comm: Any = MISSING
     optimizer: Any = MISSING
     scheduler: Any = MISSING

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 import pipesgd.schema  # noqa: F401  (registers the structured config)
 from conftest import SHARED_DATA
@@ -239,7 +240,7 @@ def test_forced_keys_and_ranges_are_explained(override, message):
     (["trainer.mode=sync", "trainer.width=2"], "trainer.width=2 is not used by trainer.mode=sync"),
     (["trainer.mode=local", "trainer.warmup_sync_steps=5"], "trainer.warmup_sync_steps=5 is not used by "
                                                             "trainer.mode=local"),
-    (["trainer.mode=ps_async", "trainer.staleness=dc"], "trainer.staleness=dc is not used by trainer.mode=ps_async"),
+    (["trainer.mode=ps_async", "trainer.staleness=dc"], "staleness=dc is not used by trainer.mode=ps_async"),
 ])
 def test_a_setting_the_mode_does_not_use_is_an_error(overrides, message):
     with pytest.raises(ConfigError) as err:
@@ -256,12 +257,56 @@ def test_a_mode_ignores_the_config_files_width_but_not_the_command_lines(overrid
     validate(composed(*overrides), command_line_keys(overrides))
 
 
+def test_the_staleness_group_and_its_alias_build_the_same_run():
+    from hydra.utils import instantiate
+
+    from pipesgd.checkpoint import config_digest
+
+    group = composed("staleness=dc", "staleness.dc_lambda=0.1")
+    alias = composed("trainer.staleness=dc", "trainer.dc_lambda=0.1")
+    for cfg in (group, alias):
+        validate(cfg)
+    assert group.trainer.staleness == alias.trainer.staleness == "dc", "validation names the rule"
+    assert OmegaConf.to_container(group.staleness) == OmegaConf.to_container(alias.staleness)
+    rule = instantiate(group.staleness)
+    assert (rule.name, rule.dc_lambda, rule.momentum) == ("dc", 0.1, 0.95)
+    assert instantiate(composed("staleness=dc", "staleness.dc_momentum=0.9").staleness).momentum == 0.9
+    as_dict = [OmegaConf.to_container(c, resolve=True, enum_to_str=True) for c in (group, alias)]
+    assert config_digest(as_dict[0]) == config_digest(as_dict[1])
+
+
+def test_a_checkpoint_from_before_the_staleness_group_still_matches():
+    """Its config had ``trainer.staleness`` and ``trainer.dc_*`` and no ``staleness`` group."""
+    from pipesgd.checkpoint import config_digest
+
+    cfg = composed("trainer.staleness=lookahead")
+    validate(cfg)
+    new = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    old = {k: v for k, v in new.items() if k != "staleness"}
+    old["trainer"] = dict(new["trainer"], staleness="lookahead", dc_lambda=0.04, dc_adaptive=False)
+    assert config_digest(old) == config_digest(new)
+    old["trainer"]["staleness"] = "none"
+    assert config_digest(old) != config_digest(new), "the digest still sees the rule"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["trainer.staleness=dc", "staleness=lookahead"], "trainer.staleness=dc and staleness=lookahead name two rules"),
+    (["staleness=lookahead", "trainer.dc_lambda=0.1"], "trainer.dc_lambda=0.1 is an option of staleness=dc, not of "
+                                                       "staleness=lookahead"),
+    (["trainer.staleness=late"], "trainer.staleness='late' is not known; allowed: none, dc, dga, lookahead, predict"),
+])
+def test_conflicting_staleness_settings_are_one_line_errors(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        validate(composed(*overrides))
+    assert message in str(err.value)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("override,message", [
     ("trainer.widht=3", "Could not override 'trainer.widht'"),
     ("data.batch_size=40000", "data.batch_size=40000 is larger than the 30000 training samples each of the 2 ranks"),
     ("trainer.mode=ddp trainer.width=4", "trainer.width=4 is not used by trainer.mode=ddp"),
-    ("trainer.mode=ps_async trainer.staleness=dc", "trainer.staleness=dc is not used by trainer.mode=ps_async"),
+    ("trainer.mode=ps_async trainer.staleness=dc", "staleness=dc is not used by trainer.mode=ps_async"),
 ])
 def test_bad_config_on_the_command_line_fails_before_workers_start(override, message, tmp_path):
     r = run("+experiment=mnist_mlp", *override.split(), f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path)

@@ -69,13 +69,12 @@ def test_every_variant_composes_after_an_experiment_and_validates(variant):
     from hydra.utils import instantiate
 
     from pipesgd.config import validate
-    from pipesgd.staleness import make_staleness
 
     with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["+experiment=resnet_cifar", f"+variant={variant}"])
     validate(cfg)
     compressor = instantiate(cfg.compressor)
-    staleness = make_staleness(cfg.trainer.staleness, **cfg.trainer)
+    staleness = instantiate(cfg.staleness)
     assert cfg.trainer.mode == ("sync" if variant == "sync" else "pipe")
     expected = {"pipe_int8": "int8", "pipe_int8_ef": "int8", "pipe_topk": "topk", "pipe_powersgd": "powersgd"}
     assert compressor.name == expected.get(variant, "none")

@@ -91,12 +91,17 @@ def available() -> list[str]:
     return list(_REGISTRY)
 
 
+def rule_class(name: str) -> type[Staleness]:
+    """The class registered as ``name``; ValueError naming the known rules."""
+    if name not in _REGISTRY:
+        raise ValueError(f"trainer.staleness={name!r} is not known; allowed: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
 def make_staleness(name: str | Staleness = "none", **options) -> Staleness:
     """The strategy called ``name``, built from the ``options`` it takes (others are ignored, so
     the caller may pass every ``trainer.*`` staleness setting)."""
     if isinstance(name, Staleness):
         return name
-    if name not in _REGISTRY:
-        raise ValueError(f"trainer.staleness={name!r} is not known; allowed: {', '.join(_REGISTRY)}")
-    cls = _REGISTRY[name]
+    cls = rule_class(name)
     return cls(**{k: v for k, v in options.items() if k in cls.options})

@@ -1,4 +1,4 @@
-"""``trainer.staleness=dc``: DC-ASGD's first-order delay compensation (Zheng et al., ICML 2017)."""
+"""``staleness=dc``: DC-ASGD's first-order delay compensation (Zheng et al., ICML 2017)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ class DelayCompensation(Staleness):
 
     def __init__(self, dc_lambda: float = 0.04, dc_adaptive: bool = False, dc_momentum: float = 0.95):
         if isinstance(dc_lambda, bool) or not isinstance(dc_lambda, (int, float)) or dc_lambda < 0:
-            raise ValueError(f"trainer.dc_lambda={dc_lambda!r} is invalid: must be a number >= 0")
+            raise ValueError(f"staleness.dc_lambda={dc_lambda!r} is invalid: must be a number >= 0")
         if not 0 <= dc_momentum < 1:
-            raise ValueError(f"trainer.dc_momentum={dc_momentum!r} is invalid: must be in [0, 1)")
+            raise ValueError(f"staleness.dc_momentum={dc_momentum!r} is invalid: must be in [0, 1)")
         self.dc_lambda, self.adaptive, self.momentum = float(dc_lambda), bool(dc_adaptive), float(dc_momentum)
         self._then: deque[Tensor] = deque()
         self._mean_square: Tensor | None = None

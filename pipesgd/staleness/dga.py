@@ -1,4 +1,4 @@
-"""``trainer.staleness=dga``: delayed gradient averaging (Zhu et al., NeurIPS 2021)."""
+"""``staleness=dga``: delayed gradient averaging (Zhu et al., NeurIPS 2021)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``trainer.staleness=lookahead``: the gradient at the weights the optimizer reaches once the in-flight
+"""``staleness=lookahead``: the gradient at the weights the optimizer reaches once the in-flight
 steps land, this rank's own gradients standing in for their averages."""
 
 from __future__ import annotations

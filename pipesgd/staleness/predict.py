@@ -1,4 +1,4 @@
-"""``trainer.staleness=predict``: weight prediction (SAPipe, Chen et al., NeurIPS 2022; SpecTrain, 2018)."""
+"""``staleness=predict``: weight prediction (SAPipe, Chen et al., NeurIPS 2022; SpecTrain, 2018)."""
 
 from __future__ import annotations
 
