@@ -1,6 +1,7 @@
 """The package's shape: no import cycles (TYPE_CHECKING and function-level imports included), no
 module over 600 lines, every mode complete (its builder returns an Engine implementing the whole
-contract) and every allreduce complete (a config, and the sum dist.all_reduce computes)."""
+contract), every allreduce and staleness rule complete (a config; the sum dist.all_reduce computes), and
+timeless comments (no tracker references)."""
 
 from __future__ import annotations
 
@@ -142,3 +143,40 @@ def test_every_allreduce_has_a_config_and_sums_like_all_reduce():
         for name, (diff, wire, raw) in sums.items():
             assert diff < 1e-5, f"rank {rank}: {name} differs from dist.all_reduce by {diff}"
             assert raw > 0 and wire > 0, f"rank {rank}: {name} reports no bytes"
+
+
+def test_every_staleness_rule_has_a_config_naming_it():
+    from omegaconf import OmegaConf
+
+    from pipesgd.staleness import available, rule_class
+
+    for name in available():
+        path = PACKAGE.parent / "conf" / "staleness" / f"{name}.yaml"
+        assert path.exists(), f"staleness rule {name!r} has no conf/staleness/{name}.yaml"
+        cfg = OmegaConf.load(path)
+        cls = rule_class(name)
+        assert cfg._target_ == f"{cls.__module__}.{cls.__qualname__}", f"{path} builds another class"
+        defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()}
+        assert {k: v for k, v in cfg.items() if k != "_target_"} == {k: defaults[k] for k in cls.options}, \
+            f"{path}: every option of {name!r}, at the constructor's default (the trainer.staleness alias uses those)"
+
+
+def test_the_timing_model_does_not_import_hydra():
+    """timing/ is arithmetic and its CLI: composing configs belongs to the entry points and bench/."""
+    for name, path in MODULES.items():
+        if name.startswith("pipesgd.timing"):
+            roots = set()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    roots |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    roots.add(node.module.split(".")[0])
+            assert not roots & {"hydra", "omegaconf"}, f"{name} imports {sorted(roots & {'hydra', 'omegaconf'})}"
+
+
+def test_comments_describe_the_code_not_the_tracker():
+    import re
+
+    for name, path in MODULES.items():
+        hits = re.findall(r"[Ii]ssue #\d+", path.read_text())
+        assert not hits, f"{name} refers to {hits}: say what the code does instead"

@@ -94,7 +94,7 @@ TRAIN_MODES = (("sync", "none"), ("pipe", "none"), ("pipe", "fp16"), ("pipe", "b
                ("ddp", "none"), ("ddp", "fp16"))
 
 
-# Issue #4's modes (the seed papers' systems), where they differ from the ring: at 100 Mbit.
+# The seed papers' systems as modes, where they differ from the ring: at 100 Mbit.
 # Hierarchical needs nodes of more than one rank: p=4 as 2 groups of 2 (every link is shaped alike
 # here, so it measures the extra intra-group hops, not a faster intra-node fabric).
 SEED_MODES = (("sync", "tree"), ("pipe", "tree"), ("ps_sync", "ring"), ("ps_async", "ring"))

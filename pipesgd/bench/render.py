@@ -185,7 +185,7 @@ def render(cells: list[dict]) -> str:
            "as timed in the run (under pipe it includes the slowdown from the reduction running beside it; "
            "under ddp it includes DDP's allreduce). CPU = machine-wide split during the measured steps "
            "(kernel = system + irq + softirq: TCP, veth and tbf live there; other sessions' work counts too).",
-           "", "### Targets (issue #3)", ""]
+           "", "### Targets", ""]
     out += ["ceiling = the best value this machine allows with perfect overlap: pipe replaced by "
             "max(compute-only iteration, allreduce alone), both measured in this grid (int8: the fp32 "
             "allreduce divided by the measured compression ratio). A ceiling below the goal means no "
