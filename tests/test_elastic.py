@@ -156,3 +156,25 @@ def test_lose_a_node_and_bring_it_back_on_the_emulated_cluster(netns, tmp_path):
     assert d["seconds_to_first_step"] < 120 and d["seconds_to_rejoin"] < 180
     assert d["world_size"] == 3 and d["test_accuracy"] > 0.9
     assert not tagged_processes(r.tag) and set(list_namespaces()) <= before, "no process or namespace left"
+
+
+def test_the_accuracy_study_pairs_runs_by_seed(tmp_path):
+    """bench/elastic_study.py: the difference is taken per seed, and a missing run leaves a gap, not a 0."""
+    from pipesgd.bench import elastic_study as study
+
+    def write(name: str, acc: float, resharded=None):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"test_accuracy": acc, "resharded": resharded}))
+
+    for seed, ref, ela in ((0, 0.97, 0.96), (1, 0.95, 0.955)):
+        write(f"mnist-s{seed}-reference", ref)
+        write(f"mnist-s{seed}-elastic", ela, {"old_world": 3, "new_world": 2})
+    write("mnist-s2-reference", 0.90)  # its elastic run never finished
+    a = study.parse(["--workloads", "mnist", "--seeds", "0,1,2", "--dir", str(tmp_path)])
+    row = study.result(a)["workloads"][0]
+    assert [r["seed"] for r in row["runs"]["elastic"]] == [0, 1] and len(row["runs"]["reference"]) == 3
+    assert row["paired_difference_pp"]["mean"] == pytest.approx((-1.0 + 0.5) / 2)
+    assert row["reference"]["min"] == pytest.approx(90.0) and len(row["resharded"]) == 2
+    assert "| mnist | 2 |" in study.table(study.result(a))
+    with pytest.raises(SystemExit):
+        study.parse(["--workloads", "imagenet"])
