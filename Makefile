@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev,plot]"
 	touch $@
 
-# Fashion-MNIST for tests/test_data.py is Debian's dataset-fashion-mnist (30 MB): installed when this
+# Fashion-MNIST for tests/unit/test_data.py is Debian's dataset-fashion-mnist (30 MB): installed when this
 # runs as root with apt-get, quietly skipped otherwise (the test then skips, except under CI=true).
 datasets:
 	@if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

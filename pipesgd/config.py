@@ -76,7 +76,7 @@ def resolve_staleness(cfg: DictConfig) -> None:
             raise ConfigError(f"trainer.staleness={alias} and staleness={group} name two rules; "
                               f"use staleness={alias} alone")
         cls = rule_class(alias)
-        defaults = inspect.signature(cls).parameters  # = conf/staleness/<alias>.yaml (tests/test_layout.py)
+        defaults = inspect.signature(cls).parameters  # = conf/staleness/<alias>.yaml (tests/distributed/test_layout.py)
         node = {"_target_": f"{cls.__module__}.{cls.__qualname__}"} | {k: defaults[k].default for k in cls.options}
     else:
         node = OmegaConf.to_container(cfg.staleness)

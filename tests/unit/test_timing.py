@@ -33,7 +33,7 @@ from pipesgd.timing import (
 )
 from pipesgd.timing.__main__ import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 M = 1_000_000.0  # bytes
 A, B, G, K = 1e-4, 1e-8, 1e-9, 2e-9  # α s/msg, β s/B (800 Mbit/s), γ s/B, κ s/B
 

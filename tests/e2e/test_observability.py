@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_train import ROOT, fast
+from runs import ROOT, fast
 
 from pipesgd.report import ReportError, sweep_report
 from pipesgd.trace import CATEGORIES
@@ -22,7 +22,7 @@ STEPS = 12
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, request):
-    data = Path(__file__).resolve().parents[2] / "shared" / "data"
+    data = Path(__file__).resolve().parents[3] / "shared" / "data"
     if not (data / "mnist").is_dir():
         pytest.skip(f"offline datasets not found at {data}")
     tmp = tmp_path_factory.mktemp("obs")

@@ -9,29 +9,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from runs import ROOT, fast, train, worker_processes
+
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 SUMMARY_FIELDS = {
     "mode", "width", "compressor", "allreduce", "world_size", "steps", "epochs", "final_train_loss",
     "test_accuracy", "median_iter_ms", "median_compute_ms", "median_exposed_comm_ms", "bytes_per_step",
     "wall_seconds", "config", "git_commit", "predicted_iter_ms", "measured_iter_ms",
 }
-
-
-def train(*overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["GLOO_SOCKET_IFNAME"] = "lo"
-    return subprocess.run([sys.executable, "-m", "pipesgd.train", *overrides], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def fast(tmp_path, data_root) -> list[str]:
-    return [f"data.root={data_root}", f"data.cache_dir={tmp_path / 'cache'}", "trainer.log_every=1"]
-
-
-def worker_processes() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "torch.distributed.elastic" in line or "spawn_main" in line]
 
 
 @pytest.mark.timeout(300)

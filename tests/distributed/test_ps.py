@@ -1,7 +1,6 @@
 """Parameter-server modes: ps_sync against synchronous allreduce SGD (same init, data, lr), ps_async
 invariants and MNIST convergence, the five-mode multirun, and bad input."""
 
-import json
 
 import pytest
 import torch
@@ -11,8 +10,7 @@ from distributed_utils import run_workers
 from pipesgd import PipeSGD
 from pipesgd.compress import get_compressor
 from pipesgd.engine import ParameterServerEngine
-from test_engine import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, reference
-from test_train import fast, train
+from engine_reference import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, reference
 
 
 def _run(rank, engine_of, steps=STEPS):
@@ -83,45 +81,6 @@ def test_ps_async_applies_every_gradient_and_ends_identical(p, compressor):
     initial = make_model()
     start = torch.nn.utils.parameters_to_vector(initial.parameters()).detach()
     assert loss_after < sum(loss_of_model(start, 0, t) for t in range(STEPS)), "training reduced the loss"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_ps_async_converges_on_mnist(tmp_path, shared_data):
-    """2 processes: rank 0 is worker + server, rank 1 a worker. Two epochs of the MNIST MLP (one
-    epoch measured 96.0 %, too close to the bar for a random-order algorithm)."""
-    run_dir = tmp_path / "run"
-    r = train("+experiment=mnist_mlp", *fast(tmp_path, shared_data), "trainer.mode=ps_async",
-              "trainer.epochs=2", "trainer.log_every=100", "dist.threads_per_worker=1",
-              f"hydra.run.dir={run_dir}", timeout=380)
-    assert r.returncode == 0, r.stderr[-3000:]
-    s = json.loads((run_dir / "summary.json").read_text())
-    assert s["mode"] == "ps_async" and s["world_size"] == 2
-    assert s["test_accuracy"] >= 0.95, s["test_accuracy"]
-    assert s["server_updates"] == 2 * s["steps"] and s["staleness_max"] >= 1
-
-
-@pytest.mark.timeout(400)
-def test_multirun_of_every_mode(tmp_path, shared_data):
-    sweep = tmp_path / "sweep"
-    modes = ["sync", "pipe", "ddp", "ps_sync", "ps_async"]
-    r = train("-m", "+experiment=mnist_mlp", *fast(tmp_path, shared_data), "trainer.max_steps=3",
-              f"trainer.mode={','.join(modes)}", "dist.threads_per_worker=1", "data.eval_batch_size=2000",
-              f"hydra.sweep.dir={sweep}", timeout=380)
-    assert r.returncode == 0, r.stderr[-3000:]
-    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/summary.json"))]
-    assert [s["mode"] for s in summaries] == modes
-    assert all(s["predicted_iter_ms"] is not None and s["steps"] == 3 for s in summaries)
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode", ["ps_sync", "ps_async"])
-def test_ps_with_one_process_fails_before_workers_start(mode, tmp_path, shared_data):
-    r = train("+experiment=mnist_mlp", *fast(tmp_path, shared_data), f"trainer.mode={mode}", "dist.nproc=1",
-              f"hydra.run.dir={tmp_path / 'run'}")
-    assert r.returncode == 2
-    assert f"dist.nproc=1 is invalid for trainer.mode={mode}" in r.stderr, r.stderr[-2000:]
-    assert "Traceback" not in r.stderr and "training" not in r.stderr
 
 
 def test_ps_engine_refuses_a_lone_process():

@@ -13,7 +13,7 @@ from pipesgd import PipeSGD
 from pipesgd.comm import ring_allreduce
 from pipesgd.compress import get_compressor
 from pipesgd.reduction import ErrorFeedback, InRing, PowerSGD, TopK, resolve
-from test_engine import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model
+from engine_reference import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model
 
 SHAPES = [torch.Size([6, 5]), torch.Size([5]), torch.Size([4, 3, 2, 2]), torch.Size([3])]
 NUMEL = sum(s.numel() for s in SHAPES)

@@ -14,7 +14,7 @@ from torch import nn
 from distributed_utils import run_workers
 from pipesgd import PipeSGD
 from pipesgd.staleness import available, make_staleness
-from test_engine import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, reference
+from engine_reference import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, reference
 
 COMPENSATIONS = [name for name in available() if name != "none"]
 

@@ -42,7 +42,7 @@ import pytest  # noqa: E402
 from pipesgd.emulate import Cluster, EmulateError, Shaping, format_rate, parse_rate  # noqa: E402
 from pipesgd.emulate.cli import resolve_run_dir  # noqa: E402
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 PY = sys.executable
 IS_ROOT = os.geteuid() == 0

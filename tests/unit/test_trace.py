@@ -7,7 +7,7 @@ import threading
 
 import pytest
 from hydra import compose, initialize_config_dir
-from test_train import ROOT
+from runs import ROOT
 
 from pipesgd import trace
 from pipesgd.config import ConfigError, validate

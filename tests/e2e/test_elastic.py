@@ -9,7 +9,7 @@ import torch
 from pipesgd import elastic
 from pipesgd.data.loader import ShardedLoader, Split
 
-from test_reliability import needs_mnist, run, summary, tagged_processes
+from runs import needs_mnist, run, summary, tagged_processes
 
 
 def loader(n: int, rank: int, world: int, batch: int = 4, augment: bool = False) -> ShardedLoader:

@@ -21,7 +21,7 @@ from pipesgd.compress import get_compressor
 from pipesgd.engine import Engine, ModeArgs
 from pipesgd.modes import MODES, build
 
-PACKAGE = Path(__file__).resolve().parents[1] / "pipesgd"
+PACKAGE = Path(__file__).resolve().parents[2] / "pipesgd"
 MAX_LINES = 600
 
 

@@ -11,7 +11,7 @@ import pytest
 from pipesgd.bench import tta
 from pipesgd.bench import tta_compose as c
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_target_is_the_sync_mean_minus_the_slack():

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from distributed_utils import free_port
-from test_train import ROOT
+from runs import ROOT
 
 
 @pytest.mark.timeout(300)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from test_train import ROOT
+from runs import ROOT
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
                     reason="hydra-submitit-launcher is not installed (pip install 'pipesgd[slurm]')")

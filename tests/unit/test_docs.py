@@ -5,7 +5,7 @@ import re
 
 import pytest
 import torch
-from test_train import ROOT
+from runs import ROOT
 
 from pipesgd.compress import base, get_compressor
 

@@ -34,7 +34,7 @@ from pipesgd.data import (
 from pipesgd.data.download import download
 from pipesgd.data.loader import random_crop_flip
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"
 CIFAR_ARCHIVE = SHARED / "cifar-10-python.tar.gz"
 SHARED_CIFAR_MD5 = "befa26460785474cedbfe392927bcba9"

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from distributed_utils import run_workers
 from pipesgd import NonFiniteGradient, PipeSGD, ReductionError
 from pipesgd.watchdog import Watchdog
-from test_engine import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, reference
+from engine_reference import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, reference
 
 BAD_RANK, BAD_STEP = 1, 5  # step index 5 = the 6th step, "step 6" in messages
 

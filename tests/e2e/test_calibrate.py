@@ -15,7 +15,7 @@ from pipesgd.timing import MODEL_PARAMS, load_calibration, load_timing_model
 from pipesgd.timing.__main__ import main
 from pipesgd.bench.calibrate import CalibrationError, CalibrationSpec, fit_alpha_beta, parse_size
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_fit_recovers_alpha_and_beta_exactly():

@@ -9,25 +9,16 @@ Faults are injected with PIPESGD_FAULT (pipesgd/faults.py) at a chosen step, nev
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
 import socket
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-import pipesgd.schema  # noqa: F401  (registers the structured config)
 from conftest import SHARED_DATA
-from pipesgd.config import ConfigError, command_line_keys, validate
+from runs import needs_mnist, run, summary, tagged_processes
 
-ROOT = Path(__file__).resolve().parents[1]
 # 30 steps per epoch (60000 / 2 ranks / 1000), so 40 steps cross an epoch boundary (eval + an
 # epoch-end checkpoint at 30); checkpoints at 8, 16, 24, 30, 32, 40 (the newest 2 kept); evaluations
 # at 12, 24, 30 (epoch end), 36 and 40 (the end).
@@ -41,42 +32,6 @@ def curve(s: dict) -> list[tuple]:
     """The accuracy curve of a run: what must not depend on an interruption."""
     return [(e["step"], e["epoch"], e["test_accuracy"], e["test_loss"]) for e in s["evals"]]
 KILL_STEP, RESUME_STEP = 35, 32
-
-
-def run(*overrides: str, tmp: Path, fault: str | None = None, prefix: tuple[str, ...] = ("-m", "pipesgd.train"),
-        extra_env: dict | None = None, timeout: float = 280) -> subprocess.CompletedProcess:
-    """``python <prefix> <overrides>`` from the repo root with a test tag in the environment."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(GLOO_SOCKET_IFNAME="lo", PIPESGD_TEST_TAG=uuid.uuid4().hex, **(extra_env or {}))
-    if fault:
-        env["PIPESGD_FAULT"] = fault
-    data = [f"data.root={SHARED_DATA}", f"data.cache_dir={tmp / 'cache'}"]
-    r = subprocess.run([sys.executable, *prefix, *overrides, *data], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=timeout)
-    r.tag = env["PIPESGD_TEST_TAG"]
-    return r
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
-
-
-def tagged_processes(tag: str) -> list[int]:
-    """Live processes started with ``PIPESGD_TEST_TAG=tag`` in their environment."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and f"PIPESGD_TEST_TAG={tag}".encode() in (proc / "environ").read_bytes():
-                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state != "Z":
-                    found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
-
-
-needs_mnist = pytest.mark.skipif(not (SHARED_DATA / "mnist").is_dir(), reason=f"no MNIST under {SHARED_DATA}")
 
 
 @pytest.fixture(scope="module")
@@ -192,113 +147,6 @@ def test_taken_master_port_is_explained(tmp_path):
     assert (f"rank 0 cannot host the job's store on MASTER_ADDR:MASTER_PORT=127.0.0.1:{port}: the port is already "
             "in use") in r.stderr
     assert "torchrun --master-port" in r.stderr and "Traceback" not in r.stderr
-
-
-# ---------------------------------------------------------------- config validation (no workers)
-
-
-def composed(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=["+experiment=mnist_mlp", *overrides])
-
-
-@pytest.mark.parametrize("override,message", [
-    ("trainer.widht=3", "Could not override 'trainer.widht'"),
-    ("dist.timeot_s=3", "Could not override 'dist.timeot_s'"),
-    ("trainer.width=two", "Value 'two' of type 'str' could not be converted to Integer"),
-    ("dist.timeout_s=soon", "Value 'soon' of type 'str' could not be converted to Float"),
-    ("trainer.nonfinite=maybe", "Invalid value 'maybe', expected one of [skip, abort]"),
-    ("trainer.checkpoint_every=often", "could not be converted to Integer"),
-])
-def test_schema_rejects_unknown_keys_and_wrong_types_with_hydras_message(override, message):
-    with pytest.raises(Exception) as err:
-        composed(override)
-    text = f"{err.value} {err.value.__cause__}"
-    assert message in text, text
-
-
-@pytest.mark.parametrize("override,message", [
-    ("+trainer.widht=3", "trainer.widht is not a setting; did you mean trainer.width? allowed: mode, width"),
-    ("+dist.procs=3", "dist.procs is not a setting; did you mean dist.nproc?"),
-    ("+sed=1", "sed is not a setting; did you mean seed?"),
-    ("trainer.keep_checkpoints=0", "trainer.keep_checkpoints=0 is invalid: must be an integer >= 1"),
-    ("trainer.checkpoint_every=0", "trainer.checkpoint_every=0 is invalid: must be an integer >= 1 (steps between "
-                                   "checkpoints, or null for none)"),
-    ("trainer.check_every=-1", "trainer.check_every=-1 is invalid"),
-    ("trainer.resume=/nonexistent/step-00000008.pt", "trainer.resume='/nonexistent/step-00000008.pt' is not a "
-                                                     "checkpoint file; allowed: auto"),
-])
-def test_forced_keys_and_ranges_are_explained(override, message):
-    """``+key=value`` appends past a schema by Hydra's design; validate() names such keys."""
-    with pytest.raises(ConfigError) as err:
-        validate(composed(override))
-    assert message in str(err.value)
-
-
-@pytest.mark.parametrize("overrides,message", [
-    (["trainer.mode=ddp", "trainer.width=4"], "trainer.width=4 is not used by trainer.mode=ddp, which runs at width 1"),
-    (["trainer.mode=sync", "trainer.width=2"], "trainer.width=2 is not used by trainer.mode=sync"),
-    (["trainer.mode=local", "trainer.warmup_sync_steps=5"], "trainer.warmup_sync_steps=5 is not used by "
-                                                            "trainer.mode=local"),
-    (["trainer.mode=ps_async", "trainer.staleness=dc"], "staleness=dc is not used by trainer.mode=ps_async"),
-])
-def test_a_setting_the_mode_does_not_use_is_an_error(overrides, message):
-    with pytest.raises(ConfigError) as err:
-        validate(composed(*overrides), command_line_keys(overrides))
-    assert message in str(err.value)
-
-
-@pytest.mark.parametrize("overrides", [
-    ["trainer.mode=ddp"],                                   # mnist_mlp's width 2 is pipe's default: ddp runs at 1
-    ["trainer.mode=sync", "trainer.width=1", "trainer.warmup_sync_steps=0"],  # the mode's own values
-    ["trainer.mode=pipe", "trainer.width=4", "trainer.staleness=dc"],
-])
-def test_a_mode_ignores_the_config_files_width_but_not_the_command_lines(overrides):
-    validate(composed(*overrides), command_line_keys(overrides))
-
-
-def test_the_staleness_group_and_its_alias_build_the_same_run():
-    from hydra.utils import instantiate
-
-    from pipesgd.checkpoint import config_digest
-
-    group = composed("staleness=dc", "staleness.dc_lambda=0.1")
-    alias = composed("trainer.staleness=dc", "trainer.dc_lambda=0.1")
-    for cfg in (group, alias):
-        validate(cfg)
-    assert group.trainer.staleness == alias.trainer.staleness == "dc", "validation names the rule"
-    assert OmegaConf.to_container(group.staleness) == OmegaConf.to_container(alias.staleness)
-    rule = instantiate(group.staleness)
-    assert (rule.name, rule.dc_lambda, rule.momentum) == ("dc", 0.1, 0.95)
-    assert instantiate(composed("staleness=dc", "staleness.dc_momentum=0.9").staleness).momentum == 0.9
-    as_dict = [OmegaConf.to_container(c, resolve=True, enum_to_str=True) for c in (group, alias)]
-    assert config_digest(as_dict[0]) == config_digest(as_dict[1])
-
-
-def test_a_checkpoint_from_before_the_staleness_group_still_matches():
-    """Its config had ``trainer.staleness`` and ``trainer.dc_*`` and no ``staleness`` group."""
-    from pipesgd.checkpoint import config_digest
-
-    cfg = composed("trainer.staleness=lookahead")
-    validate(cfg)
-    new = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    old = {k: v for k, v in new.items() if k != "staleness"}
-    old["trainer"] = dict(new["trainer"], staleness="lookahead", dc_lambda=0.04, dc_adaptive=False)
-    assert config_digest(old) == config_digest(new)
-    old["trainer"]["staleness"] = "none"
-    assert config_digest(old) != config_digest(new), "the digest still sees the rule"
-
-
-@pytest.mark.parametrize("overrides,message", [
-    (["trainer.staleness=dc", "staleness=lookahead"], "trainer.staleness=dc and staleness=lookahead name two rules"),
-    (["staleness=lookahead", "trainer.dc_lambda=0.1"], "trainer.dc_lambda=0.1 is an option of staleness=dc, not of "
-                                                       "staleness=lookahead"),
-    (["trainer.staleness=late"], "trainer.staleness='late' is not known; allowed: none, dc, dga, lookahead, predict"),
-])
-def test_conflicting_staleness_settings_are_one_line_errors(overrides, message):
-    with pytest.raises(ConfigError) as err:
-        validate(composed(*overrides))
-    assert message in str(err.value)
 
 
 @pytest.mark.timeout(120)

@@ -5,65 +5,10 @@ import copy
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch import nn
 
 from distributed_utils import run_workers
+from engine_reference import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, reference
 from pipesgd import PipeSGD
-
-STEPS = 20
-LR, MOMENTUM = 0.05, 0.9
-
-
-def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 3))
-
-
-def batch(rank: int, step: int):
-    g = torch.Generator().manual_seed(10_000 * rank + step)
-    return torch.randn(16, 10, generator=g), torch.randint(0, 3, (16,), generator=g)
-
-
-def loss_of(model, rank, step):
-    x, y = batch(rank, step)
-    return nn.functional.cross_entropy(model(x), y)
-
-
-def flat_params(model) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def reference(p: int, width: int, steps: int = STEPS, warmup_sync_steps: int = 0,
-              skip_step: int | None = None) -> torch.Tensor:
-    """One process, p simulated ranks: the update at step t applies the rank-average of the
-    gradients computed at step t-width+1 (at t-0 during the first warmup_sync_steps); a final
-    flush applies the rest in order. The update with step ``skip_step``'s gradient is dropped."""
-    model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    queue = []
-
-    def apply(entry):
-        t, avg = entry
-        if t == skip_step:
-            return
-        for prm, g in zip(model.parameters(), avg):
-            prm.grad = g.clone()
-        opt.step()
-
-    for t in range(steps):
-        grads = []
-        for r in range(p):
-            model.zero_grad()
-            loss_of(model, r, t).backward()
-            grads.append([prm.grad.clone() for prm in model.parameters()])
-        queue.append((t, [sum(gs) / p for gs in zip(*grads)]))
-        if len(queue) == (1 if t < warmup_sync_steps else width):
-            apply(queue.pop(0))
-    while queue:
-        apply(queue.pop(0))
-    return flat_params(model)
-
 
 def _pipesgd_worker(rank, p, width, compressor, allreduce):
     model = make_model()

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from test_train import ROOT, fast, train
+from runs import ROOT, fast, train
 
 PAIRS = [("dc", ["compressor=topk"]), ("predict", ["compressor=powersgd"]),
          ("dga", ["compressor=int8", "compressor.error_feedback=true"]), ("lookahead", ["compressor=int8"])]

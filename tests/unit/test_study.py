@@ -59,7 +59,7 @@ def test_cli_writes_table_and_plot(sweep, tmp_path, capsys):
     assert len(json.loads((tmp_path / "t.json").read_text())) == 3
 
 
-VARIANTS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "variant").glob("*.yaml"))
+VARIANTS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "variant").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -70,7 +70,7 @@ def test_every_variant_composes_after_an_experiment_and_validates(variant):
 
     from pipesgd.config import validate
 
-    with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+    with initialize_config_dir(str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["+experiment=resnet_cifar", f"+variant={variant}"])
     validate(cfg)
     compressor = instantiate(cfg.compressor)

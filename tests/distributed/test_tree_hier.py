@@ -1,7 +1,7 @@
 """tree_allreduce (p = 2..5) and the hierarchical allreduce (2x2 node groups, and the degenerate
 splits) against torch.distributed.all_reduce on Gloo ranks.
 
-Error bounds, per value, derived as in tests/test_ring.py (S = sum over ranks of |x_r|, u the unit
+Error bounds, per value, derived as in tests/distributed/test_ring.py (S = sum over ranks of |x_r|, u the unit
 roundoff of the dtype):
 - no compressor: any order of p additions is within (p-1)·u·S of the exact sum, so two of them
   differ by at most 2(p-1)·u·S.
@@ -13,7 +13,6 @@ roundoff of the dtype):
   sums <= S), the node trees add in fp32: |hier - exact| <= n·per_encode + (p-1)·2**-24·S.
 """
 
-import json
 
 import pytest
 import torch
@@ -24,7 +23,6 @@ from pipesgd import dist as pdist
 from pipesgd.comm import tree_allreduce
 from pipesgd.comm.hierarchical import HierarchicalAllreduce
 from pipesgd.comm.tree import children, parent
-from test_train import fast, train
 
 UNIT = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 LENGTHS = [0, 1, 3, 1001, 20_000]
@@ -140,26 +138,3 @@ def _bad_group_size(rank, p):
 def test_group_size_must_divide_world():
     msg = run_workers(_bad_group_size, 3)[0]
     assert msg is not None and "comm.group_size=2" in msg and "world size 3" in msg
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("comm,extra", [("tree", ["dist.nproc=3"]),
-                                        ("hierarchical", ["dist.nproc=4", "comm.group_size=2"])])
-def test_training_runs_over_tree_and_2x2_hierarchical(comm, extra, tmp_path, shared_data):
-    run_dir = tmp_path / "run"
-    r = train("+experiment=mnist_mlp", *fast(tmp_path, shared_data), f"comm={comm}", *extra, "compressor=int8",
-              "trainer.max_steps=3", "dist.threads_per_worker=1", "data.eval_batch_size=2000",
-              f"hydra.run.dir={run_dir}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    s = json.loads((run_dir / "summary.json").read_text())
-    assert s["allreduce"] == comm and s["predicted_iter_ms"] is not None
-    assert s["compression_ratio"] > 1.2  # rank 0 of hierarchical also sends fp32 inside its node
-
-
-@pytest.mark.timeout(120)
-def test_group_size_not_dividing_nproc_fails_before_workers_start(tmp_path, shared_data):
-    r = train("+experiment=mnist_mlp", *fast(tmp_path, shared_data), "comm=hierarchical", "comm.group_size=2",
-              "dist.nproc=3", f"hydra.run.dir={tmp_path / 'run'}")
-    assert r.returncode == 2
-    assert "comm.group_size=2 is invalid with dist.nproc=3" in r.stderr, r.stderr[-2000:]
-    assert "Traceback" not in r.stderr and "training" not in r.stderr

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from test_train import ROOT
+from runs import ROOT
 
 EXAMPLES = ROOT / "examples"
 

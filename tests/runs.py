@@ -1,0 +1,69 @@
+"""Helpers for the tests that run pipesgd's entry points as a user would (a subprocess from the
+repository root, loopback only): train / run, the run's summary, and the processes a run left."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import SHARED_DATA
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def train(*overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    return subprocess.run([sys.executable, "-m", "pipesgd.train", *overrides], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def fast(tmp_path, data_root) -> list[str]:
+    return [f"data.root={data_root}", f"data.cache_dir={tmp_path / 'cache'}", "trainer.log_every=1"]
+
+
+def worker_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "torch.distributed.elastic" in line or "spawn_main" in line]
+
+
+def run(*overrides: str, tmp: Path, fault: str | None = None, prefix: tuple[str, ...] = ("-m", "pipesgd.train"),
+        extra_env: dict | None = None, timeout: float = 280) -> subprocess.CompletedProcess:
+    """``python <prefix> <overrides>`` from the repo root with a test tag in the environment."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(GLOO_SOCKET_IFNAME="lo", PIPESGD_TEST_TAG=uuid.uuid4().hex, **(extra_env or {}))
+    if fault:
+        env["PIPESGD_FAULT"] = fault
+    data = [f"data.root={SHARED_DATA}", f"data.cache_dir={tmp / 'cache'}"]
+    r = subprocess.run([sys.executable, *prefix, *overrides, *data], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    r.tag = env["PIPESGD_TEST_TAG"]
+    return r
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Live processes started with ``PIPESGD_TEST_TAG=tag`` in their environment."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and f"PIPESGD_TEST_TAG={tag}".encode() in (proc / "environ").read_bytes():
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+needs_mnist = pytest.mark.skipif(not (SHARED_DATA / "mnist").is_dir(), reason=f"no MNIST under {SHARED_DATA}")
