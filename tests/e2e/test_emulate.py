@@ -42,7 +42,8 @@ import pytest  # noqa: E402
 from pipesgd.emulate import Cluster, EmulateError, Shaping, format_rate, parse_rate  # noqa: E402
 from pipesgd.emulate.cli import resolve_run_dir  # noqa: E402
 
-TESTS = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent  # the workers run this file as a module: `-m test_emulate`
+TESTS = HERE.parent
 REPO = TESTS.parent
 PY = sys.executable
 IS_ROOT = os.geteuid() == 0
@@ -82,7 +83,7 @@ def _alive(pid: int) -> bool:
 
 
 def _emulate(args: list[str], **kw: object) -> subprocess.Popen[str]:
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)])}
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(HERE), str(TESTS), str(REPO)])}
     return subprocess.Popen(
         [PY, "-m", "pipesgd.emulate", *args],
         cwd=REPO,
