@@ -5,6 +5,7 @@ rank reads alike. docs/reliability.md ("NaN and inf") says how the flag rides th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -46,6 +47,17 @@ def mark_nonfinite(buf: Tensor) -> Tensor:
     return bad
 
 
+def _require_process_group() -> None:
+    """A launcher that says WORLD_SIZE > 1 without a process group would leave every rank training
+    alone at world size 1, silently (DDP raises here too)."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world.strip() not in ("", "0", "1") and not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            f"WORLD_SIZE={world} in the environment (torchrun?) but no torch.distributed process group: "
+            "call torch.distributed.init_process_group(...) before creating the engine, or unset "
+            "WORLD_SIZE to train a lone process")
+
+
 class GradientExchange:
     """WHAT one engine communicates: its parameters' gradients, flattened, handed to the reduction
     the compressor spec resolves to (checked once against the allreduce here), on one comm thread."""
@@ -54,6 +66,7 @@ class GradientExchange:
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params has no tensor with requires_grad=True: nothing to reduce")
+        _require_process_group()
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
             raise ValueError(f"params must share one dtype, got {sorted(map(str, dtypes))}")
