@@ -4,6 +4,8 @@ and ``pipe``). docs/architecture.md, "The pipeline", draws the schedule."""
 from __future__ import annotations
 
 import time
+import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -66,6 +68,9 @@ class PipeSGD(Engine):
         self.timeout_s = timeout_s
         self.steps = 0
         self.last = StepStats()
+        weakref.finalize(self, _warn_unapplied, self._pending)  # at collection or interpreter exit
+        self._forward_seen = False  # forward_context() entered since the last step
+        self._warned_forward = False
 
     @property
     def in_flight(self) -> int:
@@ -73,6 +78,7 @@ class PipeSGD(Engine):
 
     def step(self) -> StepStats:
         """Launch this step's reduction; apply the one from K-1 steps ago if there is one."""
+        self._check_forward_context()
         t0 = time.perf_counter()
         with trace.current().span("pack", "pack", self.steps):
             buf = self._reducer.flatten()  # the gradient, then the non-finite flag slot
@@ -133,7 +139,19 @@ class PipeSGD(Engine):
     def forward_context(self) -> AbstractContextManager:
         """Run the next forward and backward inside this: the weights the staleness strategy wants
         the gradient at (``predict`` extrapolates; the others leave the weights alone)."""
+        self._forward_seen = True
         return self.staleness.forward_context(self.in_flight)
+
+    def _check_forward_context(self) -> None:
+        """Lookahead or predict without ``forward_context()`` is silently the plain rule: say so once."""
+        if (self.staleness.uses_forward_context and self.in_flight and not self._forward_seen
+                and not self._warned_forward):
+            self._warned_forward = True
+            warnings.warn(
+                f"staleness={self.staleness.name!r} acts only inside `with engine.forward_context():` around "
+                "the forward and backward pass; this step ran without it, so the update is the plain "
+                "stale rule", RuntimeWarning, stacklevel=3)
+        self._forward_seen = False
 
     def consistent_params(self) -> Tensor:
         """A flat copy of the weights every replica holds identically (``dga`` replicas differ by
@@ -185,3 +203,9 @@ def build(a: ModeArgs) -> tuple[torch.nn.Module, PipeSGD]:
     return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=a.width, compressor=a.compressor,
                             allreduce=a.allreduce, group=a.group, warmup_sync_steps=a.warmup_sync_steps,
                             staleness=a.staleness, nonfinite=a.nonfinite, timeout_s=a.timeout_s)
+
+
+def _warn_unapplied(pending: deque) -> None:
+    if pending:
+        warnings.warn(f"a PipeSGD engine ended with {len(pending)} update(s) in flight that were never applied: "
+                      "call engine.flush() after the last engine.step()", RuntimeWarning, stacklevel=2)

@@ -34,6 +34,8 @@ class Staleness(ABC):
 
     name: ClassVar[str]
     options: ClassVar[tuple[str, ...]] = ()
+    #: the rule only acts inside ``forward_context()``; the engine warns once if a step ran without it
+    uses_forward_context: ClassVar[bool] = False
 
     def bind(self, params: Sequence[Tensor], optimizer: torch.optim.Optimizer) -> None:
         self.params = list(params)

@@ -38,6 +38,8 @@ class LocalLookahead(Staleness):
     the applied update.
     """
 
+    uses_forward_context = True
+
     def __init__(self) -> None:
         self._local: deque[Tensor] = deque()
 

@@ -22,6 +22,8 @@ class WeightPrediction(Staleness):
     and an add, and the exact restore on exit. Memory: two parameter-sized buffers.
     """
 
+    uses_forward_context = True
+
     def __init__(self) -> None:
         self._delta: Tensor | None = None
 

@@ -1,6 +1,12 @@
 """The library entry (``from pipesgd import PipeSGD``) refuses what would go silently wrong in a
 ported DDP script."""
 
+import gc
+import os
+import subprocess
+import sys
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -30,3 +36,70 @@ def test_a_lone_process_needs_no_process_group(monkeypatch, world):
     engine = _engine()
     assert engine.in_flight == 0
     engine.close()
+
+
+def _lone(staleness="none"):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    engine = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model.parameters(), width=2,
+                     staleness=staleness)
+    return model, engine
+
+
+def _backward(model):
+    model.zero_grad()
+    model(torch.ones(3, 4)).sum().backward()
+
+
+@pytest.mark.parametrize("rule", ["lookahead", "predict"])
+def test_a_rule_that_needs_forward_context_warns_once_without_it(monkeypatch, rule):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    model, engine = _lone(rule)
+    with pytest.warns(RuntimeWarning, match=rf"staleness='{rule}' acts only inside `with engine.forward_context\(\):`"):
+        for _ in range(3):
+            _backward(model)
+            engine.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _backward(model)
+        engine.step()  # once is enough
+        engine.flush()
+    engine.close()
+
+
+def test_forward_context_used_as_documented_gives_no_warning(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    model, engine = _lone("lookahead")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            with engine.forward_context():
+                _backward(model)
+            engine.step()
+        engine.flush()
+        engine.close()
+        del engine
+        gc.collect()
+
+
+SCRIPT = """
+import torch
+from torch import nn
+from pipesgd import PipeSGD
+model = nn.Linear(4, 2)
+engine = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model.parameters(), width=3)
+for _ in range(4):
+    model.zero_grad(); model(torch.ones(3, 4)).sum().backward(); engine.step()
+{end}
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("end,warned", [("", True), ("engine.flush()", False)])
+def test_exiting_with_updates_in_flight_warns(end, warned):
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    r = subprocess.run([sys.executable, "-c", SCRIPT.format(end=end)], capture_output=True, text=True, env=env,
+                       timeout=50)
+    assert r.returncode == 0, r.stderr[-2000:]
+    message = "a PipeSGD engine ended with 2 update(s) in flight that were never applied: call engine.flush()"
+    assert (message in r.stderr) == warned, r.stderr[-2000:]
