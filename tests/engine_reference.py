@@ -29,10 +29,11 @@ def flat_params(model) -> torch.Tensor:
 
 
 def reference(p: int, width: int, steps: int = STEPS, warmup_sync_steps: int = 0,
-              skip_step: int | None = None) -> torch.Tensor:
+              skip_step: int | None = None, max_grad_norm: float | None = None) -> torch.Tensor:
     """One process, p simulated ranks: the update at step t applies the rank-average of the
     gradients computed at step t-width+1 (at t-0 during the first warmup_sync_steps); a final
-    flush applies the rest in order. The update with step ``skip_step``'s gradient is dropped."""
+    flush applies the rest in order. The update with step ``skip_step``'s gradient is dropped;
+    ``max_grad_norm`` clips each applied average."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     queue = []
@@ -43,6 +44,8 @@ def reference(p: int, width: int, steps: int = STEPS, warmup_sync_steps: int = 0
             return
         for prm, g in zip(model.parameters(), avg):
             prm.grad = g.clone()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         opt.step()
 
     for t in range(steps):

@@ -42,6 +42,10 @@ class PipeSGD(Engine):
 
     ``nonfinite``: when any rank's gradient of a step holds a NaN/inf, every rank either raises
     :class:`NonFiniteGradient` (``"abort"``) or skips that update (``"skip"``; ``StepStats.skipped``).
+    ``max_grad_norm``: clip the total 2-norm of the gradient the optimizer applies, i.e. of the
+    rank-average (DDP users clip after ``backward()``, where DDP has already averaged; clipping
+    before ``step()`` here would clip this rank's own gradient). It runs as an optimizer step
+    pre-hook, so lookahead's local steps are clipped alike.
     ``timeout_s``: a reduction not finished this long after ``step()`` starts waiting for it raises
     :class:`ReductionError` (a backstop: the backend's own timeout usually fires first).
     """
@@ -50,11 +54,13 @@ class PipeSGD(Engine):
                  compressor: str | Compressor | Reduction | None = "none",
                  allreduce: str | Callable[..., CommStats] = "ring", group=None,
                  warmup_sync_steps: int = 0, staleness: str | Staleness = "none", nonfinite: str = "abort",
-                 timeout_s: float | None = None):
+                 timeout_s: float | None = None, max_grad_norm: float | None = None):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
         if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
             raise ValueError(f"warmup_sync_steps must be an integer >= 0, got {warmup_sync_steps!r}")
+        if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be a number > 0 (or None: no clipping), got {max_grad_norm!r}")
         self.optimizer = optimizer
         self.width = width
         self.warmup_sync_steps = warmup_sync_steps
@@ -63,6 +69,8 @@ class PipeSGD(Engine):
         self.compressor = self._reducer.compressor
         self.staleness = make_staleness(staleness)
         self.staleness.bind(self._reducer.params, optimizer)
+        self._clip = None if max_grad_norm is None else optimizer.register_step_pre_hook(
+            _clipper(self._reducer.params, float(max_grad_norm)))
         self._pending: deque[Handle[Reduced]] = deque()
         self.nonfinite = NonFinitePolicy(nonfinite)
         self.timeout_s = timeout_s
@@ -196,6 +204,9 @@ class PipeSGD(Engine):
 
     def close(self) -> None:
         """Stop the communication thread (after ``flush()``; pending work is cancelled)."""
+        if self._clip is not None:
+            self._clip.remove()
+            self._clip = None
         self._reducer.close()
 
 
@@ -203,6 +214,12 @@ def build(a: ModeArgs) -> tuple[torch.nn.Module, PipeSGD]:
     return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=a.width, compressor=a.compressor,
                             allreduce=a.allreduce, group=a.group, warmup_sync_steps=a.warmup_sync_steps,
                             staleness=a.staleness, nonfinite=a.nonfinite, timeout_s=a.timeout_s)
+
+
+def _clipper(params: list[Tensor], max_norm: float) -> Callable:
+    def clip(optimizer, args, kwargs) -> None:
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return clip
 
 
 def _warn_unapplied(pending: deque) -> None:
