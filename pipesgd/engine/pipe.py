@@ -178,10 +178,16 @@ class PipeSGD(Engine):
         ``reduction`` may be per rank. Waiting here exposes at most one reduction time."""
         done = [self._wait(h, self.steps - len(self._pending) + 1 + i, self.steps)
                 for i, h in enumerate(self._pending)]
-        self._pending = deque(CompletedHandle(r) for r in done)
+        self._replace_pending(CompletedHandle(r) for r in done)
         return {"width": self.width, "steps": self.steps, "pending": [r.flat.clone() for r in done],
                 "pending_nonfinite": [r.nonfinite for r in done], "nonfinite": self.nonfinite.state_dict(),
                 "staleness": self.staleness.state_dict(), "reduction": self._reducer.state_dict()}
+
+    def _replace_pending(self, handles: Iterable[Handle[Reduced]]) -> None:
+        """In place: the exit check (``_warn_unapplied``) holds this very deque."""
+        handles = list(handles)
+        self._pending.clear()
+        self._pending.extend(handles)
 
     def load_state_dict(self, state: dict) -> None:
         if state["width"] != self.width:
@@ -196,7 +202,7 @@ class PipeSGD(Engine):
         self.staleness.load_state_dict(state.get("staleness", {}))
         self._reducer.load_state_dict(state.get("reduction", {}))
         flags = state.get("pending_nonfinite", [False] * len(state["pending"]))
-        self._pending = deque(
+        self._replace_pending(
             CompletedHandle(Reduced(f.clone(), CommStats(), torch.tensor([float("inf") if bad else 0.0])))
             for f, bad in zip(state["pending"], flags))
         if "nonfinite" in state:

@@ -95,7 +95,8 @@ for _ in range(4):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("end,warned", [("", True), ("engine.flush()", False)])
+@pytest.mark.parametrize("end,warned", [("", True), ("engine.flush()", False), ("engine.state_dict()", True),
+                                       ("engine.state_dict(); engine.flush()", False)])
 def test_exiting_with_updates_in_flight_warns(end, warned):
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
     r = subprocess.run([sys.executable, "-c", SCRIPT.format(end=end)], capture_output=True, text=True, env=env,
