@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from .. import trace
@@ -42,6 +43,9 @@ class PipeSGD(Engine):
 
     ``nonfinite``: when any rank's gradient of a step holds a NaN/inf, every rank either raises
     :class:`NonFiniteGradient` (``"abort"``) or skips that update (``"skip"``; ``StepStats.skipped``).
+    At construction every rank takes the first rank's ``params`` (and ``module``'s buffers, such as
+    BatchNorm statistics, when ``module`` is given), as DDP does, so replicas start identical
+    whatever each process seeded.
     ``max_grad_norm``: clip the total 2-norm of the gradient the optimizer applies, i.e. of the
     rank-average (DDP users clip after ``backward()``, where DDP has already averaged; clipping
     before ``step()`` here would clip this rank's own gradient). It runs as an optimizer step
@@ -54,7 +58,8 @@ class PipeSGD(Engine):
                  compressor: str | Compressor | Reduction | None = "none",
                  allreduce: str | Callable[..., CommStats] = "ring", group=None,
                  warmup_sync_steps: int = 0, staleness: str | Staleness = "none", nonfinite: str = "abort",
-                 timeout_s: float | None = None, max_grad_norm: float | None = None):
+                 timeout_s: float | None = None, max_grad_norm: float | None = None,
+                 module: torch.nn.Module | None = None):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
         if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
@@ -65,7 +70,9 @@ class PipeSGD(Engine):
         self.width = width
         self.warmup_sync_steps = warmup_sync_steps
         fn = get_allreduce(allreduce) if isinstance(allreduce, str) else allreduce
+        params = list(params)
         self._reducer = GradientExchange(params, compressor, fn, group)
+        _broadcast_from_first_rank([*params, *(module.buffers() if module is not None else ())], group)
         self.compressor = self._reducer.compressor
         self.staleness = make_staleness(staleness)
         self.staleness.bind(self._reducer.params, optimizer)
@@ -220,6 +227,15 @@ def build(a: ModeArgs) -> tuple[torch.nn.Module, PipeSGD]:
     return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=a.width, compressor=a.compressor,
                             allreduce=a.allreduce, group=a.group, warmup_sync_steps=a.warmup_sync_steps,
                             staleness=a.staleness, nonfinite=a.nonfinite, timeout_s=a.timeout_s)
+
+
+def _broadcast_from_first_rank(tensors: list[Tensor], group) -> None:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    with torch.no_grad():
+        for t in tensors:
+            dist.broadcast(t.detach(), src=src, group=group)
 
 
 def _clipper(params: list[Tensor], max_norm: float) -> Callable:
