@@ -43,6 +43,9 @@ class PipeSGD(Engine):
 
     ``nonfinite``: when any rank's gradient of a step holds a NaN/inf, every rank either raises
     :class:`NonFiniteGradient` (``"abort"``) or skips that update (``"skip"``; ``StepStats.skipped``).
+    While the engine owns ``optimizer``, calling ``optimizer.step()`` directly (as
+    ``GradScaler.step(optimizer)`` does) raises: it would bypass the average. With a GradScaler:
+    ``scaler.scale(loss).backward(); scaler.unscale_(optimizer); engine.step(); scaler.update()``.
     At construction every rank takes the first rank's ``params`` (and ``module``'s buffers, such as
     BatchNorm statistics, when ``module`` is given), as DDP does, so replicas start identical
     whatever each process seeded.
@@ -76,6 +79,7 @@ class PipeSGD(Engine):
         self.compressor = self._reducer.compressor
         self.staleness = make_staleness(staleness)
         self.staleness.bind(self._reducer.params, optimizer)
+        self._guard = optimizer.register_step_pre_hook(_guard(self.staleness))
         self._clip = None if max_grad_norm is None else optimizer.register_step_pre_hook(
             _clipper(self._reducer.params, float(max_grad_norm)))
         self._pending: deque[Handle[Reduced]] = deque()
@@ -220,6 +224,7 @@ class PipeSGD(Engine):
         if self._clip is not None:
             self._clip.remove()
             self._clip = None
+        self._guard.remove()
         self._reducer.close()
 
 
@@ -236,6 +241,16 @@ def _broadcast_from_first_rank(tensors: list[Tensor], group) -> None:
     with torch.no_grad():
         for t in tensors:
             dist.broadcast(t.detach(), src=src, group=group)
+
+
+def _guard(rule: Staleness) -> Callable:
+    def check(optimizer, args, kwargs) -> None:
+        if not rule.stepping:
+            raise RuntimeError(
+                "optimizer.step() was called directly on an optimizer a PipeSGD engine owns; it would apply "
+                "this rank's own gradient, not the average: call engine.step() instead (with a GradScaler: "
+                "scaler.unscale_(optimizer); engine.step(); scaler.update()), or engine.close() to release it")
+    return check
 
 
 def _clipper(params: list[Tensor], max_norm: float) -> Callable:

@@ -36,6 +36,7 @@ class Staleness(ABC):
     options: ClassVar[tuple[str, ...]] = ()
     #: the rule only acts inside ``forward_context()``; the engine warns once if a step ran without it
     uses_forward_context: ClassVar[bool] = False
+    stepping: bool = False
 
     def bind(self, params: Sequence[Tensor], optimizer: torch.optim.Optimizer) -> None:
         self.params = list(params)
@@ -58,7 +59,11 @@ class Staleness(ABC):
     def step_optimizer(self, grad: Tensor) -> None:
         """The plain rule: ``optimizer.step()`` with every ``p.grad`` a view into ``grad``."""
         set_grads(self.params, grad)
-        self.optimizer.step()
+        self.stepping = True  # the engine's guard lets this optimizer.step() through
+        try:
+            self.optimizer.step()
+        finally:
+            self.stepping = False
 
     def forward_context(self, delay: int) -> AbstractContextManager:
         """Weights the next forward/backward should see; ``delay`` = updates before its gradient

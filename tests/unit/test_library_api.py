@@ -104,3 +104,53 @@ def test_exiting_with_updates_in_flight_warns(end, warned):
     assert r.returncode == 0, r.stderr[-2000:]
     message = "a PipeSGD engine ended with 2 update(s) in flight that were never applied: call engine.flush()"
     assert (message in r.stderr) == warned, r.stderr[-2000:]
+
+
+def test_calling_the_owned_optimizers_step_directly_raises(monkeypatch):
+    """GradScaler.step(optimizer) and a leftover optimizer.step() would bypass the average."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    model, engine = _lone()
+    _backward(model)
+    with pytest.raises(RuntimeError, match=r"optimizer.step\(\) was called directly on an optimizer a PipeSGD engine "
+                                           r"owns.*call engine.step\(\) instead"):
+        engine.optimizer.step()
+    scaler = torch.amp.GradScaler("cpu")
+    model.zero_grad()
+    scaler.scale(model(torch.ones(3, 4)).sum()).backward()
+    with pytest.raises(RuntimeError, match="called directly"):
+        scaler.step(engine.optimizer)
+    engine.step()
+    engine.flush()
+    engine.close()
+    engine.optimizer.step()  # released by close()
+
+
+def _train(scaled: bool) -> torch.Tensor:
+    model, engine = _lone("lookahead")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    for t in range(6):
+        with engine.forward_context():
+            model.zero_grad()
+            loss = model(torch.full((3, 4), 0.1 * t)).square().mean()
+            (scaler.scale(loss) if scaled else loss).backward()
+        if scaled:
+            scaler.unscale_(engine.optimizer)
+        engine.step()
+        if scaled:
+            scaler.update()
+    engine.flush()
+    engine.close()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def test_the_documented_grad_scaler_recipe_trains_as_without_it(monkeypatch):
+    """scale -> backward -> unscale_ -> engine.step() -> update: a power-of-two scale is exact."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    plain = _train(scaled=False)
+    assert torch.equal(_train(scaled=True), plain)
+    assert not torch.equal(plain, _train_untrained()), "training must move the weights"
+
+
+def _train_untrained() -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.cat([p.detach().reshape(-1) for p in nn.Linear(4, 2).parameters()])
