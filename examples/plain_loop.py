@@ -76,10 +76,11 @@ def synthetic(batch_size: int, rank: int) -> tuple[Iterator[Batch], list[Batch]]
 
 
 @torch.no_grad()
-def accuracy(model: torch.nn.Module, batches: list[Batch]) -> float:
-    counts = torch.zeros(2)
+def accuracy(model: torch.nn.Module, batches: list[Batch], device: torch.device) -> float:
+    counts = torch.zeros(2, device=device)  # NCCL reduces device tensors only
     for x, y in batches:
-        counts += torch.tensor([(model(x).argmax(1) == y).sum().item(), y.numel()])
+        counts[0] += (model(x.to(device)).argmax(1) == y.to(device)).sum()
+        counts[1] += y.numel()
     if dist.is_initialized():
         dist.all_reduce(counts)  # default group: the engine has its own (see below)
     return (counts[0] / counts[1]).item()
@@ -87,8 +88,16 @@ def accuracy(model: torch.nn.Module, batches: list[Batch]) -> float:
 
 def main() -> None:
     args = parse()
+    # One GPU per process (torchrun's LOCAL_RANK) with NCCL when there are GPUs, else the CPU with Gloo.
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
     if "WORLD_SIZE" in os.environ:  # started by torchrun: RANK, WORLD_SIZE, MASTER_ADDR/PORT are set
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if device.type == "cuda":
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
@@ -96,7 +105,7 @@ def main() -> None:
     train, test = mnist(args.data_root, args.batch_size, rank, world) or synthetic(args.batch_size, rank)
 
     torch.manual_seed(0)  # reproducible initial weights (rank 0's are broadcast below)
-    model = MLP()
+    model = MLP().to(device)
     if dist.is_initialized():
         for t in model.state_dict().values():
             dist.broadcast(t, src=0)  # every replica starts from rank 0's weights
@@ -107,7 +116,7 @@ def main() -> None:
     engine = PipeSGD(optimizer, model.parameters(), width=args.width, compressor=args.compressor, group=group)
 
     for step in range(1, args.steps + 1):
-        x, y = next(train)
+        x, y = (t.to(device) for t in next(train))
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
@@ -118,7 +127,7 @@ def main() -> None:
     engine.flush()  # PipeSGD: apply what is still in flight before evaluating or saving
     engine.close()
     log.info("test accuracy %.2f%% after %d steps on %d worker(s), width %d, compressor %s",
-             100 * accuracy(model, test), args.steps, world, engine.width, args.compressor)
+             100 * accuracy(model, test, device), args.steps, world, engine.width, args.compressor)
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -156,10 +156,22 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
         check_compressor(name, instantiate(cfg.compressor))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    backend = cfg.dist.backend
+    if not mode.nccl and (backend == "nccl" or backend == "auto" and _cuda_available()):
+        raise ConfigError(f"trainer.mode={name} cannot run on NCCL (dist.backend={backend}"
+                          f"{', which picks nccl on this CUDA machine' if backend == 'auto' else ''}): its server "
+                          "receives from whichever worker pushes first, which NCCL does not support; set "
+                          f"dist.backend=gloo, or use trainer.mode={'|'.join(modes_with('nccl'))}")
     nproc = None if under_torchrun() else cfg.dist.nproc  # under torchrun the engine checks the world
     if nproc is not None and nproc < mode.min_world:
         raise ConfigError(f"dist.nproc={nproc} is invalid for trainer.mode={name}: it needs >= {mode.min_world} "
                           "processes")
+
+
+def _cuda_available() -> bool:
+    import torch  # what dist.backend=auto resolves with (pipesgd.dist.resolve_backend)
+
+    return torch.cuda.is_available()
 
 
 def _check_scheme_options(cfg: DictConfig) -> None:

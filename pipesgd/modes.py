@@ -29,7 +29,9 @@ class Mode:
     together (``trainer.nonfinite=skip``). ``min_world``: fewest processes it runs with.
     ``replicas_agree``: identical weights after every step (replica checks apply).
     ``elastic``: a checkpoint resumes on another world size (pipesgd.elastic's rules cover its
-    state; a parameter server's master copy on one rank is not covered)."""
+    state; a parameter server's master copy on one rank is not covered).
+    ``nccl``: runs on the NCCL backend (ps_async's server receives from whichever worker pushes
+    first, a receive from any source, which NCCL does not support)."""
 
     engine: str
     width: int | None = 1
@@ -42,6 +44,7 @@ class Mode:
     min_world: int = 1
     replicas_agree: bool = True
     elastic: bool = True
+    nccl: bool = True
 
 
 MODES: dict[str, Mode] = {
@@ -50,7 +53,7 @@ MODES: dict[str, Mode] = {
     "ddp": Mode("pipesgd.engine.ddp:build", compressors=("none", "fp16", "bf16")),  # DDP's own hooks
     "ps_sync": Mode("pipesgd.engine.ps:build_sync", timing="ps", nonfinite_skip=False, min_world=2, elastic=False),
     "ps_async": Mode("pipesgd.engine.ps:build_async", timing="ps", nonfinite_skip=False, min_world=2,
-                     replicas_agree=False, elastic=False),
+                     replicas_agree=False, elastic=False, nccl=False),
     "local": Mode("pipesgd.engine.local:build", compressors=("none",), replicas_agree=False),
 }
 

@@ -22,7 +22,7 @@ from .checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, co
                          param_checksum, rng_state, set_rng_state)
 from .compress import Compressor
 from .data.loader import mix_seed
-from .engine.base import Engine
+from .engine.base import Engine, to_device
 from .faults import Faults
 from .modes import get_mode, modes_with
 from .trainer import Trainer, TrainerHooks
@@ -166,9 +166,10 @@ class Reliability(TrainerHooks):
         ``consumed``: samples of ``epoch``'s permutation all ranks together have trained."""
         self.watchdog.set("checkpoint (gather of every rank's state to rank 0)")
         t0 = time.perf_counter()
-        engine = self.engine.state_dict()  # waits for in-flight reductions on every rank alike
+        # On the CPU before the gather: rank 0 would otherwise unpickle rank k's tensors onto cuda:k.
+        engine = to_device(self.engine.state_dict(), "cpu")  # waits for in-flight reductions on every rank alike
         shared = {k: engine.pop(k) for k in _SHARED_ENGINE_KEYS if k in engine}
-        mine = {"rng": rng_state(), "engine": engine, "compressor": self._compressor_state(),
+        mine = {"rng": rng_state(), "engine": engine, "compressor": to_device(self._compressor_state(), "cpu"),
                 "buffers": {k: b.detach().cpu().clone() for k, b in self.module.named_buffers()},
                 "losses": list(trainer.last_losses)}
         ranks = self._gather(mine)

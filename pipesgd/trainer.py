@@ -211,7 +211,9 @@ class Trainer:
         self.hooks.on_eval_start(self)
         _average_buffers(self.model)
         self.model.eval()
-        counts = torch.zeros(3, dtype=torch.float64)
+        # On the model's device: NCCL reduces device tensors only, and the sums stay there until
+        # read once at the end (no host sync per batch).
+        counts = torch.zeros(3, dtype=torch.float64, device=self.device)
         # consistent_weights: dga evaluates without this rank's pending local step
         with trace.current().span("eval", "eval", self.step), self.engine.consistent_weights():
             for i, (x, y) in enumerate(self.eval_loader):
@@ -219,10 +221,11 @@ class Trainer:
                     break
                 x, y = x.to(self.device), y.to(self.device)
                 logits = self.model(x)
-                counts[0] += (logits.argmax(1) == y).sum().item()
+                counts[0] += (logits.argmax(1) == y).sum()
                 counts[1] += y.numel()
-                counts[2] += F.cross_entropy(logits, y, reduction="sum").item()
-        train_loss = torch.tensor([sum(self.last_losses) / max(1, len(self.last_losses))], dtype=torch.float64)
+                counts[2] += F.cross_entropy(logits, y, reduction="sum")
+        train_loss = torch.tensor([sum(self.last_losses) / max(1, len(self.last_losses))], dtype=torch.float64,
+                                  device=self.device)
         if dist.is_initialized():
             dist.all_reduce(counts)
             dist.all_reduce(train_loss)

@@ -22,6 +22,7 @@ from torch import Tensor
 from ..compress import Compressor, Ctx, get_compressor
 from ..compress.none import NoCompression
 from .base import CommStats, note, timed
+from .p2p import batched, post
 from .ring import global_rank, work_buffer, write_back
 
 
@@ -53,11 +54,12 @@ def tree_reduce(work: Tensor, comp: Compressor, group, stats: CommStats, raw_siz
     holding their subtree's partial sum. Adds in ``work``'s dtype, decoding compressed children."""
     p, r = dist.get_world_size(group), dist.get_rank(group)
     identity = isinstance(comp, NoCompression)
-    ctx = Ctx((work.numel(),), work.dtype)
+    batch = batched(group)
+    ctx = Ctx.of(work)
     kids = children(r, p)
     # All receives are posted before this rank sends: children finish in any order.
     inboxes = [comp.payload_like(ctx) if not identity else work.new_empty(work.shape) for _ in kids]
-    reqs = [dist.irecv(box, group=group, group_src=c) for box, c in zip(inboxes, kids)]
+    reqs, _ = post(list(zip(inboxes, kids)), [], group, batch)
     for req, box, c in zip(reqs, inboxes, kids):  # fixed order: the same sum on every run
         note(f"tree allreduce reduce: receiving from rank {global_rank(group, c)}")
         req.wait()
@@ -66,7 +68,8 @@ def tree_reduce(work: Tensor, comp: Compressor, group, stats: CommStats, raw_siz
     if up is not None:
         payload = work if identity else comp.compress(work)[0]
         note(f"tree allreduce reduce: sending to rank {global_rank(group, up)}")
-        dist.isend(payload, group=group, group_dst=up).wait()
+        _, (req,) = post([], [(payload, up)], group, batch)
+        req.wait()
         _count(stats, payload, work.numel(), raw_size)
 
 
@@ -75,20 +78,21 @@ def tree_broadcast(work: Tensor, comp: Compressor, group, stats: CommStats, raw_
     and replaces its own value with the decoded payload, so all ranks end bit-identical."""
     p, r = dist.get_world_size(group), dist.get_rank(group)
     identity = isinstance(comp, NoCompression)
-    ctx = Ctx((work.numel(),), work.dtype)
+    batch = batched(group)
+    ctx = Ctx.of(work)
     up = parent(r)
     if up is not None:
         note(f"tree allreduce broadcast: receiving from rank {global_rank(group, up)}")
     if identity:
         payload = work
-        if up is not None:
-            dist.irecv(payload, group=group, group_src=up).wait()
     elif up is None:
         payload = comp.compress(work)[0]
     else:
         payload = comp.payload_like(ctx)
-        dist.irecv(payload, group=group, group_src=up).wait()
-    sends = [dist.isend(payload, group=group, group_dst=c) for c in reversed(children(r, p))]
+    if up is not None:
+        (req,), _ = post([(payload, up)], [], group, batch)
+        req.wait()
+    _, sends = post([], [(payload, c) for c in reversed(children(r, p))], group, batch)
     if not identity:
         work.copy_(comp.decompress(payload, ctx))
     note(f"tree allreduce broadcast: sending to {len(sends)} children")

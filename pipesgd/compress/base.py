@@ -4,13 +4,14 @@ A compressor is a pure function pair on tensors; it never talks to the network. 
 (a ring hop, a tree edge, a parameter-server push) calls ``compress`` on the sender and
 ``decompress`` on the receiver, and sizes its receive buffer with ``payload_like``: both sides
 derive the same :class:`Ctx` from the chunk they are exchanging, so nothing but the payload
-crosses the wire.
+crosses the wire. Every tensor a compressor creates lives on the device of its input (``ctx.device``
+for ``payload_like``): NCCL rejects host buffers, and a host temporary would cost a copy per hop.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -23,14 +24,16 @@ _REGISTRY: Registry[type[Compressor]] = Registry("compressor")
 
 @dataclass(frozen=True)
 class Ctx:
-    """What a receiver must know to decode a payload: the tensor's shape and dtype."""
+    """What a receiver must know to decode a payload: the tensor's shape, dtype and device (where
+    its receive buffer and decoded values belong; never sent)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
+    device: torch.device
 
     @classmethod
     def of(cls, t: Tensor) -> Ctx:
-        return cls(tuple(t.shape), t.dtype)
+        return cls(tuple(t.shape), t.dtype, t.device)
 
     @property
     def numel(self) -> int:
@@ -69,11 +72,13 @@ class Compressor(ABC):
 
     @abstractmethod
     def payload_like(self, ctx: Ctx) -> Tensor:
-        """An uninitialised buffer of exactly the payload's size and dtype, to receive into."""
+        """An uninitialised buffer of exactly the payload's size and dtype on ``ctx.device``, to
+        receive into."""
 
     def wire_bytes(self, ctx: Ctx) -> int:
-        """Bytes one payload for a chunk described by ``ctx`` puts on the wire."""
-        return self.payload_like(ctx).nbytes
+        """Bytes one payload for a chunk described by ``ctx`` puts on the wire (sized on the meta
+        device: nothing is allocated)."""
+        return self.payload_like(replace(ctx, device=torch.device("meta"))).nbytes
 
     def state_dict(self) -> dict:
         """This rank's state to checkpoint (error-feedback residuals, ...): tensors and plain

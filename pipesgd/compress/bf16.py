@@ -27,4 +27,4 @@ class BF16Truncation(Compressor):
         return bits.view(torch.float32).to(ctx.dtype).view(ctx.shape)
 
     def payload_like(self, ctx: Ctx) -> Tensor:
-        return torch.empty(ctx.numel, dtype=torch.int16)
+        return torch.empty(ctx.numel, dtype=torch.int16, device=ctx.device)

@@ -20,4 +20,4 @@ class FP16(Compressor):
         return payload.to(ctx.dtype).view(ctx.shape)
 
     def payload_like(self, ctx: Ctx) -> Tensor:
-        return torch.empty(ctx.numel, dtype=torch.float16)
+        return torch.empty(ctx.numel, dtype=torch.float16, device=ctx.device)

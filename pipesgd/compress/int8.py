@@ -58,7 +58,7 @@ class Int8(Compressor):
 
     def payload_like(self, ctx: Ctx) -> Tensor:
         nblocks, _ = self._blocks(ctx.numel)
-        return torch.empty(4 * nblocks + ctx.numel, dtype=torch.uint8)
+        return torch.empty(4 * nblocks + ctx.numel, dtype=torch.uint8, device=ctx.device)
 
     def __repr__(self) -> str:
         return f"Int8(block_size={self.block_size}, error_feedback={self.error_feedback})"

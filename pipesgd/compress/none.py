@@ -17,4 +17,4 @@ class NoCompression(Compressor):
         return payload.to(ctx.dtype).view(ctx.shape)
 
     def payload_like(self, ctx: Ctx) -> Tensor:
-        return torch.empty(ctx.numel, dtype=ctx.dtype)
+        return torch.empty(ctx.numel, dtype=ctx.dtype, device=ctx.device)

@@ -70,6 +70,9 @@ class GradientExchange:
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
             raise ValueError(f"params must share one dtype, got {sorted(map(str, dtypes))}")
+        devices = {p.device for p in self.params}
+        if len(devices) != 1:
+            raise ValueError(f"params must live on one device, got {sorted(map(str, devices))}")
         self.compressor = resolve(compressor)  # the one place a spec is resolved and checked
         if allreduce is native_allreduce and isinstance(self.compressor, Compressor):
             check_native(self.compressor)
@@ -78,7 +81,7 @@ class GradientExchange:
         self.numel = sum(p.numel() for p in self.params)
         self.flat_numel = self.numel + 1  # gradients + the non-finite flag slot
         self.reduction = as_reduction(self.compressor)
-        self.reduction.bind([p.shape for p in self.params], allreduce)
+        self.reduction.bind([p.shape for p in self.params], allreduce, self.params[0].device)
         # The flag rides in the allreduce's own buffer only through a stateless dense reduction.
         self._flag_rides = isinstance(self.reduction, InRing) and self.reduction.memory is None
         self._thread: CommThread | None = None

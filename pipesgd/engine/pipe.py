@@ -20,7 +20,7 @@ from ..compress import Compressor
 from .exchange import GradientExchange, Reduced
 from ..reduction import Reduction
 from ..staleness import Staleness, make_staleness
-from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats
+from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, to_device
 
 
 class PipeSGD(Engine):
@@ -205,6 +205,8 @@ class PipeSGD(Engine):
             raise ValueError(f"checkpoint has width={state['width']}, engine has width={self.width}")
         if self._pending:
             raise RuntimeError("load_state_dict on an engine with reductions in flight; call flush() first")
+        device = self._reducer.params[0].device
+        state = to_device(state, device)  # a checkpoint is loaded to the CPU; the state lives with the params
         numel = self._reducer.numel
         for f in state["pending"]:
             if f.numel() != numel:
@@ -214,7 +216,8 @@ class PipeSGD(Engine):
         self._reducer.load_state_dict(state.get("reduction", {}))
         flags = state.get("pending_nonfinite", [False] * len(state["pending"]))
         self._replace_pending(
-            CompletedHandle(Reduced(f.clone(), CommStats(), torch.tensor([float("inf") if bad else 0.0])))
+            CompletedHandle(Reduced(f.clone(), CommStats(),
+                                    torch.tensor([float("inf") if bad else 0.0], device=device)))
             for f, bad in zip(state["pending"], flags))
         if "nonfinite" in state:
             self.nonfinite.load_state_dict(state["nonfinite"])

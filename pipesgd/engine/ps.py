@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..comm import CommStats
+from ..comm.p2p import batched, post
 from ..compress import Compressor, Ctx
 from ..compress.none import NoCompression
 from .base import Engine, ModeArgs, StepStats
@@ -25,6 +26,10 @@ log = logging.getLogger(__name__)
 
 SERVER = 0
 _PUSH, _DONE = 0, 1
+ASYNC_NEEDS_ANY_SOURCE = (
+    "trainer.mode=ps_async cannot run on NCCL: its server receives from whichever worker pushes first "
+    "(a receive from any source), which NCCL does not support; use dist.backend=gloo, or trainer.mode=ps_sync "
+    "(which receives from each worker in turn)")
 
 
 class _Server:
@@ -82,14 +87,18 @@ class ParameterServerEngine(Engine):
         mode = "ps_async" if asynchronous else "ps_sync"
         if self.world < 2:
             raise ValueError(f"trainer.mode={mode} needs >= 2 processes (dist.nproc), got {self.world}")
+        if asynchronous and dist.get_backend(group) == dist.Backend.NCCL:
+            raise ValueError(ASYNC_NEEDS_ANY_SOURCE)
         self.rank = dist.get_rank(group)
         self.numel = sum(p.numel() for p in self.params)
-        self.ctx = Ctx((self.numel,), torch.float32)
+        self.device = self.params[0].device  # every buffer handed to the backend lives here
+        self._batch = batched(group)  # ps_sync's rounds as one batch each on NCCL (pipesgd.comm.p2p)
+        self.ctx = Ctx((self.numel,), torch.float32, self.device)
         self.identity = isinstance(compressor, NoCompression)
         self.server = _Server(optimizer, self.params) if self.rank == SERVER else None
         self.steps = 0
         self.last = StepStats()
-        self._weights = torch.empty(self.numel)  # receive buffer for pulls (workers)
+        self._weights = torch.empty(self.numel, device=self.device)  # receive buffer for pulls (workers)
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
         self._own_version = 0
@@ -116,6 +125,13 @@ class ParameterServerEngine(Engine):
             n = p.numel()
             p.copy_(flat[offset:offset + n].view_as(p))
             offset += n
+
+    def _inbox(self) -> Tensor:
+        """A buffer to receive one pushed gradient payload into."""
+        return self.compressor.payload_like(self.ctx)
+
+    def _header(self, kind: int) -> Tensor:
+        return torch.tensor([kind], dtype=torch.int64, device=self.device)
 
     def _dst(self, r: int) -> dict:
         return {"group": self.group, "group_dst": r}
@@ -144,7 +160,7 @@ class ParameterServerEngine(Engine):
         t0 = time.perf_counter()
         if self.server is None:
             req = dist.irecv(self._weights, **self._src(SERVER))
-            dist.isend(torch.tensor([_DONE]), **self._dst(SERVER)).wait()
+            dist.isend(self._header(_DONE), **self._dst(SERVER)).wait()
             req.wait()
             self._load(self._weights)
         else:
@@ -161,7 +177,7 @@ class ParameterServerEngine(Engine):
         if not (self.asynchronous and self.server is not None):
             return {}
         s = self._staleness
-        hist = torch.bincount(torch.tensor(s, dtype=torch.int64)).tolist() if s else []
+        hist = torch.bincount(torch.tensor(s, dtype=torch.int64, device="cpu")).tolist() if s else []
         return {"staleness_mean": sum(s) / len(s) if s else None, "staleness_max": max(s, default=None),
                 "staleness_histogram": hist, "server_updates": len(s)}
 
@@ -197,15 +213,15 @@ class ParameterServerEngine(Engine):
     def _step_sync(self, payload: Tensor, stats: StepStats) -> None:
         t0 = time.perf_counter()
         if self.server is None:
-            req = dist.irecv(self._weights, **self._src(SERVER))  # posted before the push
-            dist.isend(payload, **self._dst(SERVER)).wait()
+            # the pull's receive is posted before the push (one batch on NCCL)
+            (req,), (push,) = post([(self._weights, SERVER)], [(payload, SERVER)], self.group, self._batch)
+            push.wait()
             req.wait()
             t1 = time.perf_counter()
             self._load(self._weights)
         else:
-            inboxes = [self.compressor.payload_like(self.ctx) if not self.identity else torch.empty(self.numel)
-                       for _ in range(1, self.world)]
-            reqs = [dist.irecv(box, **self._src(r)) for r, box in enumerate(inboxes, start=1)]
+            inboxes = [self._inbox() for _ in range(1, self.world)]
+            reqs, _ = post(list(zip(inboxes, range(1, self.world))), [], self.group, self._batch)
             total = self._decode(payload).clone()
             for req, box in zip(reqs, inboxes):  # rank order: the same sum on every run
                 req.wait()
@@ -213,7 +229,7 @@ class ParameterServerEngine(Engine):
             t1 = time.perf_counter()
             total.div_(self.world)
             self.server.apply(total)
-            sends = [dist.isend(self.server.flat, **self._dst(r)) for r in range(1, self.world)]
+            _, sends = post([], [(self.server.flat, r) for r in range(1, self.world)], self.group, self._batch)
             self._load(self.server.flat)
             for req in sends:
                 req.wait()
@@ -227,7 +243,7 @@ class ParameterServerEngine(Engine):
         t0 = time.perf_counter()
         if self.server is None:
             req = dist.irecv(self._weights, **self._src(SERVER))
-            dist.isend(torch.tensor([_PUSH]), **self._dst(SERVER)).wait()
+            dist.isend(self._header(_PUSH), **self._dst(SERVER)).wait()
             dist.isend(payload, **self._dst(SERVER)).wait()
             req.wait()
             t1 = time.perf_counter()
@@ -269,8 +285,8 @@ class ParameterServerEngine(Engine):
         srv = self.server
         sent_version = dict.fromkeys(range(1, self.world), srv.version)
         done = 0
-        header = torch.empty(1, dtype=torch.int64)
-        inbox = self.compressor.payload_like(self.ctx) if not self.identity else torch.empty(self.numel)
+        header = self._header(_PUSH)
+        inbox = self._inbox()
         try:
             while done < self.world - 1:
                 src = dist.recv(header, group=self.group)  # any source; returns the global rank

@@ -28,15 +28,17 @@ class Reduction(ABC):
 
     Instances hold per-run state (error-feedback residuals, warm-start factors): use one instance
     per engine. ``bind`` is called once by the GradientExchange before the first ``reduce``; ``reduce``
-    runs on the communication thread, in launch order, one call at a time.
+    runs on the communication thread, in launch order, one call at a time. State and temporaries
+    live on the device ``bind`` names (the parameters'), which is also ``flat``'s.
     """
 
     name: ClassVar[str]
     memory: ErrorFeedback | None = None  # error-feedback residual, if the strategy keeps one
     _numel: int = 0
 
-    def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats]) -> None:
-        """Learn the parameter layout of the flat tensor and the allreduce to use for dense sums."""
+    def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats], device: torch.device) -> None:
+        """Learn the parameter layout of the flat tensor, the allreduce to use for dense sums and the
+        device the gradients (and so this reduction's state) live on."""
 
     @abstractmethod
     def reduce(self, flat: Tensor, group) -> CommStats:

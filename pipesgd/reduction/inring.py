@@ -37,7 +37,7 @@ class InRing(Reduction):
         self._allreduce: Callable[..., CommStats] | None = None
         self._numel = 0
 
-    def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats]) -> None:
+    def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats], device: torch.device) -> None:
         self._allreduce = allreduce
         self._numel = sum(s.numel() for s in shapes)
 

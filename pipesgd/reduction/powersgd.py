@@ -58,9 +58,10 @@ class PowerSGD(Reduction):
         self._allreduce: Callable[..., CommStats] | None = None
         self.q: list[Tensor] = []
 
-    def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats]) -> None:
+    def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats], device: torch.device) -> None:
         self._allreduce = allreduce
         self._blocks, offset = [], 0
+        # Drawn on the CPU generator and moved: the same start on every rank and every device.
         gen = torch.Generator().manual_seed(self.seed)
         self.q = []
         for shape in shapes:
@@ -70,7 +71,7 @@ class PowerSGD(Reduction):
             r = min(self.rank, rows, cols)
             if rows and r * (rows + cols) < n:
                 self._blocks.append(_Block(offset, offset + n, rows, cols, r))
-                self.q.append(torch.randn(cols, r, generator=gen))
+                self.q.append(torch.randn(cols, r, generator=gen, device="cpu").to(device))
             else:
                 self._blocks.append(_Block(offset, offset + n))
             offset += n
@@ -93,13 +94,13 @@ class PowerSGD(Reduction):
 
         # Round 1: P = M Q for every matrix, and the dense values, in one allreduce.
         ps = [m @ q for m, q in zip(mats, self.q)]
-        p_buf = _cat([x.reshape(-1) for x in ps] + [d.float() for d in dense])
+        p_buf = _cat([x.reshape(-1) for x in ps] + [d.float() for d in dense], flat.device)
         stats = self._allreduce(p_buf, None, group)
         p_hat = [torch.linalg.qr(x).Q for x in views(ps, p_buf)]
 
         # Round 2: Q = M^T P^, summed; sum(Q)/p is the next warm start.
         qs = [m.T @ ph for m, ph in zip(mats, p_hat)]
-        q_buf = _cat([x.reshape(-1) for x in qs])
+        q_buf = _cat([x.reshape(-1) for x in qs], flat.device)
         if qs:  # every parameter dense: one allreduce is all there is
             stats += self._allreduce(q_buf, None, group)
         q_sum = views(qs, q_buf)
@@ -139,5 +140,5 @@ class PowerSGD(Reduction):
         return f"PowerSGD(rank={self.rank}, error_feedback={self.memory is not None})"
 
 
-def _cat(parts: list[Tensor]) -> Tensor:
-    return torch.cat(parts) if parts else torch.empty(0)
+def _cat(parts: list[Tensor], device: torch.device) -> Tensor:
+    return torch.cat(parts) if parts else torch.empty(0, device=device)

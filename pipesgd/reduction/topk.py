@@ -35,7 +35,7 @@ class TopK(Reduction):
         self.k = 0
         self._numel = 0
 
-    def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats]) -> None:
+    def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats], device: torch.device) -> None:
         self._numel = sum(s.numel() for s in shapes)
         if self._numel >= 2**31:
             raise ValueError(f"topk sends int32 indices; {self._numel} values do not fit")
@@ -47,7 +47,7 @@ class TopK(Reduction):
         return x[idx], idx
 
     def decompress(self, values: Tensor, idx: Tensor, numel: int) -> Tensor:
-        return torch.zeros(numel, dtype=values.dtype).index_put_((idx,), values)
+        return torch.zeros(numel, dtype=values.dtype, device=values.device).index_put_((idx,), values)
 
     def reduce(self, flat: Tensor, group) -> CommStats:
         return timed(lambda: self._reduce(flat, group))

@@ -27,7 +27,7 @@ def grad_of(rank: int, step: int) -> torch.Tensor:
 
 def test_topk_keeps_the_k_largest_and_the_residual_holds_the_rest_exactly():
     topk = TopK(ratio=0.25)
-    topk.bind(SHAPES, ring_allreduce)
+    topk.bind(SHAPES, ring_allreduce, torch.device("cpu"))
     x = grad_of(0, 0)
     values, idx = topk.compress(x)
     assert topk.k == round(0.25 * NUMEL) == values.numel()
@@ -40,7 +40,7 @@ def test_topk_keeps_the_k_largest_and_the_residual_holds_the_rest_exactly():
 
 def _topk_worker(rank, p, ratio):
     topk = TopK(ratio=ratio)
-    topk.bind(SHAPES, ring_allreduce)
+    topk.bind(SHAPES, ring_allreduce, torch.device("cpu"))
     out = []
     for step in range(2):
         flat = grad_of(rank, step)
@@ -55,7 +55,7 @@ def test_topk_allgather_equals_the_dense_sum_of_every_ranks_topk():
     p, ratio = 3, 0.2
     results = run_workers(_topk_worker, p, ratio)
     ref = TopK(ratio=ratio)
-    ref.bind(SHAPES, ring_allreduce)
+    ref.bind(SHAPES, ring_allreduce, torch.device("cpu"))
     for step in range(2):
         sent = []
         for r in range(p):
@@ -76,7 +76,7 @@ def test_topk_allgather_equals_the_dense_sum_of_every_ranks_topk():
 
 def _dense_topk_worker(rank, p):
     topk = TopK(ratio=1.0)
-    topk.bind(SHAPES, ring_allreduce)
+    topk.bind(SHAPES, ring_allreduce, torch.device("cpu"))
     flat, ref = grad_of(rank, 0), grad_of(rank, 0)
     topk.reduce(flat, None)
     dist.all_reduce(ref)
@@ -94,7 +94,7 @@ def test_topk_with_ratio_one_is_a_dense_allreduce():
 
 def _powersgd_worker(rank, p, r, steps):
     psgd = PowerSGD(rank=r)
-    psgd.bind(SHAPES, ring_allreduce)
+    psgd.bind(SHAPES, ring_allreduce, torch.device("cpu"))
     q0 = [q.clone() for q in psgd.q]
     out = []
     for step in range(steps):
@@ -156,7 +156,7 @@ def test_powersgd_matches_a_dense_reference_with_warm_start_and_error_feedback()
 
 def _full_rank_worker(rank, p):
     psgd = PowerSGD(rank=64)  # >= every matrix's smaller side: nothing is compressed
-    psgd.bind(SHAPES, ring_allreduce)
+    psgd.bind(SHAPES, ring_allreduce, torch.device("cpu"))
     flat, ref = grad_of(rank, 0), grad_of(rank, 0)
     psgd.reduce(flat, None)
     dist.all_reduce(ref)
@@ -188,7 +188,7 @@ def test_inring_local_decode_is_the_ring_chunk_encode_and_invariant_holds(name):
 def _inring_worker(rank, p, name):
     comp = get_compressor(name, error_feedback=True)
     red = InRing(comp)
-    red.bind(SHAPES, ring_allreduce)
+    red.bind(SHAPES, ring_allreduce, torch.device("cpu"))
     out = []
     for step in range(2):
         flat = grad_of(rank, step)
@@ -266,6 +266,6 @@ def test_inring_error_feedback_with_the_native_cast_feeds_back_the_cast_error():
     from pipesgd.comm import native_allreduce
 
     red = InRing(get_compressor("bf16", error_feedback=True))
-    red.bind(SHAPES, native_allreduce)
+    red.bind(SHAPES, native_allreduce, torch.device("cpu"))
     x = grad_of(0, 0)
     assert torch.equal(red.local_decode(x, 2), x.to(torch.bfloat16).float())

@@ -52,7 +52,7 @@ def test_round_trip_within_bound(name, shape):
 
 def test_wire_bytes_are_the_documented_sizes():
     n = 10_000
-    ctx = Ctx((n,), torch.float32)
+    ctx = Ctx((n,), torch.float32, torch.device("cpu"))
     assert get_compressor("none").wire_bytes(ctx) == 4 * n
     assert get_compressor("fp16").wire_bytes(ctx) == 2 * n
     assert get_compressor("bf16").wire_bytes(ctx) == 2 * n

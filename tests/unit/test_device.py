@@ -1,0 +1,462 @@
+"""The NCCL path's placement, proven without a GPU (docs/gpu.md).
+
+Every compressor, reduction, allreduce and engine path runs on ``meta`` tensors against a
+recording fake of ``torch.distributed``: every tensor handed to the backend must be on the input's
+device (NCCL rejects host tensors), and nothing may read a value on the host (``meta`` raises on
+``.item()``, ``.tolist()``, ``.cpu()`` and ``bool()``). On NCCL each hop is one
+``batch_isend_irecv``; on Gloo the direct ``irecv``/``isend`` stay. An AST check keeps tensor
+factories on the hot path explicit about their device.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipesgd.comm import native_allreduce, ring_allreduce, tree_allreduce
+from pipesgd.comm.hierarchical import HierarchicalAllreduce
+from pipesgd.compress import available, get_compressor
+from pipesgd.compress.base import _REGISTRY as COMPRESSORS
+from pipesgd.engine.exchange import GradientExchange
+from pipesgd.engine.pipe import PipeSGD
+from pipesgd.engine.ps import ParameterServerEngine
+from pipesgd.reduction import InRing, PowerSGD, TopK
+
+META = torch.device("meta")
+ROOT = Path(__file__).resolve().parents[2]
+SHAPES = [torch.Size([6, 5]), torch.Size([6]), torch.Size([3, 2, 2, 2]), torch.Size([3])]
+NUMEL = sum(s.numel() for s in SHAPES)
+
+
+class FakeGroup:
+    def __init__(self, size: int, rank: int):
+        self.size, self.rank = size, rank
+
+
+class Work:
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class P2POp:
+    def __init__(self, op, tensor, peer=None, group=None, tag=0, group_peer=None):
+        self.op, self.tensor, self.group, self.group_peer = op, tensor, group, group_peer
+
+
+class FakeDist:
+    """What pipesgd hands to ``torch.distributed``, recorded as ``(call, tensors)``; every call
+    returns at once (nothing is transferred: meta tensors have no data)."""
+
+    def __init__(self, world: int, rank: int, backend: str):
+        self.world, self.rank, self.backend = world, rank, backend
+        self.calls: list[tuple[str, list]] = []
+
+    @staticmethod
+    def _arrive(tensor) -> None:
+        """A receive into a real (CPU) tensor gets zeros, so CPU runs stay finite."""
+        if tensor.device != META:
+            tensor.zero_()
+
+    def install(self, monkeypatch) -> FakeDist:
+        for name in ("isend", "irecv", "send", "recv", "all_reduce", "broadcast", "all_gather",
+                     "batch_isend_irecv", "gather_object", "get_world_size", "get_rank", "get_backend",
+                     "get_global_rank", "get_group_rank", "is_initialized", "is_available", "barrier"):
+            monkeypatch.setattr(dist, name, getattr(self, name))
+        monkeypatch.setattr(dist, "P2POp", P2POp)
+        return self
+
+    def _record(self, call: str, tensors) -> Work:
+        self.calls.append((call, list(tensors)))
+        return Work()
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for _, ts in self.calls for t in ts if isinstance(t, torch.Tensor)]
+
+    def names(self) -> list[str]:
+        return [c for c, _ in self.calls]
+
+    # --- the calls pipesgd makes ---
+    def isend(self, tensor, dst=None, group=None, tag=0, group_dst=None):
+        return self._record("isend", [tensor])
+
+    def irecv(self, tensor, src=None, group=None, tag=0, group_src=None):
+        self._arrive(tensor)
+        return self._record("irecv", [tensor])
+
+    def send(self, tensor, dst=None, group=None, tag=0, group_dst=None):
+        self._record("send", [tensor])
+
+    def recv(self, tensor, src=None, group=None, tag=0, group_src=None):
+        self._record("recv", [tensor])
+        return 1
+
+    def all_reduce(self, tensor, op=None, group=None, async_op=False):
+        return self._record("all_reduce", [tensor])
+
+    def broadcast(self, tensor, src=None, group=None, async_op=False, group_src=None):
+        return self._record("broadcast", [tensor])
+
+    def all_gather(self, tensor_list, tensor, group=None, async_op=False):
+        for t in tensor_list:  # every rank sent what this one did
+            if t.device != META:
+                t.copy_(tensor)
+        return self._record("all_gather", [*tensor_list, tensor])
+
+    def batch_isend_irecv(self, ops):
+        assert ops, "an empty batch"
+        for op in ops:
+            if op.op == self.irecv:
+                self._arrive(op.tensor)
+        self._record("batch_isend_irecv", [op.tensor for op in ops])
+        return [Work()]  # NCCL coalesces a batch into one handle
+
+    def gather_object(self, obj, object_gather_list=None, dst=0, group=None):
+        self.calls.append(("gather_object", [obj]))
+
+    def barrier(self, group=None, async_op=False, device_ids=None):
+        return self._record("barrier", [])
+
+    def get_world_size(self, group=None):
+        return self.world if group is None else group.size
+
+    def get_rank(self, group=None):
+        return self.rank if group is None else group.rank
+
+    def get_backend(self, group=None):
+        return self.backend
+
+    def get_global_rank(self, group, group_rank):
+        return group_rank
+
+    def get_group_rank(self, group, global_rank):
+        return global_rank
+
+    def is_initialized(self):
+        return True
+
+    def is_available(self):
+        return True
+
+
+def on_meta(*shape, dtype=torch.float32) -> torch.Tensor:
+    return torch.empty(*shape, dtype=dtype, device=META)
+
+
+def assert_all_on_meta(fake: FakeDist) -> None:
+    tensors = fake.tensors()
+    assert tensors, "nothing reached the backend"
+    wrong = sorted({str(t.device) for t in tensors if t.device != META})
+    assert not wrong, f"tensors handed to the backend on {wrong}, not on the input's device"
+
+
+def assert_hops(fake: FakeDist, backend: str) -> None:
+    """On NCCL no message is posted outside a batch; on Gloo no batch is used."""
+    names = set(fake.names())
+    if backend == "nccl":
+        assert not names & {"isend", "irecv", "send", "recv"}, names
+    else:
+        assert "batch_isend_irecv" not in names, names
+
+
+BACKENDS = ["nccl", "gloo"]
+
+
+@pytest.mark.parametrize("name", available())
+@pytest.mark.parametrize("shape", [(0,), (1,), (7, 3), (4097,)])
+def test_compressors_stay_on_the_input_device(name, shape):
+    comp = get_compressor(name)
+    x = on_meta(*shape)
+    payload, ctx = comp.compress(x)
+    assert payload.device == META and ctx.device == META
+    assert comp.payload_like(ctx).device == META
+    assert comp.decompress(payload, ctx).device == META
+    assert comp.wire_bytes(ctx) == payload.nbytes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("compressor", available())
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_ring_hands_only_device_tensors_to_the_backend_one_batch_per_hop(monkeypatch, backend, compressor, p):
+    fake = FakeDist(p, 1, backend).install(monkeypatch)
+    t = on_meta(1001)
+    ring_allreduce(t, compressor)
+    assert_all_on_meta(fake)
+    assert_hops(fake, backend)
+    if backend == "nccl":
+        assert fake.names().count("batch_isend_irecv") == 2 * (p - 1)  # one per hop
+        assert all(len(ts) == 2 for _, ts in fake.calls)  # its receive and its send
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("compressor", available())
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_tree_hands_only_device_tensors_to_the_backend(monkeypatch, backend, compressor, p):
+    for rank in range(p):  # the root, inner nodes and leaves take different paths
+        fake = FakeDist(p, rank, backend).install(monkeypatch)
+        tree_allreduce(on_meta(257), compressor)
+        assert_all_on_meta(fake)
+        assert_hops(fake, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("compressor", available())
+def test_hierarchical_hands_only_device_tensors_to_the_backend(monkeypatch, backend, compressor):
+    fake = FakeDist(4, 0, backend).install(monkeypatch)
+    HierarchicalAllreduce(intra=FakeGroup(2, 0), leaders=FakeGroup(2, 0))(on_meta(300), compressor)
+    assert_all_on_meta(fake)
+    assert_hops(fake, backend)
+
+
+@pytest.mark.parametrize("compressor", ["none", "fp16", "bf16"])
+def test_native_hands_only_device_tensors_to_the_backend(monkeypatch, compressor):
+    fake = FakeDist(3, 0, "nccl").install(monkeypatch)
+    native_allreduce(on_meta(300), compressor)
+    assert_all_on_meta(fake)
+
+
+def reductions() -> list:
+    return [InRing(get_compressor("int8")), InRing(get_compressor("fp16", error_feedback=True)),
+            TopK(ratio=0.1), TopK(ratio=0.1, error_feedback=False), PowerSGD(rank=2)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("index", range(len(reductions())))
+def test_reductions_keep_state_and_temporaries_on_the_device(monkeypatch, backend, index):
+    fake = FakeDist(3, 2, backend).install(monkeypatch)
+    red = reductions()[index]
+    red.bind(SHAPES, ring_allreduce, META)
+    for _ in range(2):  # the second step uses the residual and the warm start
+        flat = on_meta(NUMEL)
+        red.reduce(flat, None)
+        assert flat.device == META
+    assert_all_on_meta(fake)
+    state = red.state_dict()
+    assert all(t.device == META for t in _tensors(state)), state
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
+def meta_model() -> nn.Module:
+    with torch.device(META):
+        return nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3))
+
+
+def give_grads(model: nn.Module) -> None:
+    for p in model.parameters():
+        p.grad = torch.empty_like(p)
+
+
+@pytest.mark.parametrize("compressor", ["none", "int8", "topk", "powersgd"])
+@pytest.mark.parametrize("allreduce", ["ring", "tree", "native"])
+def test_the_comm_thread_runs_a_reduction_on_the_device_without_a_host_sync(monkeypatch, compressor, allreduce):
+    """The whole job the engine submits (flatten, non-finite flag, reduction, average) on meta:
+    a host read on the communication thread would raise there and fail the handle."""
+    if allreduce == "native" and compressor == "int8":
+        pytest.skip("int8 does not ride the backend's all_reduce")
+    fake = FakeDist(2, 0, "nccl").install(monkeypatch)
+    model = meta_model()
+    give_grads(model)
+    exchange = GradientExchange(model.parameters(), compressor, {"ring": ring_allreduce, "tree": tree_allreduce,
+                                                                   "native": native_allreduce}[allreduce])
+    try:
+        reduced = exchange.launch().wait()
+    finally:
+        exchange.close()
+    assert reduced.flat.device == META and reduced.flag.device == META
+    assert_all_on_meta(fake)
+
+
+@pytest.mark.parametrize("staleness", ["none", "dc", "lookahead", "predict", "dga"])
+def test_launching_steps_never_reads_the_device_and_applying_reads_only_the_flag(monkeypatch, staleness):
+    """Steps that only launch (width 3: the first two) run on meta to the end. The first host read
+    of a step that applies is the documented one: the reduced non-finite flag."""
+    fake = FakeDist(2, 0, "nccl").install(monkeypatch)
+    model = meta_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with PipeSGD(opt, model.parameters(), width=3, compressor="int8", staleness=staleness) as engine:
+        for _ in range(2):
+            give_grads(model)
+            with engine.forward_context():
+                pass
+            engine.step()
+        assert engine.in_flight == 2
+        give_grads(model)
+        with engine.forward_context():
+            pass
+        with pytest.raises(RuntimeError, match="meta") as info:
+            engine.step()
+        engine._pending.clear()  # meta results cannot be applied; no exit warning
+    frames = [f.name for f in traceback.extract_tb(info.tb) if "pipesgd" in f.filename]
+    assert frames[-1] == "nonfinite", frames
+    assert_all_on_meta(fake)
+
+
+@pytest.mark.parametrize("staleness", ["dc", "lookahead", "predict", "dga"])
+@pytest.mark.parametrize("compressor", ["powersgd", "topk", "int8"])
+def test_resume_puts_restored_state_on_the_parameters_device(monkeypatch, staleness, compressor):
+    """A checkpoint is read to the CPU (map_location="cpu"); the engine's in-flight gradients and
+    flags, staleness and reduction state come back on the parameters' device."""
+    def engine_on(device):
+        with torch.device(device):
+            model = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        ef = {"compressor": get_compressor("int8", error_feedback=True)} if compressor == "int8" else {}
+        return model, PipeSGD(opt, model.parameters(), width=2, compressor=ef.get("compressor", compressor),
+                              staleness=staleness)
+
+    FakeDist(2, 0, "gloo").install(monkeypatch)  # the saving run: CPU, real values
+    model, cpu = engine_on("cpu")
+    for _ in range(3):
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        with cpu.forward_context():
+            pass
+        cpu.step()
+    state = cpu.state_dict()
+    cpu.flush()
+    cpu.close()
+    assert state["pending"] and state["reduction"] and state["staleness"]
+    assert all(t.device.type == "cpu" for t in _tensors(state))
+
+    FakeDist(2, 0, "nccl").install(monkeypatch)
+    _, engine = engine_on(META)
+    engine.load_state_dict(state)
+    pending = [h.wait() for h in engine._pending]
+    assert all(r.flat.device == META and r.flag.device == META for r in pending)
+    # (state_dict() would read the flags on the host, which meta cannot)
+    restored = {"pending": [r.flat for r in pending], "staleness": engine.staleness.state_dict(),
+                "reduction": engine._reducer.state_dict()}
+    engine._pending.clear()  # meta values cannot be applied
+    engine.close()
+    assert len(_tensors(restored)) == len(_tensors({k: state[k] for k in restored}))
+    wrong = sorted({str(t.device) for t in _tensors(restored) if t.device != META})
+    assert not wrong, f"restored state on {wrong}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("compressor", ["none", "int8", "bf16"])
+def test_ps_sync_hands_only_device_tensors_to_the_backend(monkeypatch, backend, compressor):
+    for rank in (0, 1):  # the server and a worker
+        fake = FakeDist(3, rank, backend).install(monkeypatch)
+        model = meta_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        engine = ParameterServerEngine(opt, get_compressor(compressor))
+        give_grads(model)
+        engine.step()
+        assert_all_on_meta(fake)
+        assert_hops(fake, backend)
+        if backend == "nccl":  # worker: pull + push in one batch; server: receives, then replies
+            assert fake.names().count("batch_isend_irecv") == (2 if rank == 0 else 1)
+
+
+def test_ps_async_is_refused_on_nccl(monkeypatch):
+    FakeDist(3, 0, "nccl").install(monkeypatch)
+    model = meta_model()
+    with pytest.raises(ValueError, match="ps_async cannot run on NCCL"):
+        ParameterServerEngine(torch.optim.SGD(model.parameters(), lr=0.1), get_compressor("none"), asynchronous=True)
+
+
+def test_ps_async_is_refused_on_nccl_before_any_worker_starts():
+    from hydra import compose, initialize_config_dir
+
+    from pipesgd.config import ConfigError, validate
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("config", overrides=["trainer.mode=ps_async", "dist.backend=nccl", "dist.nproc=2"])
+    with pytest.raises(ConfigError, match="trainer.mode=ps_async cannot run on NCCL.*dist.backend=gloo"):
+        validate(cfg)
+
+
+def test_checkpoint_gathers_every_ranks_state_on_the_cpu(monkeypatch, tmp_path):
+    """Rank 0 unpickles what the others send: a CUDA tensor would land on its cuda:k."""
+    from pipesgd.reliability import Reliability
+
+    fake = FakeDist(2, 1, "nccl").install(monkeypatch)
+    model = meta_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    # What a GPU engine's state_dict() holds (a meta engine cannot read its flags to produce one).
+    engine = SimpleNamespace(state_dict=lambda: {
+        "width": 2, "steps": 2, "pending": [on_meta(NUMEL)], "pending_nonfinite": [False],
+        "staleness": {"w_then": [on_meta(NUMEL)]}, "reduction": {"residual": on_meta(NUMEL), "q": [on_meta(6, 2)]}})
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    hooks = Reliability(model=model, optimizer=opt, scheduler=scheduler, engine=engine,
+                        compressor=get_compressor("int8"), rank=1, world_size=2, device=META, run_dir=tmp_path,
+                        config={})
+    monkeypatch.setattr("pipesgd.reliability.to_device", _to_cpu_as_if_copied)
+    hooks.save(SimpleNamespace(step=2, last_losses=[1.0]), epoch=0, consumed=0)
+    (sent,) = [objs[0] for call, objs in fake.calls if call == "gather_object"]
+    assert _tensors(sent["engine"]), sent
+    wrong = sorted({str(t.device) for t in _tensors(sent) if t.device.type != "cpu"})
+    assert not wrong, f"gathered state holds tensors on {wrong}"
+
+
+def _to_cpu_as_if_copied(state, device):
+    """``to_device`` for meta tensors, which cannot be copied out: an empty CPU tensor of the same
+    shape stands for the copy, so the test sees where the gathered state lives."""
+    from pipesgd.engine.base import to_device
+
+    if isinstance(state, torch.Tensor) and state.device == META:
+        return torch.empty(state.shape, dtype=state.dtype, device=device)
+    if isinstance(state, torch.Tensor):
+        return to_device(state, device)
+    if isinstance(state, dict):
+        return {k: _to_cpu_as_if_copied(v, device) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_to_cpu_as_if_copied(v, device) for v in state)
+    return state
+
+
+# --- tensor factories on the hot path say where they allocate -----------------------------------
+
+FACTORIES = {"empty", "zeros", "ones", "full", "tensor", "arange", "randn", "rand", "randint", "linspace",
+             "eye", "empty_strided", "as_tensor", "randperm"}
+HOT_PATH = [p for d in ("comm", "compress", "reduction", "staleness") for p in sorted((ROOT / "pipesgd" / d).glob("*.py"))]
+HOT_PATH += [ROOT / "pipesgd" / f for f in ("engine/exchange.py", "engine/pipe.py", "engine/ps.py", "flat.py", "trainer.py")]
+
+
+def factory_calls_without_device(source: str) -> list[str]:
+    """``torch.<factory>(...)`` calls in ``source`` that pass no ``device=`` (``*_like`` and
+    ``t.new_*`` inherit the device and are not factories here)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FACTORIES
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+                and not any(k.arg == "device" for k in node.keywords)):
+            out.append(f"line {node.lineno}: torch.{node.func.attr}")
+    return out
+
+
+@pytest.mark.parametrize("path", HOT_PATH, ids=lambda p: str(p.relative_to(ROOT)))
+def test_hot_path_tensor_factories_pass_a_device(path):
+    missing = factory_calls_without_device(path.read_text())
+    assert not missing, f"{path.relative_to(ROOT)}: {missing} allocate on the default device (the CPU)"
+
+
+@pytest.mark.parametrize("name", available())
+def test_every_registered_compressor_passes_a_device(name):
+    source = inspect.getsource(inspect.getmodule(COMPRESSORS[name]))
+    assert not factory_calls_without_device(source)
+
+
+def test_the_factory_check_sees_a_missing_device():
+    assert factory_calls_without_device("torch.empty(3, dtype=x)\ntorch.zeros(2, device=d)\nt.new_zeros(1)\n") \
+        == ["line 1: torch.empty"]
