@@ -16,6 +16,7 @@ from torch import Tensor
 from .. import trace
 from ..comm import CommStats, CommThread, CompletedHandle, Handle, note
 from ..comm.native import check_native, native_allreduce
+from ..comm.streams import OrderedHandle, Streams, streams_for
 from ..compress import Compressor
 from ..flat import has_nonfinite
 from ..reduction import InRing, Spec, as_reduction, resolve
@@ -60,9 +61,12 @@ def _require_process_group() -> None:
 
 class GradientExchange:
     """WHAT one engine communicates: its parameters' gradients, flattened, handed to the reduction
-    the compressor spec resolves to (checked once against the allreduce here), on one comm thread."""
+    the compressor spec resolves to (checked once against the allreduce here), on one comm thread.
+    ``streams`` orders the device work (:mod:`pipesgd.comm.streams`; default: by the parameters'
+    device, a communication stream on CUDA, nothing on the CPU)."""
 
-    def __init__(self, params: Iterable[Tensor], compressor: Spec, allreduce: Callable[..., CommStats], group=None):
+    def __init__(self, params: Iterable[Tensor], compressor: Spec, allreduce: Callable[..., CommStats], group=None,
+                 streams: Streams | None = None):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params has no tensor with requires_grad=True: nothing to reduce")
@@ -85,6 +89,7 @@ class GradientExchange:
         # The flag rides in the allreduce's own buffer only through a stateless dense reduction.
         self._flag_rides = isinstance(self.reduction, InRing) and self.reduction.memory is None
         self._thread: CommThread | None = None
+        self.streams = streams_for(self.params[0].device) if streams is None else streams
 
     @property
     def world_size(self) -> int:
@@ -108,8 +113,9 @@ class GradientExchange:
             return CompletedHandle(Reduced(buf[:-1], CommStats(), buf[-1:], bad))
         if self._thread is None:
             self._thread = CommThread()
+        ready = self.streams.ready(buf, bad)  # after the flatten and the flag, on the training stream
 
-        def job() -> Reduced:
+        def reduce() -> Reduced:
             if self._flag_rides:
                 stats = self.reduction.reduce(buf, self.group)
             else:
@@ -124,7 +130,7 @@ class GradientExchange:
                 buf.div_(world)
             return Reduced(buf[:-1], stats, buf[-1:], bad)
 
-        return self._thread.submit(job)
+        return OrderedHandle(self._thread.submit(lambda: self.streams.run(ready, reduce)), self.streams)
 
     @property
     def activity(self) -> str | None:
