@@ -136,7 +136,10 @@ class Trainer:
                     loss.backward()
             self.hooks.on_backward_end(self)
             if self.device.type == "cuda":
-                torch.cuda.synchronize()  # CPU-GPU sync point: only so compute time is real
+                # CPU-GPU sync point, only so compute time is real: this stream's forward and backward.
+                # A device-wide synchronize() would also wait for the reductions in flight on the
+                # engine's communication stream and make the pipeline synchronous while timing it.
+                torch.cuda.current_stream(self.device).synchronize()
             t1 = time.perf_counter()
             stats = self.engine.step()
             if stats.applied:  # the schedule indexes updates, so fill steps of a pipeline don't advance it
