@@ -72,7 +72,10 @@ def init(backend: str = "auto", timeout_s: float = 300.0) -> DistContext:
         store = _job_store(rank, world, timeout)
     except dist.DistNetworkError as e:
         raise _rendezvous_error(rank, e) from None
-    dist.init_process_group(backend, store=store, timeout=timeout, rank=rank, world_size=world)
+    # device_id binds NCCL's communicators to this rank's GPU and creates them now (comm_group is
+    # split from the default group's), not lazily at the first collective mid-run.
+    dist.init_process_group(backend, store=store, timeout=timeout, rank=rank, world_size=world,
+                            device_id=device if backend == "nccl" else None)
     comm_group = dist.new_group(backend=backend, timeout=timeout)
     log.debug("rank %d/%d joined (%s)", rank, world, backend)
     return DistContext(rank, world, local_rank, local_world, backend, device, comm_group)
