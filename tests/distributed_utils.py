@@ -1,4 +1,4 @@
-"""Run a function on N Gloo ranks over loopback and collect what each returns.
+"""Run a function on N Gloo ranks over loopback (or NCCL ranks, one GPU each) and collect what each returns.
 
 No sleeps: ranks meet in the TCP store rendezvous; the parent waits on the result queue with a
 deadline and kills every child on timeout or failure, so a broken test never hangs the suite.
@@ -22,16 +22,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world_size, port, args, results):
+def _entry(fn, rank, world_size, port, args, results, backend):
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # the torchrun env contract
     try:
+        device = None
+        if backend == "nccl":
+            device = torch.device("cuda", rank)
+            torch.cuda.set_device(device)
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-            timeout=timedelta(seconds=60),
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+            timeout=timedelta(seconds=60), device_id=device,
         )
         out = fn(rank, world_size, *args)
         # Serialise here: tensors sent through a queue are shared-memory handles that die with us.
@@ -45,16 +49,18 @@ def _entry(fn, rank, world_size, port, args, results):
             dist.destroy_process_group()
 
 
-def run_workers(fn, world_size: int, *args, timeout: float = 120.0, expect: list[int] | None = None) -> list:
+def run_workers(fn, world_size: int, *args, timeout: float = 120.0, expect: list[int] | None = None,
+                backend: str = "gloo") -> list:
     """Return ``[fn(rank, world_size, *args) for each rank]``, computed in ``world_size`` processes.
-    With ``expect``, wait only for those ranks' results (in that order) and kill the others."""
+    With ``expect``, wait only for those ranks' results (in that order) and kill the others.
+    ``backend="nccl"``: rank r runs on ``cuda:r`` (tests/gpu)."""
     expect = list(range(world_size)) if expect is None else expect
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     env_before = os.environ.get("GLOO_SOCKET_IFNAME")
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, results), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, results, backend), daemon=True)
              for r in range(world_size)]
     try:
         for p in procs:
