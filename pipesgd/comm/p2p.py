@@ -20,9 +20,15 @@ import torch.distributed as dist
 from torch import Tensor
 
 
+def uses_nccl(group) -> bool:
+    """Whether NCCL is among ``group``'s backends (``"nccl"``, or ``"cpu:gloo,cuda:nccl"``)."""
+    return dist.Backend.NCCL in str(dist.get_backend(group))
+
+
 def batched(group) -> bool:
-    """Whether hops on ``group`` go through ``batch_isend_irecv`` (NCCL does; Gloo does not)."""
-    return dist.get_backend(group) == dist.Backend.NCCL
+    """Whether hops on ``group`` go through ``batch_isend_irecv``: whenever NCCL may carry them (a
+    Gloo hop in a batch is still right, only slower)."""
+    return uses_nccl(group)
 
 
 def post(recvs: Sequence[tuple[Tensor, int]], sends: Sequence[tuple[Tensor, int]], group,

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..comm import CommStats
-from ..comm.p2p import batched, post
+from ..comm.p2p import batched, post, uses_nccl
 from ..compress import Compressor, Ctx
 from ..compress.none import NoCompression
 from .base import Engine, ModeArgs, StepStats
@@ -87,7 +87,7 @@ class ParameterServerEngine(Engine):
         mode = "ps_async" if asynchronous else "ps_sync"
         if self.world < 2:
             raise ValueError(f"trainer.mode={mode} needs >= 2 processes (dist.nproc), got {self.world}")
-        if asynchronous and dist.get_backend(group) == dist.Backend.NCCL:
+        if asynchronous and uses_nccl(group):
             raise ValueError(ASYNC_NEEDS_ANY_SOURCE)
         self.rank = dist.get_rank(group)
         self.numel = sum(p.numel() for p in self.params)
