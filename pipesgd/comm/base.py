@@ -14,7 +14,8 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+import queue
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -107,13 +108,20 @@ class CommThread:
     concurrently. A failed job poisons the thread: later jobs fail fast with the first error
     instead of hanging on peers that have already given up. A job's exception reaches the waiter
     as a :class:`CommError` naming what the thread was blocked on (see :func:`note`).
+
+    The thread is a daemon: a reduction blocked on a peer that will never answer (the engine has
+    already raised its timeout) must not keep the process alive at exit, which a
+    ``ThreadPoolExecutor`` worker does (the interpreter joins those at exit).
     """
 
     def __init__(self, name: str = "pipesgd-comm"):
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._ident: int | None = None
+        self._thread.start()
 
     @property
     def activity(self) -> str | None:
@@ -121,26 +129,58 @@ class CommThread:
         return None if self._ident is None else _ACTIVITY.get(self._ident)
 
     def submit(self, fn: Callable[[], T]) -> FutureHandle[T]:
-        def run() -> T:
-            self._ident = threading.get_ident()
-            with self._lock:
-                if self._error is not None:
-                    raise CommError(f"an earlier reduction on this rank failed: {self._error}") from self._error
-            _ACTIVITY[self._ident] = "running a reduction"
+        if self._closed:
+            raise RuntimeError("submit() on a closed communication thread (engine.close() was called)")
+        future: Future = Future()
+        self._jobs.put((future, fn))
+        return FutureHandle(future)
+
+    def _serve(self) -> None:
+        self._ident = threading.get_ident()
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            future, fn = job
+            if not future.set_running_or_notify_cancel():
+                continue
             try:
-                result = fn()
-            except BaseException as e:
-                with self._lock:
-                    self._error = e
-                activity = _ACTIVITY.get(self._ident)
-                raise CommError(f"{activity}: {type(e).__name__}: {one_line(e)}", activity) from e
-            _ACTIVITY.pop(self._ident, None)
-            return result
+                future.set_result(self._run(fn))
+            except BaseException as e:  # handed to the waiter, never lost
+                future.set_exception(e)
 
-        return FutureHandle(self._pool.submit(run))
+    def _run(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            if self._error is not None:
+                raise CommError(f"an earlier reduction on this rank failed: {self._error}") from self._error
+        _ACTIVITY[self._ident] = "running a reduction"
+        try:
+            result = fn()
+        except BaseException as e:
+            with self._lock:
+                self._error = e
+            activity = _ACTIVITY.get(self._ident)
+            raise CommError(f"{activity}: {type(e).__name__}: {one_line(e)}", activity) from e
+        _ACTIVITY.pop(self._ident, None)
+        return result
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Cancel the jobs not yet started and stop the thread once the running one (if any)
+        ends; give up waiting after ``timeout`` seconds (a job blocked on a dead peer never ends,
+        and the daemon thread then dies with the process)."""
+        if self._closed:
+            return
+        self._closed = True
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[0].cancel()
+        self._jobs.put(None)
+        if threading.get_ident() != self._ident:
+            self._thread.join(timeout)
 
 
 def timed(fn: Callable[[], CommStats]) -> CommStats:
