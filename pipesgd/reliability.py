@@ -25,6 +25,7 @@ from .data.loader import mix_seed
 from .engine.base import Engine, to_device
 from .faults import Faults
 from .modes import get_mode, modes_with
+from .replicas import ReplicaMismatch, describe_mismatch
 from .trainer import Trainer, TrainerHooks
 from .watchdog import Watchdog, is_comm_failure
 
@@ -32,31 +33,6 @@ log = logging.getLogger(__name__)
 
 # Engine state that is identical on every rank by construction, saved once (from rank 0).
 _SHARED_ENGINE_KEYS = ("pending", "pending_nonfinite")
-
-
-class ReplicaMismatch(RuntimeError):
-    """The replicas' parameters differ; raised on every rank with the same message."""
-
-
-def describe_mismatch(digests: list[str], step: int) -> str | None:
-    """None if every rank has the same digest, else one line naming which ranks differ."""
-    groups: dict[str, list[int]] = {}
-    for rank, d in enumerate(digests):
-        groups.setdefault(d, []).append(rank)
-    if len(groups) == 1:
-        return None
-    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))
-    (top, majority), rest = ordered[0], ordered[1:]
-
-    def ranks(rs: list[int]) -> str:
-        return f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
-
-    if 2 * len(majority) > len(digests):
-        odd = sorted(r for _, rs in rest for r in rs)
-        verb = "differ" if len(odd) > 1 else "differs"
-        return (f"replicas diverged at step {step}: {ranks(odd)} {verb} from the majority ({ranks(majority)}, "
-                f"parameter sha256 {top[:12]}); " + "; ".join(f"{ranks(rs)}: {d[:12]}" for d, rs in rest))
-    return f"replicas diverged at step {step}: " + "; ".join(f"{ranks(rs)}: sha256 {d[:12]}" for d, rs in ordered)
 
 
 class Reliability(TrainerHooks):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,8 @@ from ..compress import Compressor
 from ..flat import has_nonfinite
 from ..reduction import InRing, Spec, as_reduction, resolve
 
+T = TypeVar("T")
+
 
 @dataclass
 class Reduced:
@@ -32,6 +35,7 @@ class Reduced:
     stats: CommStats
     flag: Tensor | None = None
     local_nonfinite: Tensor | bool = False
+    control: Tensor | None = None  # the summed control vector of this step (PipeSGD.join, find_unused_parameters)
 
     @property
     def nonfinite(self) -> bool:
@@ -103,19 +107,30 @@ class GradientExchange:
             self.params[0].new_zeros(1),
         ])
 
-    def launch(self, buf: Tensor | None = None) -> Handle[Reduced]:
+    def zeros(self) -> Tensor:
+        """A flat buffer as :meth:`flatten` returns, all zeros: a joined rank's contribution."""
+        return self.params[0].new_zeros(self.flat_numel)
+
+    def launch(self, buf: Tensor | None = None, control: Tensor | None = None,
+               reduced_control: Tensor | None = None) -> Handle[Reduced]:
         """Start averaging ``buf`` (default: :meth:`flatten`; gradients then the flag slot) across
-        ranks, after setting its flag (:func:`mark_nonfinite`); never blocks."""
+        ranks, after setting its flag (:func:`mark_nonfinite`); never blocks. ``control`` (int64)
+        is summed across ranks first, in the same job (``Reduced.control``); ``reduced_control``
+        is a control vector already summed (by :meth:`control_round`), passed through."""
         buf = self.flatten() if buf is None else buf
         bad = mark_nonfinite(buf)
         world = self.world_size
         if world == 1:
-            return CompletedHandle(Reduced(buf[:-1], CommStats(), buf[-1:], bad))
-        if self._thread is None:
-            self._thread = CommThread()
-        ready = self.streams.ready(buf, bad)  # after the flatten and the flag, on the training stream
+            return CompletedHandle(Reduced(buf[:-1], CommStats(), buf[-1:], bad,
+                                           control if reduced_control is None else reduced_control))
+        ready = self.streams.ready(buf, bad, *(() if control is None else (control,)))  # after the flatten and the flag, on the training stream
 
         def reduce() -> Reduced:
+            summed = reduced_control
+            if control is not None:
+                note("all_reduce of the control vector (join / unused parameters)")
+                dist.all_reduce(control, group=self.group)
+                summed = control
             if self._flag_rides:
                 stats = self.reduction.reduce(buf, self.group)
             else:
@@ -128,9 +143,9 @@ class GradientExchange:
                 dist.all_reduce(buf[-1:], group=self.group)
             with trace.current().span("average", "comm"):
                 buf.div_(world)
-            return Reduced(buf[:-1], stats, buf[-1:], bad)
+            return Reduced(buf[:-1], stats, buf[-1:], bad, summed)
 
-        return OrderedHandle(self._thread.submit(lambda: self.streams.run(ready, reduce)), self.streams)
+        return OrderedHandle(self._submit(lambda: self.streams.run(ready, reduce)), self.streams)
 
     @property
     def activity(self) -> str | None:
@@ -140,18 +155,46 @@ class GradientExchange:
     def gather(self, value: int) -> list[int]:
         """``value`` of every rank of the group, in rank order. Runs on the communication thread,
         after whatever is already queued there, so call it at the same point on every rank."""
+        mine = torch.tensor([value], dtype=torch.int64, device=self.params[0].device)
+        return [int(t.item()) for t in self.gather_tensor(mine)]
+
+    def gather_tensor(self, mine: Tensor, timeout: float | None = None) -> list[Tensor]:
+        """``mine`` (same shape and dtype on every rank) of every rank of the group, in rank order,
+        gathered on the communication thread after whatever is already queued there."""
         if self.world_size == 1:
-            return [value]
+            return [mine]
+        out = [torch.empty_like(mine) for _ in range(self.world_size)]
+
+        def job() -> list[Tensor]:
+            note("all_gather on the engine's group")
+            dist.all_gather(out, mine, group=self.group)
+            return out
+
+        return self._ordered(job, mine, *out).wait(timeout)
+
+    def control_round(self, control: Tensor) -> Handle[Tensor]:
+        """Sum ``control`` across ranks on the communication thread, alone (a joined rank asks
+        whether anyone still trains before it shadows a step)."""
+        if self.world_size == 1:
+            return CompletedHandle(control)
+
+        def job() -> Tensor:
+            note("all_reduce of the control vector (join)")
+            dist.all_reduce(control, group=self.group)
+            return control
+
+        return self._ordered(job, control)
+
+    def _ordered(self, job: Callable[[], T], *inputs: Tensor) -> Handle[T]:
+        """``job`` on the communication thread and stream, after the training stream's work on
+        ``inputs``; waiting on the handle orders the training stream after it."""
+        ready = self.streams.ready(*inputs)
+        return OrderedHandle(self._submit(lambda: self.streams.run(ready, job)), self.streams)
+
+    def _submit(self, job: Callable[[], T]) -> Handle[T]:
         if self._thread is None:
             self._thread = CommThread()
-
-        def job() -> list[int]:
-            device = self.params[0].device
-            out = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.world_size)]
-            dist.all_gather(out, torch.tensor([value], dtype=torch.int64, device=device), group=self.group)
-            return [int(t.item()) for t in out]
-
-        return self._thread.submit(job).wait()
+        return self._thread.submit(job)
 
     def state_dict(self) -> dict:
         """The reduction's state (error-feedback residuals, warm starts). Call with nothing in flight."""

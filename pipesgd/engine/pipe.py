@@ -3,11 +3,12 @@ and ``pipe``). docs/architecture.md, "The pipeline", draws the schedule."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 
 import torch
@@ -19,6 +20,7 @@ from ..comm import CommError, CommStats, CompletedHandle, Handle, get_allreduce
 from ..compress import Compressor
 from .exchange import GradientExchange, Reduced
 from ..reduction import Reduction
+from ..replicas import ReplicaMismatch, describe_mismatch, digest
 from ..staleness import Staleness, make_staleness
 from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, to_device
 
@@ -53,8 +55,18 @@ class PipeSGD(Engine):
     rank-average (DDP users clip after ``backward()``, where DDP has already averaged; clipping
     before ``step()`` here would clip this rank's own gradient). It runs as an optimizer step
     pre-hook, so lookahead's local steps are clipped alike.
+    ``broadcast_buffers`` (with ``module``): at every step every rank takes the first rank's
+    buffers, so each forward starts from them (DDP's default, which broadcasts before each forward),
+    on a process group of the engine's own; False leaves each rank's buffers its own.
+    ``find_unused_parameters``: False (as DDP), a parameter in ``params`` without a ``.grad`` at
+    ``step()`` raises, naming it; True (as DDP's), a parameter without a gradient on every rank is
+    left alone by that update, as plain torch does (no momentum, no weight decay), and ranks that
+    disagree about which parameters have one get :class:`ReductionError` naming them. It costs one
+    small all-reduce per step, on the communication thread. Use the same setting on every rank.
+    ``join()``: uneven inputs (DDP's ``Join``), see there.
     ``timeout_s``: a reduction not finished this long after ``step()`` starts waiting for it raises
-    :class:`ReductionError` (a backstop: the backend's own timeout usually fires first).
+    :class:`ReductionError` (a backstop: the backend's own timeout usually fires first). The
+    communication thread never keeps the process alive once the engine has raised.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Iterable[Tensor], width: int = 2,
@@ -62,7 +74,8 @@ class PipeSGD(Engine):
                  allreduce: str | Callable[..., CommStats] = "ring", group=None,
                  warmup_sync_steps: int = 0, staleness: str | Staleness = "none", nonfinite: str = "abort",
                  timeout_s: float | None = None, max_grad_norm: float | None = None,
-                 module: torch.nn.Module | None = None):
+                 module: torch.nn.Module | None = None, broadcast_buffers: bool = True,
+                 find_unused_parameters: bool = False):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
         if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
@@ -76,6 +89,9 @@ class PipeSGD(Engine):
         params = list(params)
         self._reducer = GradientExchange(params, compressor, fn, group)
         _broadcast_from_first_rank([*params, *(module.buffers() if module is not None else ())], group)
+        self._names = _param_names(self._reducer.params, module)
+        self.find_unused_parameters = bool(find_unused_parameters)
+        self._buffers = BufferBroadcast(module, group) if module is not None and broadcast_buffers else None
         self.compressor = self._reducer.compressor
         self.staleness = make_staleness(staleness)
         self.staleness.bind(self._reducer.params, optimizer)
@@ -90,6 +106,9 @@ class PipeSGD(Engine):
         weakref.finalize(self, _warn_unapplied, self._pending)  # at collection or interpreter exit
         self._forward_seen = False  # forward_context() entered since the last step
         self._warned_forward = False
+        self._joining = False  # inside join(): every step carries the active count
+        self.shadowed = 0  # steps this rank shadowed in its last join()
+        self._resume = _ResumeCheck(optimizer)
 
     @property
     def in_flight(self) -> int:
@@ -98,11 +117,38 @@ class PipeSGD(Engine):
     def step(self) -> StepStats:
         """Launch this step's reduction; apply the one from K-1 steps ago if there is one."""
         self._check_forward_context()
+        self._resume.check(self)
+        missing = [i for i, p in enumerate(self._reducer.params) if p.grad is None]
+        if missing and not self.find_unused_parameters:
+            raise RuntimeError(
+                f"{_listed(self._names, missing)} got no gradient on this rank before engine.step() (unused in "
+                "forward, or frozen): pass find_unused_parameters=True to leave such parameters untouched, as "
+                "plain torch does, or leave them out of params")
+        control = self._control(active=True, missing=missing)
+        return self._launch(self._reducer.flatten(), control=control)
+
+    def _control(self, active: bool, missing: list[int] = ()) -> Tensor | None:
+        """This rank's control vector, or None when no one needs one: [1 if still training], then
+        with find_unused_parameters one 1 per parameter that has a gradient. Summed, the first
+        entry counts the ranks still training; a parameter's entry is 0 (nobody has a gradient: not
+        updated) or that count (everyone has), anything else is a disagreement."""
+        if not (self._joining or self.find_unused_parameters):
+            return None
+        n = len(self._reducer.params) if self.find_unused_parameters else 0
+        control = torch.zeros(1 + n, dtype=torch.int64, device=self._reducer.params[0].device)
+        if active:
+            control[:] = 1
+            if missing:
+                control[1 + torch.tensor(missing, device=control.device)] = 0
+        return control
+
+    def _launch(self, buf: Tensor, control: Tensor | None = None, reduced_control: Tensor | None = None) -> StepStats:
         t0 = time.perf_counter()
         with trace.current().span("pack", "pack", self.steps):
-            buf = self._reducer.flatten()  # the gradient, then the non-finite flag slot
             self.staleness.launched(buf[:-1])
-            self._pending.append(self._reducer.launch(buf))
+            self._pending.append(self._reducer.launch(buf, control, reduced_control))
+        if self._buffers is not None:
+            self._buffers.broadcast()
         stats = StepStats(pack_s=time.perf_counter() - t0)
         width = 1 if self.steps < self.warmup_sync_steps else self.width
         if len(self._pending) == width:
@@ -110,6 +156,35 @@ class PipeSGD(Engine):
         self.steps += 1
         self.last = stats
         return stats
+
+    @contextlib.contextmanager
+    def join(self) -> Iterator[PipeSGD]:
+        """Uneven inputs (DDP's ``Join``): run the training loop inside ``with engine.join():`` on
+        every rank. A rank that leaves the block (out of batches) shadows the others' steps with a
+        zero gradient until every rank has left; then all have launched the same reductions and
+        ``flush()`` applies the rest alike. The average still divides by the whole group, as DDP's
+        ``divide_by_initial_world_size=True``. Each step inside costs one small all-reduce more. An
+        exception inside the block propagates without shadowing (the others then time out)."""
+        if self._joining:
+            raise RuntimeError("engine.join() is already active; it does not nest")
+        self._joining = True
+        try:
+            yield self
+        except BaseException:
+            self._joining = False
+            raise
+        try:
+            self.shadowed = 0
+            while True:
+                control = self._control(active=False)
+                handle = self._reducer.control_round(control)
+                total = self._wait(handle, self.steps + 1, self.steps + 1, "the join round")
+                if int(total[0]) == 0:  # nobody trains any more
+                    break
+                self._launch(self._reducer.zeros(), reduced_control=total)
+                self.shadowed += 1
+        finally:
+            self._joining = False
 
     def flush(self) -> StepStats:
         """Wait for and apply every outstanding reduction, oldest first."""
@@ -138,14 +213,29 @@ class PipeSGD(Engine):
             stats.skipped = True
             return
         self.nonfinite.good()
+        self.staleness.without_grad = self._without_grad(reduced.control, step)
         with tr.span("update", "update", self.steps):
             self.staleness.apply(reduced.flat)
         stats.staleness = len(self._pending)
         stats.update_s += time.perf_counter() - t1
         stats.applied = True
 
-    def _wait(self, handle: Handle[Reduced], step: int, current: int) -> Reduced:
-        what = f"the reduction of step {step}'s gradient (waited for at step {current})"
+    def _without_grad(self, control: Tensor | None, step: int) -> tuple[int, ...]:
+        """The parameters no rank had a gradient for at ``step`` (find_unused_parameters)."""
+        if control is None or not self.find_unused_parameters:
+            return ()
+        counts = control.tolist()
+        active, present = counts[0], counts[1:]
+        odd = [i for i, c in enumerate(present) if 0 < c < active]
+        if odd:
+            raise ReductionError(
+                f"ranks disagree about which parameters have a gradient at step {step}: {_listed(self._names, odd)} "
+                f"had one on only some of the {active} rank(s) training; every rank must leave the same "
+                "parameters unused (find_unused_parameters=True)", None)
+        return tuple(i for i, c in enumerate(present) if c == 0)
+
+    def _wait(self, handle: Handle, step: int, current: int, what: str | None = None):
+        what = what or f"the reduction of step {step}'s gradient (waited for at step {current})"
         try:
             return handle.wait(self.timeout_s)
         except TimeoutError:
@@ -221,6 +311,21 @@ class PipeSGD(Engine):
             for f, bad in zip(state["pending"], flags))
         if "nonfinite" in state:
             self.nonfinite.load_state_dict(state["nonfinite"])
+        self._resume.engine_loaded = True
+
+    def check_replicas(self) -> None:
+        """Raise :class:`~pipesgd.replicas.ReplicaMismatch` on every rank if the replicas' weights
+        (:meth:`consistent_params`) are not bit-identical. Collective on the engine's group: call it
+        at the same step on every rank; it runs on the communication thread after the reductions
+        in flight, so it needs no flush. One sha256 of the weights and a 32-byte all-gather."""
+        mine = torch.tensor(list(bytes.fromhex(digest(self.consistent_params()))), dtype=torch.uint8,
+                            device=self._reducer.params[0].device)
+        out = self._reducer.gather_tensor(mine, self.timeout_s)
+        problem = describe_mismatch([bytes(t.cpu().tolist()).hex() for t in out], self.steps)
+        if problem:
+            raise ReplicaMismatch(problem + " (engine.check_replicas(); every rank applies the same updates, so "
+                                  "this is a rank that changed its weights outside engine.step(), a bug, or "
+                                  "non-deterministic hardware)")
 
     def close(self) -> None:
         """Stop the communication thread (after ``flush()``; pending work is cancelled)."""
@@ -228,6 +333,7 @@ class PipeSGD(Engine):
             self._clip.remove()
             self._clip = None
         self._guard.remove()
+        self._resume.close()
         self._reducer.close()
 
 
@@ -244,6 +350,77 @@ def _broadcast_from_first_rank(tensors: list[Tensor], group) -> None:
     with torch.no_grad():
         for t in tensors:
             dist.broadcast(t.detach(), src=src, group=group)
+
+
+def _param_names(params: list[Tensor], module: torch.nn.Module | None) -> list[str]:
+    """How errors name each parameter: its name in ``module``, else its index and shape."""
+    names = {} if module is None else {id(p): n for n, p in module.named_parameters()}
+    return [names.get(id(p), f"params[{i}] (shape {tuple(p.shape)})") for i, p in enumerate(params)]
+
+
+def _listed(names: list[str], indices: list[int], most: int = 5) -> str:
+    shown = ", ".join(names[i] for i in indices[:most])
+    more = f" and {len(indices) - most} more" if len(indices) > most else ""
+    return f"parameter{'s' if len(indices) > 1 else ''} {shown}{more}"
+
+
+class BufferBroadcast:
+    """DDP's ``broadcast_buffers``: every rank takes the first rank's buffers (BatchNorm statistics)
+    once per step, one broadcast per dtype on a process group of its own (the engine's group may be
+    busy with reductions on the communication thread). DDP broadcasts before each forward; doing it
+    in ``step()``, after the launch, gives the next forward the same buffers and lets a joined rank
+    take part in it (it knows a step happened only once that step's reduction has started)."""
+
+    def __init__(self, module: torch.nn.Module, group):
+        self.module, self.group = module, None
+        if not list(module.buffers()) or not dist.is_initialized() or dist.get_world_size(group) == 1:
+            return
+        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+        self.group, self.src = dist.new_group(ranks), ranks[0]  # collective: every rank builds its engine
+
+    def broadcast(self) -> None:
+        if self.group is None:
+            return
+        by_dtype: dict[torch.dtype, list[Tensor]] = {}
+        for b in self.module.buffers():
+            by_dtype.setdefault(b.dtype, []).append(b)
+        mine = dist.get_rank() == self.src
+        with torch.no_grad():
+            for buffers in by_dtype.values():
+                flat = torch.cat([b.reshape(-1) for b in buffers])
+                dist.broadcast(flat, src=self.src, group=self.group)
+                if not mine:
+                    for b, v in zip(buffers, flat.split([b.numel() for b in buffers])):
+                        b.copy_(v.view_as(b))
+
+
+class _ResumeCheck:
+    """Loading the optimizer's state without the engine's loses what was in flight (K-1 updates,
+    the staleness rule's and the reduction's state): warn at the next step unless the engine's
+    state was loaded too."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer_loaded = self.engine_loaded = False
+        self._hook = optimizer.register_load_state_dict_post_hook(self._loaded)
+
+    def _loaded(self, optimizer) -> None:
+        self.optimizer_loaded = True
+
+    def check(self, engine: PipeSGD) -> None:
+        if not self.optimizer_loaded:
+            return
+        self.optimizer_loaded = False
+        if self.engine_loaded or engine.steps or (engine.width == 1 and not engine.staleness.state_dict()
+                                                  and not engine._reducer.state_dict()):
+            return
+        warnings.warn(
+            "optimizer.load_state_dict() was called but engine.load_state_dict() was not: the checkpointed run's "
+            f"{engine.width - 1} in-flight update(s) (and the staleness rule's and the reduction's state) are lost, "
+            "so this run departs from the uninterrupted one; save engine.state_dict() beside the optimizer's and "
+            "load it on resume", RuntimeWarning, stacklevel=3)
+
+    def close(self) -> None:
+        self._hook.remove()
 
 
 def _guard(rule: Staleness) -> Callable:

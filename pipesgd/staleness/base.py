@@ -37,6 +37,8 @@ class Staleness(ABC):
     #: the rule only acts inside ``forward_context()``; the engine warns once if a step ran without it
     uses_forward_context: ClassVar[bool] = False
     stepping: bool = False
+    #: indices of parameters no rank had a gradient for: ``step_optimizer`` leaves their ``.grad`` None
+    without_grad: tuple[int, ...] = ()
 
     def bind(self, params: Sequence[Tensor], optimizer: torch.optim.Optimizer) -> None:
         self.params = list(params)
@@ -59,6 +61,8 @@ class Staleness(ABC):
     def step_optimizer(self, grad: Tensor) -> None:
         """The plain rule: ``optimizer.step()`` with every ``p.grad`` a view into ``grad``."""
         set_grads(self.params, grad)
+        for i in self.without_grad:
+            self.params[i].grad = None  # plain torch: the optimizer skips it (no momentum, no decay)
         self.stepping = True  # the engine's guard lets this optimizer.step() through
         try:
             self.optimizer.step()
