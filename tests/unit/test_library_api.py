@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipesgd import PipeSGD
+from pipesgd import NonFiniteGradient, PipeSGD
 
 
 def _engine():
@@ -85,7 +85,7 @@ def test_forward_context_used_as_documented_gives_no_warning(monkeypatch):
 SCRIPT = """
 import torch
 from torch import nn
-from pipesgd import PipeSGD
+from pipesgd import NonFiniteGradient, PipeSGD
 model = nn.Linear(4, 2)
 engine = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model.parameters(), width=3)
 for _ in range(4):
@@ -154,3 +154,33 @@ def test_the_documented_grad_scaler_recipe_trains_as_without_it(monkeypatch):
 def _train_untrained() -> torch.Tensor:
     torch.manual_seed(0)
     return torch.cat([p.detach().reshape(-1) for p in nn.Linear(4, 2).parameters()])
+
+
+@pytest.mark.parametrize("nonfinite", ["skip", "abort"])
+def test_grad_scaler_overflows_are_skipped_steps_with_nonfinite_skip(monkeypatch, nonfinite):
+    """GradScaler's first steps overflow by design (it searches for the scale from above); with
+    nonfinite="skip" every rank drops those steps alike and training goes on, with "abort" the
+    engine stops at the first one, as documented."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    engine = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model.parameters(), width=2, nonfinite=nonfinite)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)  # overflows for the first steps
+    skipped = 0
+    try:
+        for t in range(12):
+            model.zero_grad()
+            scaler.scale(model(torch.full((3, 4), 1.0 + t)).square().mean()).backward()
+            scaler.unscale_(engine.optimizer)
+            skipped += engine.step().skipped
+            scaler.update()
+        engine.flush()
+    except NonFiniteGradient:
+        assert nonfinite == "abort"
+        return
+    finally:
+        engine.close()
+    assert nonfinite == "skip" and skipped >= 1 and scaler.get_scale() < 2.0 ** 127
+    final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert torch.isfinite(final).all() and not torch.equal(final, start)
