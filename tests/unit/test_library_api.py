@@ -184,3 +184,22 @@ def test_grad_scaler_overflows_are_skipped_steps_with_nonfinite_skip(monkeypatch
     assert nonfinite == "skip" and skipped >= 1 and scaler.get_scale() < 2.0 ** 127
     final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     assert torch.isfinite(final).all() and not torch.equal(final, start)
+
+
+def test_a_scheduler_stepped_on_applied_updates_gives_each_update_its_own_rate(monkeypatch):
+    """``if engine.step().applied: scheduler.step()``: the k-th update applied runs at the k-th rate,
+    the pipeline's fill steps included, and torch's "scheduler before optimizer" warning never fires."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    model, engine = _lone()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda k: 1.0 / (1 + k))
+    used = []
+    engine.optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.append(opt.param_groups[0]["lr"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(6):
+            _backward(model)
+            if engine.step().applied:
+                scheduler.step()
+        engine.flush()
+    engine.close()
+    assert used == pytest.approx([0.1 / (1 + k) for k in range(6)])
