@@ -64,3 +64,17 @@ def test_readme_result_table_matches_benchmarks_json():
             sync = cells[f"resnet20/p{p}/100mbit/sync"]
             assert int(ms) == round(cell["median_iter_ms"]), label
             assert speedup.strip() == f"{sync['median_iter_ms'] / cell['median_iter_ms']:.2f}×", label
+
+
+def test_the_porting_guide_quotes_the_real_diff():
+    """Every changed line docs/porting-from-ddp.md shows is a changed line of the two example scripts."""
+    import difflib
+
+    before, after = ((ROOT / "examples" / name).read_text().splitlines()
+                     for name in ("ddp_tutorial.py", "ddp_tutorial_pipesgd.py"))
+    real = {line for line in difflib.unified_diff(before, after, lineterm="") if line[:1] in "+-"}
+    doc = (ROOT / "docs" / "porting-from-ddp.md").read_text()
+    shown = [line for block in re.findall(r"```diff\n(.*?)```", doc, re.S) for line in block.splitlines()
+             if line[:1] in "+-"]
+    assert len(shown) >= 20
+    assert [line for line in shown if line not in real] == []
