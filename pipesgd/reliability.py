@@ -129,7 +129,7 @@ class Reliability(TrainerHooks):
             digest = param_checksum(self.module)
         mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8, device=self.device)
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(out, mine)
+        self.engine.collective(lambda: dist.all_gather(out, mine), "replica check (all_gather of parameter checksums)")
         problem = describe_mismatch([bytes(t.cpu().tolist()).hex() for t in out], step)
         if problem:
             raise ReplicaMismatch(problem + " (trainer.check_every found it; pipesgd applies identical updates on "

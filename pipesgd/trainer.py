@@ -212,7 +212,9 @@ class Trainer:
         (fractional inside an epoch); ``eval_s`` in the result is the evaluation's own time."""
         t0 = time.perf_counter()
         self.hooks.on_eval_start(self)
-        _average_buffers(self.model)
+        # Collectives of the training loop go through the engine: on its communication thread
+        # (PipeSGD) they keep one order with the reductions in flight on every rank (NCCL needs it).
+        self.engine.collective(lambda: _average_buffers(self.model), "averaging buffers for evaluation")
         self.model.eval()
         # On the model's device: NCCL reduces device tensors only, and the sums stay there until
         # read once at the end (no host sync per batch).
@@ -230,8 +232,8 @@ class Trainer:
         train_loss = torch.tensor([sum(self.last_losses) / max(1, len(self.last_losses))], dtype=torch.float64,
                                   device=self.device)
         if dist.is_initialized():
-            dist.all_reduce(counts)
-            dist.all_reduce(train_loss)
+            self.engine.collective(lambda: (dist.all_reduce(counts), dist.all_reduce(train_loss)),
+                                   "summing evaluation counts")
             train_loss /= dist.get_world_size()
         self.model.train()
         acc = counts[0].item() / max(1.0, counts[1].item())

@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -18,6 +19,8 @@ from ..comm import CommError, CommStats
 from ..compress import Compressor
 from ..reduction import Reduction
 from ..staleness import Staleness
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +129,13 @@ class Engine(ABC):
     def consistent_weights(self) -> AbstractContextManager:
         """Inside: the parameters every replica agrees on (default: they already do)."""
         return nullcontext()
+
+    def collective(self, fn: Callable[[], T], what: str = "a collective") -> T:
+        """Run ``fn`` (collectives of the caller's, on any group) in one order with this engine's
+        own communication on every rank, and return its result. NCCL needs that order when two
+        groups are driven while reductions are in flight; an engine with a communication thread
+        runs ``fn`` there, after the reductions already queued. Default: ``fn()`` here."""
+        return fn()
 
     def summary(self) -> dict:
         return {}

@@ -152,6 +152,17 @@ class GradientExchange:
         """What the communication thread is blocked on right now, if anything."""
         return None if self._thread is None else self._thread.activity
 
+    def run(self, fn: Callable[[], T], what: str, timeout: float | None = None) -> T:
+        """``fn`` on the communication thread after whatever is queued there; its result."""
+        if self.world_size == 1:
+            return fn()
+
+        def job() -> T:
+            note(what)
+            return fn()
+
+        return self.ordered(job).wait(timeout)
+
     def gather(self, value: int) -> list[int]:
         """``value`` of every rank of the group, in rank order. Runs on the communication thread,
         after whatever is already queued there, so call it at the same point on every rank."""
@@ -170,7 +181,7 @@ class GradientExchange:
             dist.all_gather(out, mine, group=self.group)
             return out
 
-        return self._ordered(job, mine, *out).wait(timeout)
+        return self.ordered(job, mine, *out).wait(timeout)
 
     def control_round(self, control: Tensor) -> Handle[Tensor]:
         """Sum ``control`` across ranks on the communication thread, alone (a joined rank asks
@@ -183,9 +194,9 @@ class GradientExchange:
             dist.all_reduce(control, group=self.group)
             return control
 
-        return self._ordered(job, control)
+        return self.ordered(job, control)
 
-    def _ordered(self, job: Callable[[], T], *inputs: Tensor) -> Handle[T]:
+    def ordered(self, job: Callable[[], T], *inputs: Tensor) -> Handle[T]:
         """``job`` on the communication thread and stream, after the training stream's work on
         ``inputs``; waiting on the handle orders the training stream after it."""
         ready = self.streams.ready(*inputs)

@@ -22,7 +22,7 @@ from .exchange import GradientExchange, Reduced
 from ..reduction import Reduction
 from ..replicas import ReplicaMismatch, describe_mismatch, digest
 from ..staleness import Staleness, make_staleness
-from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, to_device
+from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, T, to_device
 
 
 class PipeSGD(Engine):
@@ -312,6 +312,13 @@ class PipeSGD(Engine):
         if "nonfinite" in state:
             self.nonfinite.load_state_dict(state["nonfinite"])
         self._resume.engine_loaded = True
+
+    def collective(self, fn: Callable[[], T], what: str = "a collective") -> T:
+        """Run ``fn`` on the communication thread, after the reductions in flight (no flush), and
+        return its result: the caller's collectives (on any group) then keep one order with the
+        engine's on every rank, as NCCL requires. Errors come back as
+        :class:`~pipesgd.comm.CommError` naming ``what``."""
+        return self._reducer.run(fn, what, self.timeout_s)
 
     def check_replicas(self) -> None:
         """Raise :class:`~pipesgd.replicas.ReplicaMismatch` on every rank if the replicas' weights
