@@ -54,7 +54,7 @@ class Net(nn.Module):
 class Trainer:
     def __init__(self, model: nn.Module, train_data: DataLoader, optimizer: torch.optim.Optimizer,
                  scheduler: StepLR, device: torch.device, save_every: int, snapshot_path: str,
-                 max_steps_per_epoch: int, seed: int, width: int):
+                 max_steps_per_epoch: int, seed: int, width: int, staleness: str):
         self.global_rank = int(os.environ["RANK"])
         self.device = device
         self.model = model.to(device)
@@ -66,7 +66,8 @@ class Trainer:
         self.max_steps_per_epoch = max_steps_per_epoch
         self.seed = seed
         self.epochs_run = 0
-        self.engine = PipeSGD(optimizer, self.model.parameters(), width=width, module=self.model)
+        self.engine = PipeSGD(optimizer, self.model.parameters(), width=width, module=self.model,
+                              staleness=staleness)
         if os.path.exists(self.snapshot_path):
             self._load_snapshot(self.snapshot_path)
 
@@ -81,9 +82,10 @@ class Trainer:
 
     def _run_batch(self, source: torch.Tensor, targets: torch.Tensor) -> None:
         self.optimizer.zero_grad()
-        output = self.model(source)
-        loss = F.nll_loss(output, targets)
-        loss.backward()
+        with self.engine.forward_context():  # the weights the staleness rule wants the gradient at
+            output = self.model(source)
+            loss = F.nll_loss(output, targets)
+            loss.backward()
         self.engine.step()
 
     def _run_epoch(self, epoch: int) -> None:
@@ -163,7 +165,7 @@ def main(args: argparse.Namespace) -> None:
     scheduler = StepLR(optimizer, step_size=1, gamma=0.7)
     train_data = prepare_dataloader(train_set, args.batch_size)
     trainer = Trainer(model, train_data, optimizer, scheduler, device, args.save_every, args.snapshot,
-                      args.max_steps_per_epoch, args.seed, args.width)
+                      args.max_steps_per_epoch, args.seed, args.width, args.staleness)
     trainer.train(args.epochs)
     if trainer.global_rank == 0:
         net = trainer.model
@@ -182,6 +184,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--test-samples", type=int, default=10_000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--width", type=int, default=2, help="pipeline width K (1 = synchronous, as DDP)")
+    p.add_argument("--staleness", default="none", help="update rule, e.g. lookahead (docs/convergence.md)")
     return p.parse_args()
 
 
