@@ -32,8 +32,11 @@ def test_the_port_at_width_1_is_ddp_bit_for_bit(tmp_path, shared_data):
 
 
 @pytest.mark.timeout(400)
-def test_the_port_resumes_from_its_snapshot_exactly(tmp_path, shared_data):
-    data = ("--data-root", str(shared_data), "--width", "2")
+@pytest.mark.parametrize("staleness", ["none", "lookahead"])
+def test_the_port_resumes_from_its_snapshot_exactly(tmp_path, shared_data, staleness):
+    """lookahead's snapshot also holds this rank's own in-flight gradient, which the other rank's
+    does not: resuming exactly needs each rank's file (and forward_context() for the rule to act)."""
+    data = ("--data-root", str(shared_data), "--width", "2", "--staleness", staleness)
     whole = torchrun(tmp_path, "ddp_tutorial_pipesgd.py", *data, "--epochs", "2", snapshot="whole.pt")
     first = torchrun(tmp_path, "ddp_tutorial_pipesgd.py", *data, "--epochs", "1", snapshot="split.pt")
     assert first != whole
