@@ -82,3 +82,19 @@ def test_the_porting_guide_quotes_the_real_diff():
     hunks = "\n".join(difflib.unified_diff(before, after, lineterm="")).split("\n@@")[2:]
     code = [line for hunk in hunks for line in hunk.splitlines() if line[:1] in "+-"]
     assert [line for line in code if line not in shown] == []
+
+
+def test_readme_time_to_accuracy_table_matches_its_json():
+    """The README's time-to-accuracy rows are docs/time-to-accuracy.json's numbers."""
+    import json
+
+    result = json.loads((ROOT / "docs" / "time-to-accuracy.json").read_text())
+    final = {a["name"]: a["final_test_accuracy"] for a in result["arms"]}
+    rows = {m.group(1): line for line in (ROOT / "README.md").read_text().splitlines()
+            if (m := re.match(r"\| \**`([a-z+\-]+)`\** \(K=\d[^)]*\) \|", line))}
+    assert set(rows) == set(final) == {"sync", "pipe+lookahead"}
+    for arm, line in rows.items():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        assert cells[1] == f"{final[arm]:.2f} %"
+        for cell, link in zip(cells[2:], ("100mbit", "50mbit")):
+            assert cell.startswith(f"{result['links'][link]['time_to_target_s'][arm] / 60:.1f} min"), (arm, link)
