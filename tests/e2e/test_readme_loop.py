@@ -24,7 +24,7 @@ loader = [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator
 
 CHECK = """
 engine.close()
-saved = torch.load("checkpoint.pt")
+saved = torch.load(f"checkpoint-rank{dist.get_rank()}.pt")
 model.load_state_dict(saved["model"])
 optimizer.load_state_dict(saved["optimizer"])
 again = PipeSGD(optimizer, model.parameters(), width=2, module=model, staleness="lookahead")
