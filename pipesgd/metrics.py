@@ -21,8 +21,9 @@ HParam = bool | int | float | str
 
 
 class MetricWriter(Protocol):
-    def scalars(self, values: dict[str, float | None], step: int) -> None:
-        """Log every value that is not None under its tag at ``step``."""
+    def scalars(self, values: dict[str, float | None], step: int, walltime: float | None = None) -> None:
+        """Log every value that is not None under its tag at ``step``, measured at ``walltime``
+        (``time.time()``; default now: the trainer writes a step's values when it reads them)."""
 
     def hparams(self, hparams: dict[str, HParam], metrics: dict[str, float], step: int) -> None:
         """Record this run's hyper-parameters and final metrics for TensorBoard's HParams tab."""
@@ -31,7 +32,7 @@ class MetricWriter(Protocol):
 
 
 class NullWriter:
-    def scalars(self, values: dict[str, float | None], step: int) -> None:
+    def scalars(self, values: dict[str, float | None], step: int, walltime: float | None = None) -> None:
         pass
 
     def hparams(self, hparams: dict[str, HParam], metrics: dict[str, float], step: int) -> None:
@@ -51,8 +52,8 @@ class TensorBoardWriter:
         self._writer = SummaryWriter(log_dir=str(log_dir))
         self._t0 = time.time()
 
-    def scalars(self, values: dict[str, float | None], step: int) -> None:
-        now = time.time()
+    def scalars(self, values: dict[str, float | None], step: int, walltime: float | None = None) -> None:
+        now = time.time() if walltime is None else walltime
         elapsed_ms = int((now - self._t0) * 1e3)
         for tag, value in values.items():
             if value is not None:

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import trace
-from .engine.base import Engine
+from .comm.streams import Span, clock_for
+from .engine.base import Engine, StepStats
 from .metrics import MetricWriter
 from .progress import Status, make_progress
 
@@ -37,6 +38,20 @@ class History:
     ratio: list[float] = field(default_factory=list)
     wall_time: list[float] = field(default_factory=list)  # time.time() at each step's end
     evals: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class _StepRecord:
+    """One step as the loop saw it, with the values that live on the device not read yet."""
+
+    step: int
+    epoch: int
+    loss: torch.Tensor
+    iter_ms: float
+    compute: Span
+    stats: StepStats
+    lr: float
+    wall_time: float
 
 
 def median(xs: list[float]) -> float | None:
@@ -89,7 +104,12 @@ class Trainer:
         self.progress = make_progress(self.total_steps, log_every, is_main)
         self.history = History()
         self.step = 0
-        self.last_losses: list[float] = []
+        self.clock = clock_for(device)
+        # How many steps may stay unread (losses and device times, see _read): every step on the
+        # CPU, where a read costs nothing; on a GPU only at log points.
+        self.read_every = 1 if device.type == "cpu" else log_every
+        self._unread: list[_StepRecord] = []
+        self._last_losses: list[float] = []
 
     def fit(self) -> dict:
         """Train to ``total_steps``; evaluate after every epoch and at the end. Returns metrics."""
@@ -104,6 +124,7 @@ class Trainer:
                     self._evaluate(epoch, start)
                     self.hooks.on_epoch_end(self, epoch)
             self.engine.flush()
+            self._read()
             result = self._evaluate(epoch, start)
         finally:
             self.progress.close()
@@ -115,7 +136,6 @@ class Trainer:
         """The rest of ``epoch`` after ``consumed`` samples (by all ranks) of its permutation."""
         self.model.train()
         self.train_loader.set_epoch(epoch)
-        h = self.history
         tr = trace.current()
         t_prev = time.perf_counter()
         loader = self.train_loader
@@ -125,7 +145,7 @@ class Trainer:
             if self.step >= self.total_steps:
                 break
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            t0 = time.perf_counter()
+            mark = self.clock.start()
             self.optimizer.zero_grad(set_to_none=True)
             # forward_context: the weights the staleness rule wants the gradient at, held until
             # backward has used them (autograd saved those very tensors)
@@ -135,35 +155,54 @@ class Trainer:
                 with tr.span("backward", "compute", self.step):
                     loss.backward()
             self.hooks.on_backward_end(self)
-            if self.device.type == "cuda":
-                # CPU-GPU sync point, only so compute time is real: this stream's forward and backward.
-                # A device-wide synchronize() would also wait for the reductions in flight on the
-                # engine's communication stream and make the pipeline synchronous while timing it.
-                torch.cuda.current_stream(self.device).synchronize()
-            t1 = time.perf_counter()
+            compute = self.clock.stop(mark)  # device time on a GPU: no sync here
             stats = self.engine.step()
             if stats.applied:  # the schedule indexes updates, so fill steps of a pipeline don't advance it
                 self.scheduler.step()
             t2 = time.perf_counter()
+            self.step += 1
+            # The loss and the device times stay unread until a log point: on a GPU each read is a
+            # host sync that stops the CPU from queueing the next step (docs/gpu.md, "How the NCCL path works").
+            self._unread.append(_StepRecord(self.step, epoch, loss.detach(), (t2 - t_prev) * 1e3, compute, stats,
+                                            self.optimizer.param_groups[0]["lr"], time.time()))
+            t_prev = t2
+            if len(self._unread) >= self.read_every or self.step % self.log_every == 0 or self.step == self.total_steps:
+                self._read()
+            if self.step % self.log_every == 0 or self.step == self.total_steps:
+                self._log_prediction()
+            if self.progress.due(self.step):
+                self._read()
+                self.progress.show(self._status(epoch, self._last_losses[-1]))
+            # before on_step_end, so a checkpoint taken at this step already holds this evaluation
+            if self._eval_due(epoch_ends=batch == left):
+                self._evaluate(epoch + (consumed + batch * per_step) / (len(loader) * per_step), start)
+            self.hooks.on_step_end(self, epoch, consumed + batch * per_step)
 
-            loss_value = loss.item()
-            self.last_losses = (self.last_losses + [loss_value])[-50:]
-            h.iter_ms.append((t2 - t_prev) * 1e3)
-            h.compute_ms.append((t1 - t0) * 1e3)
-            h.exposed_comm_ms.append(stats.wait_s * 1e3)
-            h.comm_ms.append(stats.comm.seconds * 1e3)
+    def _read(self) -> None:
+        """Read the steps not read yet (one host sync for all their losses) into the history, the
+        metric writer and the loss window; stop on a non-finite loss when the engine has no policy."""
+        records, self._unread = self._unread, []
+        if not records:
+            return
+        losses = torch.stack([r.loss.float() for r in records]).tolist()
+        h = self.history
+        for r, loss in zip(records, losses):
+            stats = r.stats
+            self._last_losses = (self._last_losses + [loss])[-50:]
+            h.iter_ms.append(r.iter_ms)
+            h.compute_ms.append(r.compute.seconds() * 1e3)
+            h.exposed_comm_ms.append(stats.exposed_s() * 1e3)
+            h.comm_ms.append(stats.comm.time_s() * 1e3)
             h.update_ms.append(stats.update_s * 1e3)
             h.wire_bytes.append(stats.comm.wire_bytes)
             h.ratio.append(stats.comm.ratio)
-            h.wall_time.append(time.time())
-            t_prev = t2
-            self.step += 1
-            # hidden = the reduction's time on the comm thread minus the caller's wait, floored at 0
-            # (at width 1 the wait also covers the hand-off to the thread); DDP times no reduction.
-            timed_comm = stats.applied and stats.comm.seconds > 0
+            h.wall_time.append(r.wall_time)
+            # hidden = the reduction's time minus the caller's wait, floored at 0 (at width 1 the
+            # wait also covers the hand-off to the thread); DDP times no reduction.
+            timed_comm = stats.applied and h.comm_ms[-1] > 0
             self.writer.scalars({
-                "train/loss": loss_value,
-                "train/lr": self.optimizer.param_groups[0]["lr"],
+                "train/loss": loss,
+                "train/lr": r.lr,
                 "train/staleness": stats.staleness if stats.applied else None,
                 "time/iter_ms": h.iter_ms[-1],
                 "time/compute_ms": h.compute_ms[-1],
@@ -173,19 +212,22 @@ class Trainer:
                 "comm/bytes_per_step": stats.comm.wire_bytes if stats.applied else None,
                 "comm/compression_ratio": stats.comm.ratio if stats.applied else None,
                 **stats.metrics,
-            }, self.step)
+            }, r.step, walltime=r.wall_time)
             # An engine with a non-finite policy decides on the gradient with every rank together
             # (trainer.nonfinite); without one, this rank stops on its own.
-            if not math.isfinite(loss_value) and self.engine.nonfinite is None:
-                raise FloatingPointError(f"loss is {loss_value} at step {self.step} (epoch {epoch})")
-            if self.step % self.log_every == 0 or self.step == self.total_steps:
-                self._log_prediction()
-            if self.progress.due(self.step):
-                self.progress.show(self._status(epoch, loss_value))
-            # before on_step_end, so a checkpoint taken at this step already holds this evaluation
-            if self._eval_due(epoch_ends=batch == left):
-                self._evaluate(epoch + (consumed + batch * per_step) / (len(loader) * per_step), start)
-            self.hooks.on_step_end(self, epoch, consumed + batch * per_step)
+            if not math.isfinite(loss) and self.engine.nonfinite is None:
+                raise FloatingPointError(f"loss is {loss} at step {r.step} (epoch {r.epoch})")
+
+    @property
+    def last_losses(self) -> list[float]:
+        """The training losses of the last (up to) 50 steps, every step read."""
+        self._read()
+        return self._last_losses
+
+    @last_losses.setter
+    def last_losses(self, value: list[float]) -> None:
+        self._read()
+        self._last_losses = list(value)
 
     def _eval_due(self, epoch_ends: bool) -> bool:
         """An in-epoch evaluation every ``eval_every_steps`` steps, except where the epoch's end (or

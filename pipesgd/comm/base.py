@@ -28,18 +28,26 @@ class CommStats:
 
     ``wire_bytes``: payload bytes this rank sent. ``raw_bytes``: what the same algorithm would have
     sent uncompressed, so ``raw_bytes / wire_bytes`` is the measured compression ratio.
-    ``seconds``: wall time of the reduction on the communication thread (hidden or not).
+    ``seconds``: wall time of the reduction on the communication thread (hidden or not); on a GPU
+    that is only the time to queue it, and ``spans`` holds the device times (:meth:`time_s`).
     """
 
     wire_bytes: int = 0
     raw_bytes: int = 0
     seconds: float = 0.0
+    spans: tuple = ()  # pipesgd.comm.streams.Span of each reduction, where the device times it
 
     def __iadd__(self, other: CommStats) -> CommStats:
         self.wire_bytes += other.wire_bytes
         self.raw_bytes += other.raw_bytes
         self.seconds += other.seconds
+        self.spans += other.spans
         return self
+
+    def time_s(self) -> float:
+        """The reductions' time: the device's where it timed them (reading waits for them, so
+        call it lazily), else ``seconds``."""
+        return sum(s.seconds() for s in self.spans) if self.spans else self.seconds
 
     @property
     def ratio(self) -> float:

@@ -13,17 +13,50 @@ kept by events instead of by blocking:
    stream, so forward and backward of the next steps overlap them; returns a done-event.
 3. ``wait(done)`` on the training thread before the average is read: its stream waits for the
    done-event, the CPU does not (no ``synchronize``).
+
+Times come the same way. On the CPU a wall-clock interval is the work's time; on a GPU it is only
+the time to queue it, so :class:`CudaStreams` and :class:`CudaClock` time with events instead and
+hand back a :class:`Span` that is read later (:meth:`Span.seconds` waits for its end event: read
+it after the training stream has been synced anyway, never per step).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
 T = TypeVar("T")
+
+
+class Span(Protocol):
+    def seconds(self) -> float:
+        """The interval's length; for device work, waits for the work to finish."""
+
+
+@dataclass(frozen=True)
+class HostSpan:
+    """An interval already measured on the host."""
+
+    value: float
+
+    def seconds(self) -> float:
+        return self.value
+
+
+class EventSpan:
+    """The device time between two CUDA events (made with ``enable_timing=True``), read lazily."""
+
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def seconds(self) -> float:
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end) / 1e3
 
 
 class Streams(Protocol):
@@ -35,8 +68,13 @@ class Streams(Protocol):
         """On the communication thread: ``fn()`` ordered after ``ready``; its result and a marker
         after all the work it queued."""
 
-    def wait(self, done: object) -> None:
-        """On the training thread: what it queues next runs after ``done``."""
+    def wait(self, done: object) -> Span | None:
+        """On the training thread: what it queues next runs after ``done``. Returns how long the
+        training stream stalls there, when only the device knows (None: the caller's clock does)."""
+
+    def span(self, done: object) -> Span | None:
+        """The device time of the work ``run`` queued, from its start to ``done`` (None on the
+        host, where the communication thread's own clock is the work's time)."""
 
 
 class HostStreams:
@@ -50,6 +88,21 @@ class HostStreams:
 
     def wait(self, done: object) -> None:
         return None
+
+    def span(self, done: object) -> None:
+        return None
+
+
+def _timing_event():
+    return torch.cuda.Event(enable_timing=True)
+
+
+@dataclass(frozen=True)
+class CudaDone:
+    """What :meth:`CudaStreams.run` queued: from ``start`` (after the ready-event) to ``end``."""
+
+    start: object
+    end: object
 
 
 class CudaStreams:
@@ -73,18 +126,28 @@ class CudaStreams:
             t.record_stream(self.stream)  # freed on the training stream, used on this one too
         return event
 
-    def run(self, ready: torch.cuda.Event, fn: Callable[[], T]) -> tuple[T, torch.cuda.Event]:
+    def run(self, ready: torch.cuda.Event, fn: Callable[[], T]) -> tuple[T, CudaDone]:
         # The stream context also makes this thread's current device the stream's: a thread does
         # not inherit torch.cuda.set_device, and NCCL issues on the current device.
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(ready)
+            start = _timing_event()
+            start.record(self.stream)  # reached when the data is ready: the span is the reduction's own
             out = fn()
-            done = torch.cuda.Event()
-            done.record(self.stream)
-        return out, done
+            end = _timing_event()
+            end.record(self.stream)
+        return out, CudaDone(start, end)
 
-    def wait(self, done: torch.cuda.Event) -> None:
-        torch.cuda.current_stream(self.device).wait_event(done)
+    def wait(self, done: CudaDone) -> EventSpan:
+        stream = torch.cuda.current_stream(self.device)
+        before, after = _timing_event(), _timing_event()
+        before.record(stream)
+        stream.wait_event(done.end)
+        after.record(stream)
+        return EventSpan(before, after)  # the training stream's stall: the exposed communication
+
+    def span(self, done: CudaDone) -> EventSpan:
+        return EventSpan(done.start, done.end)
 
 
 def streams_for(device: torch.device) -> Streams:
@@ -94,15 +157,57 @@ def streams_for(device: torch.device) -> Streams:
 
 class OrderedHandle:
     """A handle to ``(value, done)`` from :meth:`Streams.run` whose ``wait()`` returns ``value``
-    with the caller's stream ordered after ``done``."""
+    with the caller's stream ordered after ``done``. After ``wait()``, ``spans`` holds the device
+    times of the work and of the caller's stall, (None, None) where the host clocks are right."""
 
     def __init__(self, inner, streams: Streams):
         self._inner, self._streams = inner, streams
+        self.spans: tuple[Span | None, Span | None] = (None, None)
 
     def wait(self, timeout: float | None = None):
         value, done = self._inner.wait(timeout)
-        self._streams.wait(done)
+        stall = self._streams.wait(done)
+        self.spans = (self._streams.span(done), stall)
         return value
 
     def done(self) -> bool:
         return self._inner.done()
+
+
+class Clock(Protocol):
+    def start(self) -> object:
+        """A mark now, in the order of the work queued on this thread's stream."""
+
+    def stop(self, mark: object) -> Span:
+        """The interval from ``mark`` to now."""
+
+
+class HostClock:
+    """Wall-clock time: right for work the CPU does itself."""
+
+    def start(self) -> float:
+        return time.perf_counter()
+
+    def stop(self, mark: float) -> HostSpan:
+        return HostSpan(time.perf_counter() - mark)
+
+
+class CudaClock:
+    """Device time of the work queued on the current stream between ``start`` and ``stop``,
+    without a host sync (the trainer's compute time; it used to synchronize the stream each step)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def start(self):
+        mark = _timing_event()
+        mark.record(torch.cuda.current_stream(self.device))
+        return mark
+
+    def stop(self, mark) -> EventSpan:
+        return EventSpan(mark, self.start())
+
+
+def clock_for(device: torch.device) -> Clock:
+    """How to time work queued on ``device`` from this thread."""
+    return CudaClock(device) if device.type == "cuda" else HostClock()

@@ -32,7 +32,9 @@ class StepStats:
     """Where the caller's time went inside one ``step()``; ``comm`` is the applied reduction's cost.
     ``staleness``: how many steps old the applied gradient is (0 = this step's; K-1 in a full pipeline).
     ``metrics``: engine-specific scalars for TensorBoard (e.g. ``ps/staleness_mean``).
-    ``skipped``: an update was due but dropped because its gradient was non-finite."""
+    ``skipped``: an update was due but dropped because its gradient was non-finite.
+    ``wait_spans``: on a GPU, how long the training stream stalled for each reduction (``wait_s``
+    is then the host's wait for the communication thread to queue it; :meth:`exposed_s`)."""
 
     pack_s: float = 0.0
     wait_s: float = 0.0
@@ -42,6 +44,12 @@ class StepStats:
     staleness: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     skipped: bool = False
+    wait_spans: tuple = ()
+
+    def exposed_s(self) -> float:
+        """Communication the caller waited for: the device's stalls where it timed them (reading
+        waits for them: call lazily), else ``wait_s``."""
+        return sum(s.seconds() for s in self.wait_spans) if self.wait_spans else self.wait_s
 
 
 class ReductionError(CommError):

@@ -198,11 +198,17 @@ class PipeSGD(Engine):
         step = current - len(self._pending) + 1  # the step whose gradient this is
         tr = trace.current()
         t0 = time.perf_counter()
+        handle = self._pending.popleft()
         with tr.span("wait", "wait", self.steps):
-            reduced = self._wait(self._pending.popleft(), step, current)
+            reduced = self._wait(handle, step, current)
         t1 = time.perf_counter()
         stats.wait_s += t1 - t0
         stats.comm += reduced.stats
+        comm_span, stall = getattr(handle, "spans", (None, None))  # device times (GPU), read later
+        if comm_span is not None:
+            stats.comm.spans += (comm_span,)
+        if stall is not None:
+            stats.wait_spans += (stall,)
         if reduced.nonfinite:
             flags = self._reducer.gather(int(reduced.local_nonfinite))
             ranks = [str(r) for r, bad in enumerate(flags) if bad]

@@ -41,6 +41,9 @@ class FakeStreams:
     def wait(self, done):
         self.log.append(("training waits", done))
 
+    def span(self, done):
+        return None
+
 
 def pipelined_run(monkeypatch, width: int, compressor: str, steps: int = 5) -> list:
     fake = FakeDist(2, 0, "gloo").install(monkeypatch)
@@ -106,3 +109,87 @@ def test_host_streams_run_the_job_and_order_nothing():
     mark = s.ready(torch.zeros(2))
     assert s.run(mark, lambda: 7) == (7, None)
     assert s.wait(None) is None
+
+
+class FakeCuda:
+    """torch.cuda's streams and events as a log of what was asked, in order; an event's time is
+    its position in the log, so ``elapsed_time`` between two records is the work queued between."""
+
+    def __init__(self, monkeypatch):
+        self.log: list[tuple] = []
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.timing, self.at = enable_timing, None
+
+            def record(self, stream):
+                self.at = len(fake.log)
+                fake.log.append(("record", stream.name, self))
+
+            def synchronize(self):
+                fake.log.append(("synchronize", self))
+
+            def elapsed_time(self, end):
+                assert self.timing and end.timing, "elapsed_time needs enable_timing on both events"
+                return float(end.at - self.at)  # ms
+
+        class Stream:
+            def __init__(self, device=None, name="comm"):
+                self.name = name
+
+            def wait_event(self, event):
+                fake.log.append(("wait_event", self.name, event))
+
+        self.training = Stream(name="training")
+
+        class StreamContext:
+            def __init__(self, stream):
+                self.stream = stream
+
+            def __enter__(self):
+                fake.log.append(("enter", self.stream.name))
+
+            def __exit__(self, *exc):
+                fake.log.append(("exit", self.stream.name))
+
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.training)
+        monkeypatch.setattr(torch.cuda, "stream", StreamContext)
+
+
+def test_cuda_streams_time_the_reduction_and_the_stall_with_events_read_lazily(monkeypatch):
+    fake = FakeCuda(monkeypatch)
+    s = CudaStreams(torch.device("cuda", 0))
+    ready = s.ready()
+
+    def reduction():
+        fake.log.extend([("kernels",), ("kernels",)])
+        return 5
+
+    out, done = s.run(ready, reduction)
+    assert out == 5
+    comm = s.span(done)
+    stall = s.wait(done)
+    ops = [e[:2] for e in fake.log]
+    assert ops == [("record", "training"), ("enter", "comm"), ("wait_event", "comm"), ("record", "comm"),
+                   ("kernels",), ("kernels",), ("record", "comm"), ("exit", "comm"),
+                   ("record", "training"), ("wait_event", "training"), ("record", "training")]
+    assert fake.log[2][2] is ready and fake.log[9][2] is done.end  # each stream waits on the other's mark
+    assert not any(e[0] == "synchronize" for e in fake.log), "nothing blocks the host until a span is read"
+    # the reduction: from after the ready-wait to after its kernels; the stall brackets the wait
+    assert comm.seconds() == 3 / 1e3 and stall.seconds() == 2 / 1e3
+    assert [e[1] for e in fake.log if e[0] == "synchronize"] == [done.end, stall.end]
+
+
+def test_the_cuda_clock_times_the_current_stream_without_a_sync(monkeypatch):
+    from pipesgd.comm.streams import CudaClock, HostClock, clock_for
+    fake = FakeCuda(monkeypatch)
+    clock = clock_for(torch.device("cuda", 0))
+    assert isinstance(clock, CudaClock) and isinstance(clock_for(torch.device("cpu")), HostClock)
+    mark = clock.start()
+    fake.log.append(("forward",))
+    span = clock.stop(mark)
+    assert [e[:2] for e in fake.log] == [("record", "training"), ("forward",), ("record", "training")]
+    assert span.seconds() == 2 / 1e3 and fake.log[-1] == ("synchronize", span.end)

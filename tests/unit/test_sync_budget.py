@@ -67,3 +67,19 @@ def test_one_host_read_per_applied_step_and_none_on_the_comm_thread(monkeypatch,
     assert applied == STEPS - width + 1
     assert on_caller.seen == ["item"] * applied, on_caller.seen
     assert on_thread.seen == [], on_thread.seen
+
+
+def test_ddp_mode_reads_one_value_per_step():
+    """DDP mode (and local) checks every parameter's averaged gradient for NaN/inf in one reduction
+    on the device, read once: the same one read per step as GradScaler's ``found_inf``."""
+    from pipesgd.engine.direct import DirectEngine
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = DirectEngine(opt, numel=sum(p.numel() for p in model.parameters()), wire_elem=4, world_size=2)
+    counted = CountHostReads()
+    for _ in range(STEPS):
+        opt.zero_grad()
+        model(torch.randn(3, 4)).square().sum().backward()
+        with counted:
+            assert engine.step().applied
+    assert counted.seen == ["item"] * STEPS, counted.seen
