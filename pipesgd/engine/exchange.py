@@ -1,11 +1,13 @@
-"""WHAT is communicated: the gradients of a parameter list, flattened into one fresh buffer (the
-double buffering Pipe-SGD needs), reduced on the communication thread, with a non-finite flag every
-rank reads alike. docs/reliability.md ("NaN and inf") says how the flag rides the reduction.
+"""WHAT is communicated: the gradients of a parameter list, flattened into one of the exchange's
+own flat buffers (the double buffering Pipe-SGD needs), reduced on the communication thread, with
+a non-finite flag every rank reads alike. docs/reliability.md ("NaN and inf") says how the flag
+rides the reduction.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -93,6 +95,10 @@ class GradientExchange:
         # The flag rides in the allreduce's own buffer only through a stateless dense reduction.
         self._flag_rides = isinstance(self.reduction, InRing) and self.reduction.memory is None
         self._thread: CommThread | None = None
+        self._free: list[Tensor] = []  # flat buffers for flatten() to reuse (release)
+        # flat buffers handed out and not released, by storage; weak, so a caller that never
+        # releases (a benchmark driving launch() alone) leaves them to the garbage collector
+        self._lent: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
         self.streams = streams_for(self.params[0].device) if streams is None else streams
 
     @property
@@ -100,16 +106,42 @@ class GradientExchange:
         return dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
 
     def flatten(self) -> Tensor:
-        """A fresh flat copy of the current gradients (missing ``.grad`` counts as zeros) followed by
-        the flag slot: ``flat_numel`` values; ``[:-1]`` is the gradient."""
-        return torch.cat([
-            *((p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params),
-            self.params[0].new_zeros(1),
-        ])
+        """A flat copy of the current gradients (missing ``.grad`` counts as zeros) followed by the
+        flag slot: ``flat_numel`` values; ``[:-1]`` is the gradient. The buffer is one of this
+        exchange's own (:meth:`release`), never one a gradient still points into."""
+        buf = self._buffer()
+        torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
+                  out=buf[:-1])
+        buf[-1:].zero_()
+        return buf
 
     def zeros(self) -> Tensor:
         """A flat buffer as :meth:`flatten` returns, all zeros: a joined rank's contribution."""
-        return self.params[0].new_zeros(self.flat_numel)
+        return self._buffer().zero_()
+
+    def release(self, flat: Tensor) -> None:
+        """The caller is done with a reduced buffer (``Reduced.flat``, from :meth:`launch`): it is
+        reused by a later :meth:`flatten` once no parameter's ``.grad`` points into it (the update
+        made them views of it; ``zero_grad(set_to_none=True)`` lets go of them). Buffers this
+        exchange did not make (restored from a checkpoint) are not kept."""
+        buf = self._lent.pop(flat.untyped_storage().data_ptr(), None)
+        if buf is not None:
+            self._free.append(buf)
+
+    def _buffer(self) -> Tensor:
+        """A flat buffer of ``flat_numel`` values, lent until :meth:`release`: a free one that no
+        ``.grad`` views, else a new one. A pipeline of width K keeps K of them in steady state (K+1
+        when gradients are zeroed in place): no allocation per step, and on a GPU no buffer freed
+        while the communication stream may still use it."""
+        viewed = {p.grad.untyped_storage().data_ptr() for p in self.params if p.grad is not None}
+        for i, b in enumerate(self._free):
+            if b.untyped_storage().data_ptr() not in viewed:
+                buf = self._free.pop(i)
+                break
+        else:
+            buf = torch.empty(self.flat_numel, dtype=self.params[0].dtype, device=self.params[0].device)
+        self._lent[buf.untyped_storage().data_ptr()] = buf
+        return buf
 
     def launch(self, buf: Tensor | None = None, control: Tensor | None = None,
                reduced_control: Tensor | None = None) -> Handle[Reduced]:

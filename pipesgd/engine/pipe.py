@@ -216,12 +216,14 @@ class PipeSGD(Engine):
                      "no rank reports NaN/inf of its own: the sum overflowed, or it was restored from a checkpoint")
             self.nonfinite.bad(step, where)
             self.staleness.skip()
+            self._reducer.release(reduced.flat)
             stats.skipped = True
             return
         self.nonfinite.good()
         self.staleness.without_grad = self._without_grad(reduced.control, step)
         with tr.span("update", "update", self.steps):
             self.staleness.apply(reduced.flat)
+        self._reducer.release(reduced.flat)  # reused once the gradients no longer view it
         stats.staleness = len(self._pending)
         stats.update_s += time.perf_counter() - t1
         stats.applied = True

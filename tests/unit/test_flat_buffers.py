@@ -1,0 +1,78 @@
+"""Persistent flat buffers (docs/gpu.md): the engine flattens each step's gradient into one of its
+own buffers and reuses a buffer once its update is applied and no ``.grad`` points into it, so a
+width-K pipeline cycles through K buffers (K+1 when gradients are zeroed in place) instead of
+allocating one per step, and the numbers are those of fresh buffers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fake_dist import FakeDist
+from torch import nn
+
+from pipesgd.engine.pipe import PipeSGD
+
+STEPS = 12
+
+
+def _run(monkeypatch, width: int, set_to_none: bool, reuse: bool, staleness: str = "none", world: int = 1):
+    if world > 1:
+        FakeDist(world, 0, "gloo").install(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    seen = []
+    with PipeSGD(opt, model.parameters(), width=width, staleness=staleness) as engine:
+        exchange = engine._reducer
+        if not reuse:  # the old behaviour: a fresh buffer every step
+            monkeypatch.setattr(exchange, "release", lambda flat: None)
+        flatten = exchange.flatten
+
+        def recorded():
+            buf = flatten()
+            seen.append(buf.untyped_storage().data_ptr())
+            return buf
+
+        monkeypatch.setattr(exchange, "flatten", recorded)
+        data = torch.Generator().manual_seed(1)
+        for _ in range(STEPS):
+            opt.zero_grad(set_to_none=set_to_none)
+            with engine.forward_context():
+                model(torch.randn(5, 4, generator=data)).square().sum().backward()
+            engine.step()
+        engine.flush()
+    return [p.detach().clone() for p in model.parameters()], seen
+
+
+@pytest.mark.parametrize("width", [1, 2, 3])
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("staleness", ["none", "lookahead", "dga"])
+def test_a_pipeline_cycles_through_its_width_in_buffers_with_the_numbers_of_fresh_ones(
+        monkeypatch, width, set_to_none, staleness):
+    fresh, _ = _run(monkeypatch, width, set_to_none, reuse=False, staleness=staleness)
+    reused, seen = _run(monkeypatch, width, set_to_none, reuse=True, staleness=staleness)
+    for a, b in zip(fresh, reused):
+        assert torch.equal(a, b)
+    # in-place zeroing keeps the last applied buffer viewed by the gradients: one more
+    assert len(set(seen)) == width + (0 if set_to_none else 1), seen
+
+
+def test_a_buffer_the_gradients_point_into_is_not_flattened_into(monkeypatch):
+    """Without zero_grad the gradients are views of the last applied average and accumulate into
+    it; flattening into that very buffer would read what it writes."""
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with PipeSGD(opt, model.parameters(), width=1) as engine:
+        model(torch.ones(1, 3)).sum().backward()
+        engine.step()
+        applied = model.weight.grad.untyped_storage().data_ptr()
+        model(torch.ones(1, 3)).sum().backward()
+        buf = engine._reducer.flatten()
+        assert buf.untyped_storage().data_ptr() != applied
+        torch.testing.assert_close(buf[:-1], torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+
+
+def test_two_ranks_reuse_buffers_through_the_communication_thread(monkeypatch):
+    reused, seen = _run(monkeypatch, 2, True, reuse=True, world=2)
+    assert len(set(seen)) == 2
+    assert all(torch.isfinite(p).all() for p in reused)
