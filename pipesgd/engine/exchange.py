@@ -106,13 +106,41 @@ class GradientExchange:
         return dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
 
     def flatten(self) -> Tensor:
-        """A flat copy of the current gradients (missing ``.grad`` counts as zeros) followed by the
-        flag slot: ``flat_numel`` values; ``[:-1]`` is the gradient. The buffer is one of this
-        exchange's own (:meth:`release`), never one a gradient still points into."""
-        buf = self._buffer()
-        torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
-                  out=buf[:-1])
+        """The current gradients, flat (missing ``.grad`` counts as zeros), followed by the flag
+        slot: ``flat_numel`` values; ``[:-1]`` is the gradient. The buffer is one of this exchange's
+        own (:meth:`release`): the one the gradients already are (:meth:`_viewed`), else a copy into
+        one no gradient points into."""
+        buf = self._viewed()
+        if buf is None:
+            buf = self._buffer()
+            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
+                      out=buf[:-1])
         buf[-1:].zero_()
+        return buf
+
+    def _viewed(self) -> Tensor | None:
+        """A released buffer the gradients already are, laid out as :meth:`flatten` would copy
+        them, lent again as it is: a loop that zeroes gradients in place (``zero_grad(set_to_none=
+        False)``) leaves them views of the last applied average, and backward accumulates into them
+        there, so the step copies nothing (DDP's ``gradient_as_bucket_view``)."""
+        first = self.params[0].grad
+        if first is None or not self._free:
+            return None
+        ptr = first.untyped_storage().data_ptr()
+        for i, b in enumerate(self._free):
+            if b.untyped_storage().data_ptr() == ptr:
+                break
+        else:
+            return None
+        offset = b.storage_offset()
+        for p in self.params:
+            g = p.grad
+            if (g is None or g.untyped_storage().data_ptr() != ptr or g.storage_offset() != offset
+                    or g.shape != p.shape or not g.is_contiguous()):
+                return None
+            offset += p.numel()
+        buf = self._free.pop(i)
+        self._lent[ptr] = buf
         return buf
 
     def zeros(self) -> Tensor:
@@ -130,9 +158,9 @@ class GradientExchange:
 
     def _buffer(self) -> Tensor:
         """A flat buffer of ``flat_numel`` values, lent until :meth:`release`: a free one that no
-        ``.grad`` views, else a new one. A pipeline of width K keeps K of them in steady state (K+1
-        when gradients are zeroed in place): no allocation per step, and on a GPU no buffer freed
-        while the communication stream may still use it."""
+        ``.grad`` views, else a new one. A pipeline of width K keeps K of them in steady state: no
+        allocation per step, and on a GPU no buffer freed while the communication stream may still
+        use it."""
         viewed = {p.grad.untyped_storage().data_ptr() for p in self.params if p.grad is not None}
         for i, b in enumerate(self._free):
             if b.untyped_storage().data_ptr() not in viewed:

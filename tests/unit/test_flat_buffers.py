@@ -1,7 +1,7 @@
 """Persistent flat buffers (docs/gpu.md): the engine flattens each step's gradient into one of its
-own buffers and reuses a buffer once its update is applied and no ``.grad`` points into it, so a
-width-K pipeline cycles through K buffers (K+1 when gradients are zeroed in place) instead of
-allocating one per step, and the numbers are those of fresh buffers."""
+own buffers and reuses a buffer once its update is applied and no ``.grad`` points into it (or
+launches it as it is when the gradients are that buffer), so a width-K pipeline cycles through K
+buffers instead of allocating one per step, and the numbers are those of fresh buffers."""
 
 from __future__ import annotations
 
@@ -53,19 +53,58 @@ def test_a_pipeline_cycles_through_its_width_in_buffers_with_the_numbers_of_fres
     reused, seen = _run(monkeypatch, width, set_to_none, reuse=True, staleness=staleness)
     for a, b in zip(fresh, reused):
         assert torch.equal(a, b)
-    # in-place zeroing keeps the last applied buffer viewed by the gradients: one more
-    assert len(set(seen)) == width + (0 if set_to_none else 1), seen
+    assert len(set(seen)) == width, seen
 
 
-def test_a_buffer_the_gradients_point_into_is_not_flattened_into(monkeypatch):
-    """Without zero_grad the gradients are views of the last applied average and accumulate into
-    it; flattening into that very buffer would read what it writes."""
+@pytest.mark.parametrize("width", [1, 2])
+def test_gradients_zeroed_in_place_are_the_buffer_and_are_not_copied(monkeypatch, width):
+    """zero_grad(set_to_none=False) leaves the gradients views of the last applied average;
+    backward accumulates into them there and the step launches that buffer as it is."""
+    cats = []
+    cat = torch.cat
+
+    def counted(tensors, *args, **kwargs):
+        if "out" in kwargs:
+            cats.append(len(tensors))
+        return cat(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "cat", counted)
+    _run(monkeypatch, width, set_to_none=False, reuse=True)
+    assert len(cats) == width  # the steps before the first update was applied; none after
+    cats.clear()
+    _run(monkeypatch, width, set_to_none=True, reuse=True)
+    assert len(cats) == STEPS  # fresh gradients are copied every step
+
+
+def test_without_zero_grad_the_gradients_accumulate_in_the_buffer_as_plain_torch():
+    """Without zero_grad the gradients are views of the last applied average and backward
+    accumulates into them: that buffer is launched as it is, holding what plain torch's .grad
+    would (the applied gradient plus the new one)."""
     model = nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with PipeSGD(opt, model.parameters(), width=1) as engine:
         model(torch.ones(1, 3)).sum().backward()
         engine.step()
         applied = model.weight.grad.untyped_storage().data_ptr()
+        first = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone()
+        model(2 * torch.ones(1, 3)).sum().backward()
+        buf = engine._reducer.flatten()
+        assert buf.untyped_storage().data_ptr() == applied
+        second = torch.cat([torch.full((2, 3), 2.0).reshape(-1), torch.ones(2)])
+        torch.testing.assert_close(buf[:-1], first + second, rtol=0, atol=0)
+        assert buf[-1] == 0
+
+
+def test_a_buffer_a_gradient_points_into_is_never_flattened_into(monkeypatch):
+    """Gradients that only partly view a released buffer (here a bias set to None by hand) are
+    copied into another buffer: flattening into the one they view would read what it writes."""
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with PipeSGD(opt, model.parameters(), width=1) as engine:
+        model(torch.ones(1, 3)).sum().backward()
+        engine.step()
+        applied = model.weight.grad.untyped_storage().data_ptr()
+        model.bias.grad = None
         model(torch.ones(1, 3)).sum().backward()
         buf = engine._reducer.flatten()
         assert buf.untyped_storage().data_ptr() != applied
