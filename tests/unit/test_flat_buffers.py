@@ -76,39 +76,40 @@ def test_gradients_zeroed_in_place_are_the_buffer_and_are_not_copied(monkeypatch
     assert len(cats) == STEPS  # fresh gradients are copied every step
 
 
+def _one_update(between=lambda model: None, x: float = 1.0):
+    """A width-1 engine after one applied update; ``between`` runs before the second backward.
+    Returns (flattened second gradient, storage the gradients viewed after the update, model)."""
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with PipeSGD(opt, model.parameters(), width=1) as engine:
+        model(torch.ones(1, 3)).sum().backward()
+        engine.step()
+        applied = model.weight.grad.untyped_storage().data_ptr()
+        between(model)
+        model(x * torch.ones(1, 3)).sum().backward()
+        return engine._reducer.flatten(), applied, model
+
+
 def test_without_zero_grad_the_gradients_accumulate_in_the_buffer_as_plain_torch():
     """Without zero_grad the gradients are views of the last applied average and backward
     accumulates into them: that buffer is launched as it is, holding what plain torch's .grad
-    would (the applied gradient plus the new one)."""
-    model = nn.Linear(3, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with PipeSGD(opt, model.parameters(), width=1) as engine:
-        model(torch.ones(1, 3)).sum().backward()
-        engine.step()
-        applied = model.weight.grad.untyped_storage().data_ptr()
-        first = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone()
-        model(2 * torch.ones(1, 3)).sum().backward()
-        buf = engine._reducer.flatten()
-        assert buf.untyped_storage().data_ptr() == applied
-        second = torch.cat([torch.full((2, 3), 2.0).reshape(-1), torch.ones(2)])
-        torch.testing.assert_close(buf[:-1], first + second, rtol=0, atol=0)
-        assert buf[-1] == 0
+    would (the applied gradient, all ones, plus the new one)."""
+    buf, applied, _ = _one_update(x=2.0)
+    assert buf.untyped_storage().data_ptr() == applied
+    second = torch.cat([torch.full((2, 3), 2.0).reshape(-1), torch.ones(2)])
+    torch.testing.assert_close(buf[:-1], torch.ones(8) + second, rtol=0, atol=0)
+    assert buf[-1] == 0
 
 
-def test_a_buffer_a_gradient_points_into_is_never_flattened_into(monkeypatch):
+def test_a_buffer_a_gradient_points_into_is_never_flattened_into():
     """Gradients that only partly view a released buffer (here a bias set to None by hand) are
     copied into another buffer: flattening into the one they view would read what it writes."""
-    model = nn.Linear(3, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with PipeSGD(opt, model.parameters(), width=1) as engine:
-        model(torch.ones(1, 3)).sum().backward()
-        engine.step()
-        applied = model.weight.grad.untyped_storage().data_ptr()
+    def drop_bias_grad(model):
         model.bias.grad = None
-        model(torch.ones(1, 3)).sum().backward()
-        buf = engine._reducer.flatten()
-        assert buf.untyped_storage().data_ptr() != applied
-        torch.testing.assert_close(buf[:-1], torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+
+    buf, applied, model = _one_update(drop_bias_grad)
+    assert buf.untyped_storage().data_ptr() != applied
+    torch.testing.assert_close(buf[:-1], torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
 
 
 def test_two_ranks_reuse_buffers_through_the_communication_thread(monkeypatch):
