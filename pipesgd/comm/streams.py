@@ -76,6 +76,11 @@ class Streams(Protocol):
         """The device time of the work ``run`` queued, from its start to ``done`` (None on the
         host, where the communication thread's own clock is the work's time)."""
 
+    def finish(self, done: object, timeout: float) -> None:
+        """On the training thread, before the average is read on the host anyway: return once the
+        work before ``done`` has finished, or raise ``TimeoutError`` after ``timeout`` seconds (on
+        a GPU a silent peer hangs the device work, not the communication thread)."""
+
 
 class HostStreams:
     """CPU tensors: the data is there when the job returns; nothing to order."""
@@ -91,6 +96,9 @@ class HostStreams:
 
     def span(self, done: object) -> None:
         return None
+
+    def finish(self, done: object, timeout: float) -> None:
+        return None  # the job's return was the data's arrival
 
 
 def _timing_event():
@@ -149,6 +157,17 @@ class CudaStreams:
     def span(self, done: CudaDone) -> EventSpan:
         return EventSpan(done.start, done.end)
 
+    def finish(self, done: CudaDone, timeout: float) -> None:
+        # Polled, not synchronize(): that would block past any deadline. The step reads the reduced
+        # flag on the host right after, which waits for this work too, so polling costs no sync.
+        deadline, pause = time.monotonic() + timeout, 1e-5
+        while not done.end.query():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the communication thread had queued it, but its device work (NCCL) "
+                                   "did not finish: a peer is silent or the communicator hangs")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+
 
 def streams_for(device: torch.device) -> Streams:
     """The ordering a reduction of tensors on ``device`` needs."""
@@ -165,7 +184,10 @@ class OrderedHandle:
         self.spans: tuple[Span | None, Span | None] = (None, None)
 
     def wait(self, timeout: float | None = None):
+        start = time.monotonic()
         value, done = self._inner.wait(timeout)
+        if timeout is not None:  # the deadline covers the device work too, not only its queueing
+            self._streams.finish(done, max(0.0, timeout - (time.monotonic() - start)))
         stall = self._streams.wait(done)
         self.spans = (self._streams.span(done), stall)
         return value

@@ -246,10 +246,11 @@ class PipeSGD(Engine):
         what = what or f"the reduction of step {step}'s gradient (waited for at step {current})"
         try:
             return handle.wait(self.timeout_s)
-        except TimeoutError:
+        except TimeoutError as e:
             activity = self._reducer.activity
-            raise ReductionError(f"{what} did not finish within {self.timeout_s:g} s; the communication "
-                                 f"thread was {activity or 'idle'}", activity) from None
+            where = (f"the communication thread was {activity}" if activity else
+                     str(e) or "the communication thread was idle")  # on a GPU: its device work hangs
+            raise ReductionError(f"{what} did not finish within {self.timeout_s:g} s; {where}", activity) from None
         except CommError as e:
             raise ReductionError(f"{what} failed: {e}", e.activity) from e
 

@@ -20,6 +20,7 @@ from torch import nn
 
 import pipesgd.engine.exchange as exchange
 from pipesgd.comm.streams import CudaStreams, HostStreams, streams_for
+from pipesgd.engine.base import ReductionError
 from pipesgd.engine.pipe import PipeSGD
 
 
@@ -43,6 +44,9 @@ class FakeStreams:
 
     def span(self, done):
         return None
+
+    def finish(self, done, timeout):
+        self.log.append(("finished", done))
 
 
 def pipelined_run(monkeypatch, width: int, compressor: str, steps: int = 5) -> list:
@@ -193,3 +197,49 @@ def test_the_cuda_clock_times_the_current_stream_without_a_sync(monkeypatch):
     span = clock.stop(mark)
     assert [e[:2] for e in fake.log] == [("record", "training"), ("forward",), ("record", "training")]
     assert span.seconds() == 2 / 1e3 and fake.log[-1] == ("synchronize", span.end)
+
+
+def test_a_deadline_covers_the_device_work_on_cuda_not_only_its_queueing(monkeypatch):
+    """On a GPU the communication thread returns once the work is queued, and a silent peer hangs
+    the device instead: waiting with a timeout polls the done-event (no synchronize, which could
+    not be interrupted) and gives up after the deadline."""
+    from pipesgd.comm.base import CompletedHandle
+    from pipesgd.comm.streams import OrderedHandle
+    fake = FakeCuda(monkeypatch)
+    s = CudaStreams(torch.device("cuda", 0))
+    value, done = s.run(s.ready(), lambda: "average")
+    finished = {"at": None}
+    polls = []
+
+    def query():
+        polls.append(1)
+        return finished["at"] is not None and len(polls) >= finished["at"]
+
+    done.end.query = query
+    with pytest.raises(TimeoutError, match="device work"):
+        OrderedHandle(CompletedHandle((value, done)), s).wait(timeout=0.05)
+    assert len(polls) > 1 and not any(e[0] == "synchronize" for e in fake.log)
+    finished["at"] = len(polls) + 3  # lands three polls later
+    assert OrderedHandle(CompletedHandle((value, done)), s).wait(timeout=5) == "average"
+    n = len(polls)
+    assert OrderedHandle(CompletedHandle((value, done)), s).wait() == "average"
+    assert len(polls) == n  # no deadline, no polling: the flag's read waits anyway
+
+
+def test_a_hung_device_reduction_fails_the_step_naming_it(monkeypatch):
+    FakeDist(2, 0, "gloo").install(monkeypatch)
+
+    class Hung(FakeStreams):
+        def finish(self, done, timeout):
+            raise TimeoutError("the communication thread had queued it, but its device work (NCCL) did not finish")
+
+    monkeypatch.setattr(exchange, "streams_for", lambda device: Hung([]))
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = PipeSGD(opt, model.parameters(), width=1, timeout_s=0.5)
+    model(torch.randn(2, 3)).sum().backward()
+    with pytest.raises(ReductionError,
+                       match=r"step 1's gradient \(waited for at step 1\) did not finish within 0.5 s; the "
+                             r"communication thread had queued it, but its device work \(NCCL\) did not finish"):
+        engine.step()
+    engine.close()
