@@ -189,3 +189,15 @@ def test_the_engine_reports_the_device_times_its_streams_measured(monkeypatch, w
     for stats in applied:
         assert [s.seconds() for s in stats.comm.spans] == [0.030]
         assert stats.comm.time_s() == 0.030 and stats.exposed_s() == 0.002
+
+
+def test_batches_go_to_a_gpu_through_pinned_memory_asynchronously(monkeypatch):
+    from pipesgd.trainer import to_device
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: calls.append("pin") or t)
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, device, **kw: calls.append((str(device), kw)) or t)
+    to_device(torch.ones(2), torch.device("cuda", 1))
+    assert calls == ["pin", ("cuda:1", {"non_blocking": True})]
+    calls.clear()
+    to_device(torch.ones(2), torch.device("cpu"))
+    assert calls == [("cpu", {})]  # nothing to pin for, nothing asynchronous
