@@ -88,13 +88,19 @@ def test_readme_time_to_accuracy_table_matches_its_json():
     """The README's time-to-accuracy rows are docs/time-to-accuracy.json's numbers."""
     import json
 
+    import statistics
+
     result = json.loads((ROOT / "docs" / "time-to-accuracy.json").read_text())
-    final = {a["name"]: a["final_test_accuracy"] for a in result["arms"]}
+    seeds: dict[str, list[float]] = {}
+    for run in result["arms"]:
+        if run["complete"]:
+            seeds.setdefault(run["name"], []).append(run["final_test_accuracy"])
+    final = {arm: statistics.fmean(accs) for arm, accs in seeds.items()}  # the mean over seeds
     rows = {m.group(1): line for line in (ROOT / "README.md").read_text().splitlines()
             if (m := re.match(r"\| \**`([a-z+\-]+)`\** \(K=\d[^)]*\) \|", line))}
     assert set(rows) == set(final) == {"sync", "pipe+lookahead"}
     for arm, line in rows.items():
         cells = [c.strip() for c in line.split("|")[1:-1]]
-        assert cells[1] == f"{final[arm]:.2f} %"
+        assert cells[1].startswith(f"{final[arm]:.2f} %"), (arm, cells[1])
         for cell, link in zip(cells[2:], ("100mbit", "50mbit")):
             assert cell.startswith(f"{result['links'][link]['time_to_target_s'][arm] / 60:.1f} min"), (arm, link)
