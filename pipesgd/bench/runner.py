@@ -70,9 +70,11 @@ def recorded(cmd: Sequence[str], s: Settings | None = None) -> str:
 # --- processes --------------------------------------------------------------------------------------
 
 
-def run_logged(cmd: Sequence[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None) -> None:
-    """Run ``cmd`` with its output in ``log_path`` (``env``: extra variables); raise CellFailed on a
-    non-zero exit or timeout.
+def run_logged(cmd: Sequence[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None,
+               append: bool = False) -> None:
+    """Run ``cmd`` with its output in ``log_path`` (``env``: extra variables; ``append``: after what
+    the file already holds, as a resumed run's next segment); raise CellFailed on a non-zero exit or
+    timeout.
 
     The child gets its own process group, so a timeout or Ctrl-C here stops it and everything it
     started (pipesgd.emulate tears its namespaces down on SIGTERM).
@@ -80,7 +82,7 @@ def run_logged(cmd: Sequence[str], log_path: Path, timeout_s: float, env: dict[s
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                              "MASTER_PORT")} | (env or {})
-    with open(log_path, "w") as out:
+    with open(log_path, "a" if append else "w") as out:
         out.write("$ " + shlex.join(cmd) + "\n")
         out.flush()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

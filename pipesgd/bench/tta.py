@@ -45,6 +45,8 @@ ARMS: dict[str, tuple[str, ...]] = {
     "pipe+lookahead": ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=lookahead", "compressor=none"),
     "pipe+lookahead-int8": ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=lookahead",
                             "compressor=int8"),
+    "pipe+lookahead-fp16": ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=lookahead",
+                            "compressor=fp16"),
 }
 """Arm name (as in the bench grid) -> its overrides on the recipe. Spelled here only."""
 PHASES = ("curves", "timing", "validate", "report")
@@ -128,14 +130,42 @@ def train_command(a: argparse.Namespace, arm: str, link: str, run_dir: Path, ext
             "--timeout-s", str(int(a.timeout_s)), "--", *overrides]
 
 
-def _run(cmd: list[str], log_path: Path, timeout_s: float) -> bool:
+def _run(cmd: list[str], log_path: Path, timeout_s: float, append: bool = False) -> bool:
     log.info("$ %s", recorded(cmd))
     try:
-        run_logged(cmd, log_path, timeout_s)
+        run_logged(cmd, log_path, timeout_s, append=append)
         return True
     except CellFailed as e:
         log.error("%s", e)
         return False
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def segments_path(run_dir: Path) -> Path:
+    """``<arm>-s<seed>.segments.json`` beside the run dir: one row per process that worked on the
+    run (its commit, start, end and exit), so a curve resumed across commits says so."""
+    return run_dir.parent / f"{run_dir.name}.segments.json"
+
+
+def _segments(run_dir: Path) -> list[dict]:
+    path = segments_path(run_dir)
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def _run_segment(cmd: list[str], run_dir: Path, timeout_s: float) -> bool:
+    """One process of a curve: its row is written before it starts (``end: null`` marks one that
+    was killed) and completed when it returns; the log is appended to, never overwritten."""
+    rows = _segments(run_dir)
+    rows.append({"commit": git_commit(), "start": _now(), "end": None, "ok": None, "command": recorded(cmd)})
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(segments_path(run_dir), rows)
+    ok = _run(cmd, run_dir.parent / f"{run_dir.name}.log", timeout_s, append=True)
+    rows[-1] |= {"end": _now(), "ok": ok}
+    write_json_atomic(segments_path(run_dir), rows)
+    return ok
 
 
 # --- phases --------------------------------------------------------------------------------------
@@ -152,7 +182,7 @@ def run_curves(a: argparse.Namespace) -> bool:
             log.info("curve %s seed %d -> %s%s", arm, seed, run_dir,
                      " (resuming)" if (run_dir / "checkpoints").is_dir() else "")
             cmd = train_command(a, arm, "loopback", run_dir, [f"seed={seed}"])
-            ok &= _run(cmd, run_dir.parent / f"{run_dir.name}.log", a.timeout_s)
+            ok &= _run_segment(cmd, run_dir, a.timeout_s)
     return ok
 
 
