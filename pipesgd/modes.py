@@ -50,7 +50,7 @@ class Mode:
 MODES: dict[str, Mode] = {
     "sync": Mode("pipesgd.engine.pipe:build", width=1, staleness=True, reductions=True, allreduce=True),
     "pipe": Mode("pipesgd.engine.pipe:build", width=None, staleness=True, reductions=True, allreduce=True),
-    "ddp": Mode("pipesgd.engine.ddp:build", compressors=("none", "fp16", "bf16")),  # DDP's own hooks
+    "ddp": Mode("pipesgd.engine.ddp:build", compressors=("none", "fp16", "bf16", "powersgd")),  # DDP's own hooks
     "ps_sync": Mode("pipesgd.engine.ps:build_sync", timing="ps", nonfinite_skip=False, min_world=2, elastic=False),
     "ps_async": Mode("pipesgd.engine.ps:build_async", timing="ps", nonfinite_skip=False, min_world=2,
                      replicas_agree=False, elastic=False, nccl=False),
@@ -78,8 +78,8 @@ def check_compressor(name: str, compressor: object) -> None:
     if mode.compressors is not None and compressor.name not in mode.compressors:
         raise ValueError(f"compressor={compressor.name} is not available with trainer.mode={name}; "
                          f"allowed: {', '.join(mode.compressors)}")
-    if mode.reductions:
-        return
+    if mode.reductions or mode.compressors is not None and isinstance(compressor, Reduction):
+        return  # a reduction the mode names itself is its own (ddp: torch's PowerSGD hook, with its error feedback)
     where = f"trainer.mode={'|'.join(modes_with('reductions'))}"
     if isinstance(compressor, Reduction):
         raise ValueError(f"compressor={compressor.name} is not available with trainer.mode={name}, which carries "

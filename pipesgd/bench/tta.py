@@ -40,6 +40,8 @@ _K1 = ("trainer.width=1", "trainer.warmup_sync_steps=0", "trainer.staleness=none
 ARMS: dict[str, tuple[str, ...]] = {
     "ddp": ("trainer.mode=ddp", *_K1, "compressor=none"),
     "ddp-fp16": ("trainer.mode=ddp", *_K1, "compressor=fp16"),
+    # torch's powerSGD_hook at rank 2, warm start and error feedback on, its default 1000 plain steps
+    "ddp-powersgd": ("trainer.mode=ddp", *_K1, "compressor=powersgd", "compressor.rank=2"),
     "sync": ("trainer.mode=sync", *_K1, "compressor=none"),
     "pipe": ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=none", "compressor=none"),
     "pipe+lookahead": ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=lookahead", "compressor=none"),
