@@ -52,6 +52,10 @@ def command_line_keys(overrides: Iterable[str]) -> frozenset[str]:
     return frozenset(o.split("=", 1)[0].lstrip("+~") for o in overrides)
 
 
+def _target_of(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _rule_name(node: DictConfig) -> str:
     target = node.get("_target_") if isinstance(node, DictConfig) else None
     for name in stalenesses():
@@ -147,8 +151,13 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
                 raise ConfigError(f"{key}={value} is not used by trainer.mode={name}, which runs at width "
                                   f"{mode.width}; drop {key} or use trainer.mode={pipelined}")
     if not mode.staleness and cfg.trainer.staleness != "none":
-        raise ConfigError(f"staleness={cfg.trainer.staleness} is not used by trainer.mode={name}; only "
-                          f"{', '.join(modes_with('staleness'))} apply a staleness rule (use staleness=none)")
+        if explicit and not {"staleness", "trainer.staleness"} & set(explicit):
+            # an experiment file's rule for pipe (resnet_cifar: lookahead), like its width: not this mode's
+            cfg.staleness = {"_target_": _target_of(rule_class("none"))}
+            cfg.trainer.staleness = "none"
+        else:
+            raise ConfigError(f"staleness={cfg.trainer.staleness} is not used by trainer.mode={name}; only "
+                              f"{', '.join(modes_with('staleness'))} apply a staleness rule (use staleness=none)")
     if not mode.nonfinite_skip and cfg.trainer.nonfinite == "skip":
         raise ConfigError(f"trainer.nonfinite=skip is not available with trainer.mode={name}: its ranks do not "
                           "decide a non-finite gradient together; use trainer.nonfinite=abort")

@@ -62,7 +62,8 @@ class Cell:
     def train_overrides(self) -> list[str]:
         """The cell's own training overrides (the workload's come from :class:`Workload`)."""
         out = [f"trainer.mode={self.mode}", f"trainer.width={max(self.width, 1)}", f"compressor={self.compressor}",
-               f"comm={self.comm}", f"dist.nproc={self.world_size}"]
+               f"comm={self.comm}", f"dist.nproc={self.world_size}",
+               "staleness=none"]  # the paper's rule, whatever the experiment file's (resnet_cifar: lookahead)
         return out + ([f"comm.group_size={self.group_size}"] if self.group_size else [])
 
     @property

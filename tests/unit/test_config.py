@@ -115,3 +115,21 @@ def test_conflicting_staleness_settings_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError) as err:
         validate(composed(*overrides))
     assert message in str(err.value)
+
+
+def test_an_experiment_files_staleness_rule_is_pipes_default_not_a_conflict():
+    """resnet_cifar's lookahead is pipe's setting: a mode without staleness runs it as none, unless the
+    command line asks for the rule itself."""
+    from hydra.utils import instantiate
+
+    def resnet(*overrides):
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=["+experiment=resnet_cifar", *overrides])
+        validate(cfg, command_line_keys(["+experiment=resnet_cifar", *overrides]))
+        return cfg
+
+    cfg = resnet("trainer.mode=ddp")
+    assert cfg.trainer.staleness == "none" and instantiate(cfg.staleness).name == "none"
+    assert resnet().trainer.staleness == "lookahead"
+    with pytest.raises(ConfigError, match="staleness=lookahead is not used by trainer.mode=ddp"):
+        resnet("trainer.mode=ddp", "staleness=lookahead")
