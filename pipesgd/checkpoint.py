@@ -66,17 +66,21 @@ def _legacy_staleness(out: dict) -> dict:
     return out
 
 
-def hashed_config(config: dict) -> dict:
-    """``config`` (resolved, plain containers) without the :data:`NOT_HASHED` keys."""
-    out = _legacy_staleness(json.loads(json.dumps(config, default=str)))
-    for key in NOT_HASHED:
+def drop_keys(config: dict, keys) -> dict:
+    """``config`` with each dotted key of ``keys`` removed where present (in place; returned)."""
+    for key in keys:
         *parents, last = key.split(".")
-        node = out
+        node = config
         for p in parents:
             node = node.get(p, {}) if isinstance(node, dict) else {}
         if isinstance(node, dict):
             node.pop(last, None)
-    return out
+    return config
+
+
+def hashed_config(config: dict) -> dict:
+    """``config`` (resolved, plain containers) without the :data:`NOT_HASHED` keys."""
+    return drop_keys(_legacy_staleness(json.loads(json.dumps(config, default=str))), NOT_HASHED)
 
 
 def config_digest(config: dict) -> str:

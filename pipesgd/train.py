@@ -210,7 +210,7 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
     write_json_atomic(run_dir / "summary.json", summary(
         h, result, predicted, mode=cfg.trainer.mode, width=run.engine.width, staleness=cfg.trainer.staleness,
         compressor=name, allreduce=run.allreduce, world_size=ctx.world_size, backend=ctx.backend,
-        steps=trainer.step, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
+        steps=trainer.step, total_steps=trainer.total_steps, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
         git_commit=git_commit(), config=container, **reliability.summary(), **run.engine.summary()))
     # Per-step timings for benchmarks that skip warm-up steps (pipesgd.bench).
     write_json_atomic(run_dir / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})

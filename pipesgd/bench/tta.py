@@ -26,10 +26,11 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipesgd.checkpoint import CheckpointDir, CheckpointError, hashed_config
+from pipesgd.checkpoint import CheckpointDir, CheckpointError
 from pipesgd.runinfo import git_commit, write_json_atomic
 
 from . import tta_compose as compose
+from . import tta_records as records
 from .runner import CellFailed, CpuSampler, cpu_split, recorded, run_logged
 
 log = logging.getLogger("pipesgd.bench.tta")
@@ -49,8 +50,13 @@ ARMS: dict[str, tuple[str, ...]] = {
                             "compressor=int8"),
     "pipe+lookahead-fp16": ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=lookahead",
                             "compressor=fp16"),
+    compose.COMPUTE_ARM: ("trainer.mode=local", *_K1, "compressor=none"),
 }
 """Arm name (as in the bench grid) -> its overrides on the recipe. Spelled here only."""
+TIMING_ONLY = (compose.COMPUTE_ARM,)
+"""Arms that are timed but never trained to a curve: ``compute`` (every worker trains alone, no
+communication) is the ceiling, the step time no scheme can beat on this machine."""
+RECORDS = ROOT / "docs" / "tta-runs"
 PHASES = ("curves", "timing", "validate", "report")
 
 
@@ -63,7 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data.root=PATH")
     p.add_argument("--phase", default="all", help=f"all or a comma-separated subset of {', '.join(PHASES)}")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {', '.join(ARMS)}")
+    p.add_argument("--arms", default=",".join(a for a in ARMS if a not in TIMING_ONLY),
+                   help=f"comma-separated, from {', '.join(ARMS)} (the timing phase adds {', '.join(TIMING_ONLY)})")
+    p.add_argument("--records", type=Path, default=RECORDS,
+                   help="one small JSON per finished curve and validation run, which the report reads "
+                        f"(default {RECORDS.relative_to(ROOT)}: commit them)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds of the full-length runs (default 0)")
     p.add_argument("--links", default="100mbit,50mbit", help="comma-separated tc rates, or loopback")
     p.add_argument("--validate-arms", default="sync,pipe+lookahead", help="arms timed end to end per link")
@@ -75,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=ROOT / "docs" / "time-to-accuracy.json", help="the result")
     p.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "time-to-accuracy.png",
                    help="accuracy against wall-clock seconds on the first link ('' for none)")
+    p.add_argument("--timing", type=Path, default=None,
+                   help="the timing records the report composes (default <dir>/timing.json)")
     p.add_argument("--steps", type=int, default=40, help="timed steps per timing run (default 40)")
     p.add_argument("--skip", type=int, default=10, help="warm-up steps left out of the timing (default 10)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds per link (default 3)")
@@ -173,31 +185,57 @@ def _run_segment(cmd: list[str], run_dir: Path, timeout_s: float) -> bool:
 # --- phases --------------------------------------------------------------------------------------
 
 
+def write_curve_record(a: argparse.Namespace, arm: str, seed: int, run_dir: Path) -> dict | None:
+    """The run's record in ``--records`` from its summary.json and segments (None if it has no
+    summary yet): what the report uses, small enough to commit when the run ends."""
+    summary = run_dir / "summary.json"
+    if not summary.exists():
+        return None
+    record = records.curve_record(arm, seed, ARMS[arm], a.recipe, json.loads(summary.read_text()),
+                                  _segments(run_dir))
+    a.records.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(records.record_path(a.records, arm, seed), record)
+    return record
+
+
 def run_curves(a: argparse.Namespace) -> bool:
     ok = True
     for seed in a.seeds:
         for arm in a.arms:
+            if arm in TIMING_ONLY:
+                continue
             run_dir = (a.dir / "runs" / f"{arm}-s{seed}").resolve()
             if (run_dir / "summary.json").exists():
                 log.info("curve %s seed %d: done (%s)", arm, seed, run_dir)
+                write_curve_record(a, arm, seed, run_dir)
                 continue
             log.info("curve %s seed %d -> %s%s", arm, seed, run_dir,
                      " (resuming)" if (run_dir / "checkpoints").is_dir() else "")
             cmd = train_command(a, arm, "loopback", run_dir, [f"seed={seed}"])
             ok &= _run_segment(cmd, run_dir, a.timeout_s)
+            record = write_curve_record(a, arm, seed, run_dir)
+            if record is not None:
+                log.info("curve %s seed %d: %s, final %.2f %%; record %s (commit it)", arm, seed,
+                         "complete" if record["complete"] else f"NOT complete ({record['why_incomplete']})",
+                         record["final_test_accuracy"], records.record_path(a.records, arm, seed))
     return ok
+
+
+def timing_arms(a: argparse.Namespace) -> list[str]:
+    """The timed arms: the requested ones and the ceiling (compute alone)."""
+    return list(a.arms) + [arm for arm in TIMING_ONLY if arm not in a.arms]
 
 
 def run_timing(a: argparse.Namespace) -> bool:
     """Interleaved: round r runs every arm once on a link before round r+1, so a drift in the
     machine's speed spreads over all arms instead of biasing one."""
     path = a.dir / "timing.json"
-    records = json.loads(path.read_text()) if path.exists() else []
-    done = {(r["link"], r["arm"], r["repeat"]) for r in records}
+    rows = json.loads(path.read_text()) if path.exists() else []
+    done = {(r["link"], r["arm"], r["repeat"]) for r in rows}
     ok = True
     for link in a.links:
         for rep in range(a.repeats):
-            for arm in a.arms:
+            for arm in timing_arms(a):
                 if (link, arm, rep) in done:
                     continue
                 run_dir = (a.dir / "timing" / link / f"{arm}-r{rep}").resolve()
@@ -206,6 +244,7 @@ def run_timing(a: argparse.Namespace) -> bool:
                          "trainer.checkpoint_every=null", "trainer.resume=never"]
                 cmd = train_command(a, arm, link, run_dir, extra)
                 load = list(os.getloadavg())
+                start = _now()
                 with CpuSampler() as sampler:
                     if not _run(cmd, run_dir.parent / f"{run_dir.name}.log", 3600.0):
                         ok = False
@@ -213,24 +252,27 @@ def run_timing(a: argparse.Namespace) -> bool:
                 history = json.loads((run_dir / "history.json").read_text())
                 summary = json.loads((run_dir / "summary.json").read_text())
                 steps = history["iter_ms"][a.skip:]
-                start = history["wall_time"][a.skip - 1] if a.skip else history["wall_time"][0]
-                records.append({
+                t0 = history["wall_time"][a.skip - 1] if a.skip else history["wall_time"][0]
+                rows.append({
                     "link": link, "arm": arm, "repeat": rep, "iter_ms": steps,
                     "median_iter_ms": statistics.median(steps), "eval_s": summary["evals"][-1]["eval_s"],
                     "median_compute_ms": statistics.median(history["compute_ms"][a.skip:]),
                     "median_exposed_comm_ms": statistics.median(history["exposed_comm_ms"][a.skip:]),
-                    "cpu": cpu_split([sampler.between(start, history["wall_time"][-1])]),
+                    "cpu": cpu_split([sampler.between(t0, history["wall_time"][-1])]),
                     "loadavg_before": load, "command": recorded(cmd), "commit": git_commit(),
-                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-                write_json_atomic(path, records)
+                    "recipe": a.recipe, "start": start, "date": _now()})
+                write_json_atomic(path, rows)
                 log.info("timing %s %s r%d: median %.1f ms/step, eval %.1f s", link, arm, rep,
-                         records[-1]["median_iter_ms"], records[-1]["eval_s"])
+                         rows[-1]["median_iter_ms"], rows[-1]["eval_s"])
     return ok
 
 
+def _validate_suffix(a: argparse.Namespace, link: str) -> str:
+    return f"-{link}" + ("" if a.validate_steps is None else f"-{a.validate_steps}steps")
+
+
 def _validate_dir(a: argparse.Namespace, arm: str, link: str) -> Path:
-    suffix = "" if a.validate_steps is None else f"-{a.validate_steps}steps"
-    return (a.dir / "validate" / f"{arm}-{link}{suffix}").resolve()
+    return (a.dir / "validate" / f"{arm}{_validate_suffix(a, link)}").resolve()
 
 
 def run_validation(a: argparse.Namespace) -> bool:
@@ -238,61 +280,91 @@ def run_validation(a: argparse.Namespace) -> bool:
     for link in a.links:
         for arm in a.validate_arms:
             run_dir = _validate_dir(a, arm, link)
-            if (run_dir / "summary.json").exists():
-                continue
-            # resume=never: a measured wall clock must come from one uninterrupted process
-            extra = [f"seed={a.seeds[0]}", "trainer.resume=never"]
-            if a.validate_steps is not None:  # a shorter schedule: compared at its last evaluation
-                extra += [f"trainer.max_steps={a.validate_steps}", "trainer.checkpoint_every=null"]
-            cmd = train_command(a, arm, link, run_dir, extra)
-            ok &= _run(cmd, run_dir.parent / f"{run_dir.name}.log", a.timeout_s)
+            if not (run_dir / "summary.json").exists():
+                # resume=never: a measured wall clock must come from one uninterrupted process
+                extra = [f"seed={a.seeds[0]}", "trainer.resume=never"]
+                if a.validate_steps is not None:  # a shorter schedule: compared at its last evaluation
+                    extra += [f"trainer.max_steps={a.validate_steps}", "trainer.checkpoint_every=null"]
+                cmd = train_command(a, arm, link, run_dir, extra)
+                start = _now()
+                if not _run(cmd, run_dir.parent / f"{run_dir.name}.log", a.timeout_s):
+                    ok = False
+                    continue
+                segment = {"commit": git_commit(), "start": start, "end": _now(), "ok": True, "command": recorded(cmd)}
+            else:
+                segment = None
+            path = records.record_path(a.records, arm, a.seeds[0], "validate", _validate_suffix(a, link))
+            old = json.loads(path.read_text()) if path.exists() else {}
+            record = records.curve_record(arm, a.seeds[0], ARMS[arm], a.recipe,
+                                          json.loads((run_dir / "summary.json").read_text()),
+                                          [segment] if segment else old.get("segments", []))
+            a.records.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, record | {"kind": "validate", "link": link, "steps_limit": a.validate_steps})
     return ok
 
 
 # --- report --------------------------------------------------------------------------------------
 
 
-def _curve(evals: list[dict]) -> list[list[float]]:
-    return [[e["step"], 100 * e["test_accuracy"]] for e in evals]
+def _checkpoint_curve(run_dir: Path) -> list[list[float]] | None:
+    """The evaluations an unfinished run's newest checkpoint carries (None: no valid checkpoint)."""
+    try:
+        found = CheckpointDir(run_dir / "checkpoints").newest_valid() if run_dir.is_dir() else None
+    except CheckpointError as e:
+        log.warning("%s: %s", run_dir, e)
+        return None
+    return None if found is None else [[e["step"], 100 * e["test_accuracy"]] for e in found[1].get("evals", [])]
 
 
-def load_runs(a: argparse.Namespace) -> list[dict]:
-    """Every requested (arm, seed): finished runs from summary.json; unfinished ones from their
-    newest checkpoint (``complete: false``, shown but never composed)."""
-    runs = []
+def load_runs(a: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """``(used, unfinished)`` for every requested (arm, seed): finished runs' records (refreshed
+    from ``--dir``'s run dirs that have a summary), checked by :func:`records.usable_curves`;
+    anything else (no record, an incomplete record, a run dir with checkpoints only) is listed as
+    unfinished with the reason and its partial curve, never composed."""
+    found: dict[tuple[str, int], dict] = {}
+    missing = []
     for arm in a.arms:
         for seed in a.seeds:
             run_dir = a.dir / "runs" / f"{arm}-s{seed}"
-            summary = run_dir / "summary.json"
-            if summary.exists():
-                s = json.loads(summary.read_text())
-                runs.append({"name": arm, "seed": seed, "complete": True, "curve": _curve(s["evals"]),
-                             "final_test_accuracy": 100 * s["test_accuracy"], "config": s["config"]})
+            record = write_curve_record(a, arm, seed, run_dir)
+            path = records.record_path(a.records, arm, seed)
+            if record is None and path.exists():
+                record = json.loads(path.read_text())
+            if record is not None:
+                found[(arm, seed)] = record
                 continue
-            try:
-                found = CheckpointDir(run_dir / "checkpoints").newest_valid() if run_dir.is_dir() else None
-            except CheckpointError as e:
-                log.warning("%s seed %d: %s", arm, seed, e)
-                found = None
-            if found is not None:
-                runs.append({"name": arm, "seed": seed, "complete": False, "curve": _curve(found[1].get("evals", [])),
-                             "final_test_accuracy": None, "config": None})
-    return runs
+            curve = _checkpoint_curve(run_dir)
+            missing.append({"arm": arm, "seed": seed, "complete": False, "curve": curve or [],
+                            "why_incomplete": "running or stopped: checkpoints only" if curve is not None
+                            else "no run"})
+    used, unfinished = records.usable_curves(found)
+    return used, unfinished + missing
 
 
-def timing_by_link(records: list[dict]) -> dict[str, dict]:
+def load_timing(a: argparse.Namespace) -> dict[str, dict]:
+    path = a.timing if a.timing is not None else a.dir / "timing.json"
+    if not path.exists():
+        return {}
+    return timing_by_link(records.check_timing(json.loads(path.read_text()), a.recipe, ARMS, a.overrides))
+
+
+def timing_by_link(rows: list[dict]) -> dict[str, dict]:
     """Per link: each arm's median ms/step pooled over repeats (with the repeats' medians as the
-    spread) and the median evaluation time over every run on that link."""
+    spread), the median evaluation time over every run on that link, and the runs' commits and dates."""
     out: dict[str, dict] = {}
-    for r in records:
-        block = out.setdefault(r["link"], {"pooled": {}, "repeat_medians": {}, "eval_s": [], "cpu": {}})
+    for r in rows:
+        block = out.setdefault(r["link"], {"pooled": {}, "repeat_medians": {}, "eval_s": [], "cpu": {}, "runs": []})
         block["pooled"].setdefault(r["arm"], []).extend(r["iter_ms"])
         block["repeat_medians"].setdefault(r["arm"], []).append(r["median_iter_ms"])
         block["eval_s"].append(r["eval_s"])
         block["cpu"].setdefault(r["arm"], r.get("cpu"))
+        block["runs"].append(r.get("commit"))
+        block.setdefault("dates", []).append(r.get("date"))
     return {link: {"step_ms": {arm: statistics.median(v) for arm, v in b["pooled"].items()},
                    "repeat_median_ms": b["repeat_medians"], "eval_s": statistics.median(b["eval_s"]),
-                   "cpu": b["cpu"]} for link, b in out.items()}
+                   "cpu": b["cpu"], "commits": sorted({c for c in b["runs"] if c}),
+                   "measured": [min(d for d in b["dates"] if d), max(d for d in b["dates"] if d)]}
+            for link, b in out.items()}
 
 
 def _warmup(run: dict) -> int:
@@ -300,42 +372,66 @@ def _warmup(run: dict) -> int:
     return int(trainer.get("warmup_sync_steps") or 0) if trainer.get("mode") == "pipe" else 0
 
 
-def build_result(a: argparse.Namespace, runs: list[dict], timing: dict[str, dict]) -> dict:
-    finished = [r for r in runs if r["complete"]]
-    target = compose.target_accuracy([r["final_test_accuracy"] for r in finished if r["name"] == "sync"])
-    warmup = {r["name"]: _warmup(r) for r in finished}
+def _run_row(r: dict, targets: dict[str, float]) -> dict:
+    row = {"name": r["arm"], "seed": r["seed"], "complete": r["complete"], "curve": r["curve"],
+           "final_test_accuracy": r.get("final_test_accuracy") if r["complete"] else None}
+    if r["complete"]:
+        row |= {"steps_to_target": (compose.steps_to(r["curve"], targets["target"]) or (None,))[0],
+                "crossings": compose.crossings(r["curve"], targets), "segments": r.get("segments", []),
+                "git_commit_at_end": r.get("git_commit_at_end"), "config_digest": r.get("config_digest")}
+        if r.get("provenance"):
+            row["provenance"] = r["provenance"]
+    else:
+        row["why_incomplete"] = r.get("why_incomplete")
+    return row
+
+
+def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[str, int],
+                used: list[dict]) -> list[dict]:
+    """Composed against measured, from the validation records of the arms and links timed."""
+    rows = []
+    for path in sorted(a.records.glob("validate-*.json")) if a.records.is_dir() else []:
+        v = json.loads(path.read_text())
+        link, arm = v["link"], v["arm"]
+        block = links.get(link)
+        if block is None or arm not in block["step_ms"] or v["recipe"] != a.recipe:
+            continue
+        sync_ms = block["step_ms"].get("sync")
+        limit = v.get("steps_limit")
+        row = compose.validation_row(arm, link, v["curve"], v["eval_elapsed_s"], None if limit else target,
+                                     block["step_ms"][arm], block["eval_s"], warmup.get(arm, 0) if sync_ms else 0,
+                                     sync_ms)
+        loop = next((r for r in used if r["arm"] == arm and r["seed"] == v["seed"]), None)
+        # a shortened run has its own (shorter) schedule, so its curve is not the loopback run's
+        row["same_curve_as_loopback"] = None if loop is None or limit else loop["curve"] == v["curve"]
+        row |= {"steps": limit, "seed": v["seed"], "segments": v.get("segments", []), "record": path.name}
+        rows.append(row)
+    return rows
+
+
+def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict], timing: dict[str, dict]) -> dict:
+    finished = [{"name": r["arm"], "seed": r["seed"], "curve": r["curve"]} for r in used]
+    targets = compose.targets_from([r["final_test_accuracy"] for r in used if r["arm"] == "sync"])
+    warmup = {r["arm"]: _warmup(r) for r in used}
     links = {}
     for link, t in timing.items():
-        block = compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, target)
-        links[link] = block | {"repeat_median_ms": t["repeat_median_ms"], "cpu": t["cpu"]}
-    validation = []
-    for link in links:
-        for arm in a.validate_arms:
-            summary = _validate_dir(a, arm, link) / "summary.json"
-            if not summary.exists() or arm not in links[link]["step_ms"]:
-                continue
-            s = json.loads(summary.read_text())
-            sync_ms = links[link]["step_ms"].get("sync")
-            row = compose.validation_row(arm, link, _curve(s["evals"]), [e["elapsed_s"] for e in s["evals"]],
-                                         None if a.validate_steps else target,
-                                         links[link]["step_ms"][arm], links[link]["eval_s"],
-                                         warmup.get(arm, 0) if sync_ms else 0, sync_ms)
-            loop = next((r for r in finished if r["name"] == arm and r["seed"] == a.seeds[0]), None)
-            # a shortened run has its own (shorter) schedule, so its curve is not the loopback run's
-            row["same_curve_as_loopback"] = (None if loop is None or a.validate_steps
-                                             else loop["curve"] == _curve(s["evals"]))
-            row["steps"] = a.validate_steps
-            validation.append(row)
-    reference = hashed_config(next((r["config"] for r in finished if r["name"] == "sync"), {}))
+        block = compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, targets)
+        links[link] = block | {"repeat_median_ms": t["repeat_median_ms"], "cpu": t["cpu"],
+                               "ceiling": compose.ceiling(t["step_ms"]), "timing_commits": t["commits"],
+                               "timing_measured": t["measured"]}
+    reference = next((r for r in used if r["arm"] == "sync"), used[0] if used else None)
     return {
         "recipe": {"experiment": a.recipe, "arms": {arm: list(ARMS[arm]) for arm in a.arms},
-                   "overrides": list(a.overrides), "config": reference},
-        "target_accuracy": target, "same_accuracy_pp": compose.SAME_ACCURACY_PP, "warmup_sync_steps": warmup,
-        "arms": [{k: r[k] for k in ("name", "seed", "complete", "final_test_accuracy", "curve")}
-                 | {"steps_to_target": (compose.steps_to(r["curve"], target) or (None,))[0]} for r in runs],
-        "links": links, "validation": validation,
+                   "overrides": list(a.overrides),
+                   "config": None if reference is None else records.recipe_config(
+                       reference["config"], {k for arm in a.arms for k in records.override_keys(ARMS[arm])},
+                       reference.get("world_size"))},
+        "target_accuracy": targets["target"], "same_accuracy_pp": compose.SAME_ACCURACY_PP,
+        "targets": targets, "warmup_sync_steps": warmup,
+        "arms": [_run_row(r, targets) for r in used] + [_run_row(r, targets) for r in unfinished],
+        "links": links, "validation": _validation(a, links, targets["target"], warmup, used),
         "timing_config": {"steps": a.steps, "skip": a.skip, "repeats": a.repeats, "workers": a.workers},
-        "commit": git_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(), "date": _now(),
     }
 
 
@@ -372,10 +468,10 @@ def plot(result: dict, path: Path) -> None:
 
 
 def report(a: argparse.Namespace) -> dict:
-    runs = load_runs(a)
-    path = a.dir / "timing.json"
-    timing = timing_by_link([r for r in json.loads(path.read_text()) if r["arm"] in a.arms]) if path.exists() else {}
-    result = build_result(a, runs, timing)
+    used, unfinished = load_runs(a)
+    for r in unfinished:
+        log.warning("not used: %s seed %d (%s)", r["arm"], r["seed"], r.get("why_incomplete"))
+    result = build_result(a, used, unfinished, load_timing(a))
     a.json.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(a.json, result)
     if str(a.plot) not in ("", ".") and result["links"]:

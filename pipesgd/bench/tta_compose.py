@@ -19,7 +19,14 @@ from collections.abc import Sequence
 SAME_ACCURACY_PP = 0.3
 """The target is the ``sync`` arm's mean final accuracy minus this many points ("the same accuracy")."""
 FIXED_TARGETS = (85.0, 90.0)
-BASELINES = ("sync", "ddp", "ddp-fp16")
+SLACKS_PP = (0.1, 0.3, 0.5)
+SWEEP_FIXED = 85.0
+"""The fixed accuracy the sweep also reports (90 % is reported, but no arm of the recipe reaches it)."""
+"""The slack sweep: how much the speedups depend on the target rule fixed before the runs."""
+DDP_ARMS = ("ddp", "ddp-fp16", "ddp-powersgd")
+BASELINES = ("sync", *DDP_ARMS)
+COMPUTE_ARM = "compute"
+"""The timing-only arm with no communication: the ceiling on this machine."""
 
 
 def target_accuracy(finals: Sequence[float], slack_pp: float = SAME_ACCURACY_PP) -> float:
@@ -66,35 +73,84 @@ def _mean_or_none(xs: Sequence[float | None]) -> float | None:
     return None if not xs or any(x is None for x in xs) else statistics.fmean(xs)
 
 
-def compose_link(runs: Sequence[dict], step_ms: dict[str, float], eval_s: float, warmup: dict[str, int],
-                 target: float) -> dict:
-    """One link's block of the result: step time, time to target (and to each of
-    :data:`FIXED_TARGETS`) per arm, mean over the arm's seeds, and speedups against the baselines.
+def targets_from(finals: Sequence[float], slacks: Sequence[float] = SLACKS_PP,
+                 fixed: Sequence[float] = FIXED_TARGETS) -> dict[str, float]:
+    """``{"target": sync mean - SAME_ACCURACY_PP, "slack 0.1": ..., "85": 85.0, ...}``: the headline
+    rule fixed before the runs, the slack sweep around it, and the fixed accuracies."""
+    out = {"target": target_accuracy(finals)}
+    out |= {f"slack {s:g}": target_accuracy(finals, s) for s in slacks}
+    return out | {f"{f:g}": float(f) for f in fixed}
 
-    ``runs`` are finished runs ``{"name", "seed", "curve"}``; arms without a measured step time
-    are left out. ``warmup[arm]`` is its synchronous warm-up steps (charged at ``step_ms["sync"]``).
+
+def compose_link(runs: Sequence[dict], step_ms: dict[str, float], eval_s: float, warmup: dict[str, int],
+                 targets: dict[str, float] | float) -> dict:
+    """One link's block of the result: per target (a float is ``{"target": it}``), each arm's time
+    (the mean over its seeds) and the speedups against every baseline arm that has one, including
+    the fastest DDP arm (``best ddp``).
+
+    ``runs`` are finished runs ``{"name", "seed", "curve"}``; arms without a step time are left out.
+    ``warmup[arm]`` synchronous steps are charged at ``step_ms["sync"]``; without a ``sync`` step
+    time such an arm is not priced at all (``unpriced`` says why) rather than charged at its own rate.
     """
+    if not isinstance(targets, dict):
+        targets = {"target": float(targets)}
     sync_ms = step_ms.get("sync")
-    out: dict = {"step_ms": dict(step_ms), "eval_s": eval_s, "time_to_target_s": {}}
-    for fixed in FIXED_TARGETS:
-        out[f"time_to_{fixed:g}_s"] = {}
+    out: dict = {"step_ms": dict(step_ms), "eval_s": eval_s, "unpriced": {}, "targets": {}}
     by_arm: dict[str, list[dict]] = {}
     for r in runs:
         by_arm.setdefault(r["name"], []).append(r)
+    priced = {}
     for arm, rs in by_arm.items():
         if arm not in step_ms:
             continue
-        w = warmup.get(arm, 0) if sync_ms is not None else 0
+        if warmup.get(arm, 0) and sync_ms is None:
+            out["unpriced"][arm] = (f"its {warmup[arm]} synchronous warm-up steps need the sync arm's step time, "
+                                    "which this link has not measured")
+            continue
+        priced[arm] = rs
+    for name, accuracy in targets.items():
+        times = {arm: _mean_or_none([time_to(r["curve"], accuracy, step_ms[arm], eval_s, warmup.get(arm, 0), sync_ms)
+                                     for r in rs]) for arm, rs in priced.items()}
+        ddp = {arm: t for arm, t in times.items() if arm in DDP_ARMS and t}
+        block = {"accuracy": accuracy, "time_s": times, "best_ddp": min(ddp, key=ddp.get) if ddp else None}
+        bases = {base: times[base] for base in BASELINES if times.get(base)}
+        if block["best_ddp"]:
+            bases["best ddp"] = ddp[block["best_ddp"]]
+        block["speedup"] = {base: {arm: (t_base / t if t else None) for arm, t in times.items()}
+                            for base, t_base in bases.items()}
+        out["targets"][name] = block
+    if "target" in out["targets"]:  # the headline rule, also under the names earlier reports used
+        out["time_to_target_s"] = out["targets"]["target"]["time_s"]
+        out["speedup"] = out["targets"]["target"]["speedup"]
+    return out
 
-        def mean_time(t: float) -> float | None:
-            return _mean_or_none([time_to(r["curve"], t, step_ms[arm], eval_s, w, sync_ms) for r in rs])
 
-        out["time_to_target_s"][arm] = mean_time(target)
-        for fixed in FIXED_TARGETS:
-            out[f"time_to_{fixed:g}_s"][arm] = mean_time(fixed)
-    times = out["time_to_target_s"]
-    out["speedup"] = {base: {arm: (times[base] / t if t and times.get(base) else None) for arm, t in times.items()}
-                      for base in BASELINES if base in times}
+def ceiling(step_ms: dict[str, float]) -> dict | None:
+    """What compute alone allows on a link: the fastest DDP arm's step time against the ``compute``
+    arm's (no communication), and per pipe arm the fraction of that gap it closes
+    (``captured`` = (ddp − arm) / (ddp − compute)). None without a compute time; the DDP fields are
+    None without a DDP arm's."""
+    compute = step_ms.get(COMPUTE_ARM)
+    ddp = {arm: ms for arm, ms in step_ms.items() if arm in DDP_ARMS}
+    if compute is None:
+        return None
+    if not ddp:
+        return {"compute_ms": compute, "best_ddp": None, "best_ddp_ms": None, "ceiling_speedup": None, "captured": {}}
+    best = min(ddp, key=ddp.get)
+    gap = ddp[best] - compute
+    return {"compute_ms": compute, "best_ddp": best, "best_ddp_ms": ddp[best],
+            "ceiling_speedup": ddp[best] / compute if compute else None,
+            "captured": {arm: ((ddp[best] - ms) / gap if gap > 0 else None)
+                         for arm, ms in step_ms.items() if arm.startswith("pipe")}}
+
+
+def crossings(curve: Sequence[Sequence[float]], targets: dict[str, float]) -> dict[str, dict | None]:
+    """Per target: the step where the curve first reaches it and the margin (accuracy there minus
+    the target, pp): how close a seed came to not counting. None where it never does."""
+    out = {}
+    for name, accuracy in targets.items():
+        hit = steps_to(curve, accuracy)
+        out[name] = None if hit is None else {"step": hit[0], "margin_pp": curve[hit[1] - 1][1] - accuracy}
     return out
 
 
@@ -132,14 +188,17 @@ def validation_row(arm: str, link: str, curve: Sequence[Sequence[float]], measur
 
 
 def table(result: dict) -> str:
-    """The Markdown table of docs/time-to-accuracy.md: one row per arm."""
+    """The Markdown tables of docs/time-to-accuracy.md: one row per arm (finished runs only) with its
+    step time, time to the headline target and speedups against ``sync`` and the fastest DDP arm per
+    link; then the pipe arms' speedup over the fastest DDP arm for every target of the sweep."""
     target = result["target_accuracy"]
     links = list(result["links"])
     head = ["arm", "seeds", "final test acc %", f"steps to {target:.2f} %"]
     for link in links:
-        head += [f"ms/step {link}", f"time to target {link}", f"vs sync / ddp / ddp-fp16 {link}"]
+        head += [f"ms/step {link}", f"time to target {link}", f"vs sync / best DDP {link}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in arm_summary(result["arms"], target):
+    finished = [r for r in result["arms"] if r.get("complete", True)]
+    for row in arm_summary(finished, target):
         arm = row["name"]
         spread = f" ± {row['final_half_range']:.2f}" if len(row["seeds"]) > 1 else ""
         steps = row["steps_to_target"]
@@ -148,8 +207,36 @@ def table(result: dict) -> str:
         for link in links:
             block = result["links"][link]
             ms, t = block["step_ms"].get(arm), block["time_to_target_s"].get(arm)
-            ups = [block.get("speedup", {}).get(b, {}).get(arm) for b in BASELINES]
+            ups = [block.get("speedup", {}).get(b, {}).get(arm) for b in ("sync", "best ddp")]
             cells += ["–" if ms is None else f"{ms:.0f}", "–" if t is None else f"{t / 60:.1f} min",
                       " / ".join("–" if u is None else f"{u:.2f}×" for u in ups)]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    sweep = sweep_table(result)
+    return "\n".join(lines) + "\n" + ("\n" + sweep if sweep else "")
+
+
+def sweep_table(result: dict) -> str:
+    """Per link and pipe arm: the speedup over the fastest DDP arm at each target of the sweep, and
+    the share of compute alone's gain over that DDP arm the arm captures per step."""
+    names = [n for n in result.get("targets", {}) if n.startswith("slack") or n == f"{SWEEP_FIXED:g}"]
+    if not names:
+        return ""
+    head = ["link", "arm", *[f"vs best DDP at {n} ({result['targets'][n]:.2f} %)" for n in names],
+            "per step: share of compute alone's gain"]
+    rows = []
+    for link, block in result["links"].items():
+        cap = block.get("ceiling") or {}
+        for arm in block.get("time_to_target_s", {}):
+            if not arm.startswith("pipe"):
+                continue
+            cells = [link, arm]
+            for name in names:
+                t = block["targets"][name]
+                up = t["speedup"].get("best ddp", {}).get(arm)
+                cells.append("–" if up is None else f"{up:.2f}× ({t['best_ddp']})")
+            got = (cap.get("captured") or {}).get(arm)
+            cells.append("–" if got is None else f"{100 * got:.0f} % (ceiling {cap['ceiling_speedup']:.2f}×)")
+            rows.append("| " + " | ".join(cells) + " |")
+    if not rows:
+        return ""
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows]) + "\n"

@@ -45,9 +45,33 @@ def test_compose_link_means_over_seeds_and_refuses_a_partial_mean():
     # sync: seed 0 at step 200 (2 evals) = 40 + 10 s; seed 1 at step 100 (1 eval) = 20 + 5 s
     assert block["time_to_target_s"]["sync"] == pytest.approx((50 + 25) / 2)
     assert block["time_to_target_s"]["pipe"] is None, "seed 1 never reaches 90 %: no mean of the seed that did"
-    assert block["time_to_85_s"]["sync"] == pytest.approx((50 + 25) / 2) and block["time_to_85_s"]["pipe"] is None
     assert block["speedup"]["sync"]["sync"] == 1.0 and block["speedup"]["sync"]["pipe"] is None
     assert "ddp" not in block["time_to_target_s"], "an arm with a step time but no curve is not composed"
+    sweep = c.compose_link(runs, {"sync": 200.0, "pipe": 100.0}, 5.0, {}, {"target": 90.0, "85": 85.0})
+    assert sweep["targets"]["85"]["time_s"] == {"sync": pytest.approx((50 + 25) / 2), "pipe": None}
+
+
+def test_warmup_without_a_sync_step_time_is_not_priced_at_the_arms_rate():
+    runs = [{"name": "pipe", "seed": 0, "curve": [[100, 90.0]]}, {"name": "ddp-fp16", "seed": 0, "curve": [[100, 90.0]]}]
+    block = c.compose_link(runs, {"pipe": 100.0, "ddp-fp16": 150.0}, 0.0, {"pipe": 20}, 90.0)
+    assert "pipe" not in block["time_to_target_s"] and "sync arm's step time" in block["unpriced"]["pipe"]
+    assert block["time_to_target_s"]["ddp-fp16"] == pytest.approx(15.0)
+
+
+def test_speedups_against_the_fastest_ddp_arm_and_the_ceiling():
+    runs = [{"name": n, "seed": 0, "curve": [[100, 90.0]]} for n in ("ddp-fp16", "ddp-powersgd", "pipe+lookahead")]
+    ms = {"ddp-fp16": 200.0, "ddp-powersgd": 160.0, "pipe+lookahead": 120.0, "compute": 100.0}
+    block = c.compose_link(runs, ms, 0.0, {}, 90.0)
+    assert block["targets"]["target"]["best_ddp"] == "ddp-powersgd"
+    assert block["speedup"]["best ddp"]["pipe+lookahead"] == pytest.approx(160 / 120)
+    cap = c.ceiling(ms)
+    assert cap["best_ddp"] == "ddp-powersgd" and cap["ceiling_speedup"] == pytest.approx(1.6)
+    assert cap["captured"]["pipe+lookahead"] == pytest.approx(40 / 60)
+
+
+def test_crossings_give_each_seeds_margin():
+    assert c.crossings([[100, 80.0], [200, 90.25]], {"target": 90.0, "high": 91.0}) == {
+        "target": {"step": 200, "margin_pp": pytest.approx(0.25)}, "high": None}
 
 
 def test_validation_row_compares_with_the_runs_own_clock():
@@ -73,7 +97,7 @@ def test_table_has_a_row_per_arm_with_speedups():
             [{"name": "sync", "seed": 0, "curve": [[100, 90.5]]}, {"name": "pipe", "seed": 0, "curve": [[100, 90.2]]}],
             {"sync": 300.0, "pipe": 200.0}, 0.0, {}, 90.0)}}
     lines = c.table(result).splitlines()
-    assert len(lines) == 4 and lines[3].startswith("| pipe | 1 | 90.10 | 100 | 200 | 0.3 min | 1.50× / – / – |")
+    assert len(lines) == 4 and lines[3].startswith("| pipe | 1 | 90.10 | 100 | 200 | 0.3 min | 1.50× / – |")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -95,7 +119,7 @@ def test_two_arm_miniature_writes_json_and_plot(tmp_path, shared_data):
     out, png = tmp_path / "tta.json", tmp_path / "tta.png"
     cmd = [sys.executable, "-m", "pipesgd.bench.tta", "--recipe", "mnist_mlp", "--arms", "sync,pipe+lookahead",
            "--links", "loopback", "--repeats", "1", "--steps", "10", "--skip", "3", "--dir", str(tmp_path / "d"),
-           "--json", str(out), "--plot", str(png), f"data.root={shared_data}", f"data.cache_dir={tmp_path / 'c'}",
+           "--json", str(out), "--plot", str(png), "--records", str(tmp_path / "records"), f"data.root={shared_data}", f"data.cache_dir={tmp_path / 'c'}",
            "trainer.max_steps=120", "trainer.eval_every_steps=30", "dist.threads_per_worker=1"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=580)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -105,7 +129,11 @@ def test_two_arm_miniature_writes_json_and_plot(tmp_path, shared_data):
     assert result["target_accuracy"] == pytest.approx(sync["final_test_accuracy"] - 0.3)
     assert [p[0] for p in sync["curve"]] == [30, 60, 90, 120] and sync["final_test_accuracy"] > 80
     block = result["links"]["loopback"]
-    assert set(block["step_ms"]) == {"sync", "pipe+lookahead"} and block["eval_s"] > 0
+    assert set(block["step_ms"]) == {"sync", "pipe+lookahead", "compute"} and block["eval_s"] > 0
+    assert block["ceiling"]["compute_ms"] == block["step_ms"]["compute"]
+    written = {p.name for p in (tmp_path / "records").iterdir()}
+    assert {"sync-s0.json", "pipe+lookahead-s0.json", "validate-sync-loopback.json"} <= written
+    assert all(r["segments"] and r["segments"][0]["commit"] for r in result["arms"])
     assert {v["arm"] for v in result["validation"]} == {"sync", "pipe+lookahead"}
     assert all(v["same_curve_as_loopback"] for v in result["validation"]), "fixed staleness: the same curve"
     assert png.stat().st_size > 10_000 and "| pipe+lookahead | 1 |" in r.stdout

@@ -1,0 +1,124 @@
+"""The time-to-accuracy report cannot mix or drop runs (issue #25): on small synthetic records, a
+partial run is listed as unfinished and never composed, runs of another config and timing records of
+another recipe are refused, naming what differs."""
+
+import copy
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from pipesgd.bench import tta
+from pipesgd.bench import tta_records as r
+
+CONFIG = {"seed": 0, "trainer": {"mode": "sync", "width": 1, "warmup_sync_steps": 0, "staleness": "none",
+                                 "epochs": 3, "max_steps": None},
+          "compressor": {"_target_": "pipesgd.compress.none.NoCompression"},
+          "optimizer": {"lr": 0.2}, "data": {"root": "/somewhere", "batch_size": 32}}
+
+
+def _summary(mode="sync", width=1, staleness="none", compressor="none", steps=300, total=300, **trainer):
+    config = copy.deepcopy(CONFIG)
+    config["trainer"].update(mode=mode, width=width, staleness=staleness, **trainer)
+    return {"mode": mode, "width": width, "staleness": staleness, "compressor": compressor, "steps": steps,
+            "total_steps": total, "world_size": 2, "test_accuracy": 0.9, "git_commit": "abc",
+            "evals": [{"step": 150, "test_accuracy": 0.8, "elapsed_s": 10.0, "eval_s": 1.0},
+                      {"step": steps, "test_accuracy": 0.9, "elapsed_s": 20.0, "eval_s": 1.0}],
+            "config": config}
+
+
+def _record(arm, summary, seed=0):
+    return r.curve_record(arm, seed, tta.ARMS[arm], "resnet_cifar_tta", summary, [{"commit": "abc"}])
+
+
+def test_a_finished_run_is_complete_and_keeps_its_commits():
+    rec = _record("sync", _summary())
+    assert rec["complete"] and rec["final_test_accuracy"] == pytest.approx(90.0)
+    assert rec["curve"] == [[150, pytest.approx(80.0)], [300, pytest.approx(90.0)]]
+    assert rec["segments"] == [{"commit": "abc"}] and rec["git_commit_at_end"] == "abc"
+    assert "root" not in rec["config"]["data"], "bookkeeping keys are not the recipe"
+
+
+def test_a_partial_run_is_listed_unfinished_and_not_used():
+    partial = _record("sync", _summary(steps=150, total=300))
+    assert not partial["complete"] and partial["why_incomplete"] == "150 of 300 steps"
+    used, unfinished = r.usable_curves({("sync", 0): _record("sync", _summary()), ("sync", 1): partial})
+    assert [u["seed"] for u in used] == [0] and unfinished == [partial]
+
+
+def test_a_summary_without_total_steps_is_judged_by_its_last_evaluation():
+    s = _summary()
+    del s["total_steps"]
+    assert _record("sync", s)["complete"]
+
+
+def test_a_run_that_is_not_its_arm_is_not_complete():
+    # the record says pipe+lookahead, but summary.json says plain staleness ran
+    rec = _record("pipe+lookahead", _summary(mode="pipe", width=2, staleness="none", warmup_sync_steps=200))
+    assert not rec["complete"] and "trainer.staleness=lookahead asked" in rec["why_incomplete"]
+    # a dotted override the summary does not state is checked in the config
+    rec = _record("sync", _summary(warmup_sync_steps=100))
+    assert not rec["complete"] and "trainer.warmup_sync_steps=0 asked, 100 ran" in rec["why_incomplete"]
+
+
+def test_runs_of_another_config_are_refused_naming_the_difference():
+    sync = _record("sync", _summary())
+    pipe = _record("pipe+lookahead", _summary(mode="pipe", width=2, staleness="lookahead", warmup_sync_steps=200))
+    assert r.usable_curves({("sync", 0): sync, ("pipe+lookahead", 0): pipe})[0] == [sync, pipe]
+    other = _summary(mode="pipe", width=2, staleness="lookahead", warmup_sync_steps=200)
+    other["config"]["optimizer"]["lr"] = 0.1
+    with pytest.raises(r.Refused, match=r"pipe\+lookahead seed 1 ran another config .*optimizer.lr: 0.2 -> 0.1"):
+        r.usable_curves({("sync", 0): sync, ("pipe+lookahead", 1): _record("pipe+lookahead", other, seed=1)})
+    # two pipe arms whose shared warm-up differs: neither overrides it, so it is the recipe
+    fewer = _summary(mode="pipe", width=2, staleness="none", warmup_sync_steps=100)
+    with pytest.raises(r.Refused, match="warmup_sync_steps: 200 -> 100"):
+        r.usable_curves({("sync", 0): sync, ("pipe+lookahead", 0): pipe, ("pipe", 0): _record("pipe", fewer)})
+    # another world size is another recipe too
+    wider = _summary()
+    wider["world_size"] = 4
+    with pytest.raises(r.Refused, match="world_size: 2 -> 4"):
+        r.usable_curves({("sync", 0): sync, ("sync", 1): _record("sync", wider, seed=1)})
+
+
+def _timing(arm="sync", command=None, link="100mbit"):
+    overrides = " ".join(tta.ARMS[arm])
+    command = command or (f"python -m pipesgd.emulate --workers 2 --rate {link} --timeout-s 86400 -- "
+                          f"+experiment=resnet_cifar_tta {overrides} dist.nproc=2 data.root=/d "
+                          "trainer.max_steps=50 trainer.warmup_sync_steps=0 trainer.resume=never hydra.run.dir=/x")
+    return {"link": link, "arm": arm, "repeat": 0, "command": command, "iter_ms": [1.0], "median_iter_ms": 1.0,
+            "eval_s": 1.0, "date": "2026-11-25"}
+
+
+def test_timing_records_of_another_recipe_are_refused():
+    ok = [_timing("sync"), _timing("ddp-fp16")]
+    assert r.check_timing(ok, "resnet_cifar_tta", tta.ARMS, ["data.root=/elsewhere"]) == ok
+    with pytest.raises(r.Refused, match="ran \\+experiment=mnist_mlp, not resnet_cifar_tta"):
+        r.check_timing([_timing(command="python -m pipesgd.train +experiment=mnist_mlp trainer.mode=sync")],
+                       "resnet_cifar_tta", tta.ARMS, [])
+    lr = _timing()
+    lr["command"] += " optimizer.lr=0.1"
+    with pytest.raises(r.Refused, match="optimizer.lr"):
+        r.check_timing([lr], "resnet_cifar_tta", tta.ARMS, [])
+    stale = _timing("ddp-fp16")
+    stale["command"] = stale["command"].replace("compressor=fp16", "compressor=bf16")
+    with pytest.raises(r.Refused, match="ran the arm as"):
+        r.check_timing([stale], "resnet_cifar_tta", tta.ARMS, [])
+
+
+def test_the_report_uses_records_and_lists_what_it_did_not_use(tmp_path):
+    records = tmp_path / "records"
+    records.mkdir()
+    for arm, summary in (("sync", _summary()), ("pipe+lookahead", _summary(mode="pipe", width=2,
+                                                                             staleness="lookahead", steps=150))):
+        (records / f"{arm}-s0.json").write_text(json.dumps(_record(arm, summary)))
+    a = SimpleNamespace(arms=["sync", "pipe+lookahead", "pipe"], seeds=[0], dir=tmp_path / "d", records=records,
+                        recipe="resnet_cifar_tta", overrides=[], timing=None, validate_arms=[], steps=1, skip=0,
+                        repeats=1, workers=2)
+    used, unfinished = tta.load_runs(a)
+    assert [u["arm"] for u in used] == ["sync"]
+    assert {(u["arm"], u["why_incomplete"]) for u in unfinished} == {("pipe+lookahead", "150 of 300 steps"),
+                                                                     ("pipe", "no run")}
+    result = tta.build_result(a, used, unfinished, {})
+    assert [(x["name"], x["complete"]) for x in result["arms"]] == [("sync", True), ("pipe+lookahead", False),
+                                                                    ("pipe", False)]
+    assert result["arms"][1]["final_test_accuracy"] is None
