@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipesgd.emulate.netns import DEFAULT_MTU
+
 from .grid import full_grid, quick_grid, select
 from .render import write_markdown
 from .runner import Settings, merge, run_cells, save
@@ -42,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", type=Path, help="run dirs, logs, calibrations (default outputs/bench/<time>)")
     p.add_argument("--calibrations", type=Path, help="reuse <workload>-p<p>-<link>.json files from this dir")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per command (default 1800)")
+    p.add_argument("--mtu", type=int, default=DEFAULT_MTU,
+                   help=f"MTU of the emulated links (default {DEFAULT_MTU}; 1500: the earlier, CPU-hungry link)")
     p.add_argument("--render-only", action="store_true", help="regenerate --md from --out and exit")
     return p
 
@@ -78,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_dir=(args.dir or ROOT / "outputs" / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve(),
         steps=args.steps or (10 if q else 40), skip=args.skip if args.skip is not None else (3 if q else 10),
         repeats=args.repeats or (1 if q else 2), allreduce_repeats=args.allreduce_repeats or (5 if q else 20),
-        quick=q, calibration_dir=args.calibrations, overrides=args.overrides, timeout_s=args.timeout_s)
+        quick=q, calibration_dir=args.calibrations, overrides=args.overrides, timeout_s=args.timeout_s,
+        mtu=args.mtu)
     log.info("%d cells, run dirs under %s", len(cells), settings.bench_dir)
     started, new, failed = time.perf_counter(), [], 0
     order = [c.name for c in full_grid()]

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipesgd.comm import ring_bytes
+from pipesgd.emulate.netns import DEFAULT_MTU
 from pipesgd.runinfo import git_commit, write_json_atomic
 from pipesgd.timing import load_calibration, parse_bandwidth, ring_time
 
@@ -55,6 +56,7 @@ class Settings:
     overrides: Sequence[str] = ()
     python: str = sys.executable
     timeout_s: float = 1800.0
+    mtu: int = DEFAULT_MTU  # emulated links' MTU, passed to every pipesgd.emulate command (so its record says it)
     commit: str = field(default_factory=git_commit)
     root: Path = Path(__file__).resolve().parents[2]
 
@@ -113,7 +115,7 @@ def emulated(cmd_module: str, cell: Cell, args: Sequence[str], s: Settings) -> l
     """``python -m pipesgd.emulate --workers p --rate R [--module M] -- args``."""
     module = [] if cmd_module == "pipesgd.train" else ["--module", cmd_module]
     return [s.python, "-m", "pipesgd.emulate", "--workers", str(cell.world_size), "--rate", cell.link,
-            "--timeout-s", str(int(s.timeout_s)), *module, "--", *args]
+            "--timeout-s", str(int(s.timeout_s)), "--mtu", str(s.mtu), *module, "--", *args]
 
 
 # --- CPU accounting -----------------------------------------------------------------------------------

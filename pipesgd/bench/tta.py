@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipesgd.checkpoint import CheckpointDir, CheckpointError
+from pipesgd.emulate.netns import DEFAULT_MTU
 from pipesgd.runinfo import git_commit, write_json_atomic
 
 from . import tta_compose as compose
@@ -92,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds per link (default 3)")
     p.add_argument("--workers", type=int, default=2, help="workers (= the recipe's dist.nproc; default 2)")
     p.add_argument("--timeout-s", type=float, default=86400.0, help="per run (default 1 day)")
+    p.add_argument("--mtu", type=int, default=DEFAULT_MTU,
+                   help=f"MTU of the emulated links (default {DEFAULT_MTU}; 1500: the earlier link)")
     return p
 
 
@@ -141,7 +144,7 @@ def train_command(a: argparse.Namespace, arm: str, link: str, run_dir: Path, ext
     if link == "loopback":
         return [sys.executable, "-m", "pipesgd.train", *overrides]
     return [sys.executable, "-m", "pipesgd.emulate", "--workers", str(a.workers), "--rate", link,
-            "--timeout-s", str(int(a.timeout_s)), "--", *overrides]
+            "--timeout-s", str(int(a.timeout_s)), "--mtu", str(a.mtu), "--", *overrides]
 
 
 def _run(cmd: list[str], log_path: Path, timeout_s: float, append: bool = False) -> bool:
@@ -359,12 +362,19 @@ def timing_by_link(rows: list[dict]) -> dict[str, dict]:
         block["eval_s"].append(r["eval_s"])
         block["cpu"].setdefault(r["arm"], r.get("cpu"))
         block["runs"].append(r.get("commit"))
+        block.setdefault("mtu", set()).add(records.link_mtu(r["command"]))
         block.setdefault("dates", []).append(r.get("date"))
     return {link: {"step_ms": {arm: statistics.median(v) for arm, v in b["pooled"].items()},
                    "repeat_median_ms": b["repeat_medians"], "eval_s": statistics.median(b["eval_s"]),
-                   "cpu": b["cpu"], "commits": sorted({c for c in b["runs"] if c}),
+                   "cpu": b["cpu"], "commits": sorted({c for c in b["runs"] if c}), "mtu": _one_mtu(link, b["mtu"]),
                    "measured": [min(d for d in b["dates"] if d), max(d for d in b["dates"] if d)]}
             for link, b in out.items()}
+
+
+def _one_mtu(link: str, mtus: set[int | None]) -> int | None:
+    if len(mtus) > 1:
+        raise records.Refused(f"timing records of link {link} ran on MTUs {sorted(mtus, key=str)}: one link, one MTU")
+    return next(iter(mtus))
 
 
 def _warmup(run: dict) -> int:
@@ -418,7 +428,7 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
         block = compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, targets)
         links[link] = block | {"repeat_median_ms": t["repeat_median_ms"], "cpu": t["cpu"],
                                "ceiling": compose.ceiling(t["step_ms"]), "timing_commits": t["commits"],
-                               "timing_measured": t["measured"]}
+                               "timing_measured": t["measured"], "link_mtu": t["mtu"]}
     reference = next((r for r in used if r["arm"] == "sync"), used[0] if used else None)
     return {
         "recipe": {"experiment": a.recipe, "arms": {arm: list(ARMS[arm]) for arm in a.arms},

@@ -126,6 +126,15 @@ def usable_curves(records: Mapping[tuple[str, int], dict]) -> tuple[list[dict], 
     return used, unfinished
 
 
+def link_mtu(command: str) -> int | None:
+    """The emulated link's MTU a recorded command ran on: its ``--mtu``, else 1500 (the only link
+    before the option existed); None for a loopback run."""
+    words = shlex.split(command)
+    if "pipesgd.emulate" not in words:
+        return None
+    return int(words[words.index("--mtu") + 1]) if "--mtu" in words[:words.index("--")] else 1500
+
+
 def _hashed_overrides(overrides: Iterable[str], ignore: Iterable[str]) -> dict[str, str]:
     """``key -> value`` of the overrides that change what is trained (not run bookkeeping)."""
     skip = set(ignore) | set(NOT_HASHED) | set(TIMING_PHASE_KEYS)

@@ -41,7 +41,10 @@ from typing import TextIO
 from pipesgd.emulate import relay
 from pipesgd.emulate.netns import (
     DEFAULT_BURST_S,
+    DEFAULT_MTU,
     DEFAULT_QUEUE_S,
+    MAX_MTU,
+    MIN_MTU,
     EmulateError,
     Shaping,
     format_rate,
@@ -93,6 +96,7 @@ class Cluster:
     `rates`: one rate for all links or one per worker ('100mbit', '1gbit', ... or bit/s as int).
     `burst_s`/`queue_s`: tbf bucket depth and queue length, in seconds of the link's rate.
     `delay_s`: one-way delay added between any two hosts (round trip +2x), through the TUN relay.
+    `mtu`: every interface's MTU (default 9000, jumbo frames; 1500 is the earlier link).
     `output`: where the workers' merged stdout/stderr goes, one line at a time, prefixed
     '[rank i] ' (rank 0 unprefixed unless `prefix_rank0`).
     """
@@ -105,6 +109,7 @@ class Cluster:
         burst_s: float = DEFAULT_BURST_S,
         queue_s: float = DEFAULT_QUEUE_S,
         delay_s: float = 0.0,
+        mtu: int = DEFAULT_MTU,
         output: TextIO | None = None,
         prefix_rank0: bool = False,
         grace_s: float = 5.0,
@@ -122,6 +127,9 @@ class Cluster:
             raise ValueError(f"burst_s={burst_s} and queue_s={queue_s} must be > 0")
         if not 0 <= delay_s <= 10:
             raise ValueError(f"delay_s={delay_s} must be in [0, 10] seconds")
+        if isinstance(mtu, bool) or not isinstance(mtu, int) or not MIN_MTU <= mtu <= MAX_MTU:
+            raise ValueError(f"mtu={mtu!r} must be an integer in [{MIN_MTU}, {MAX_MTU}] bytes")
+        self.mtu = mtu
         self.workers = workers
         self.shaping = [Shaping.for_rate(parse_rate(r), burst_s, queue_s) for r in rate_list]
         n = next(_instances)
@@ -214,7 +222,7 @@ class Cluster:
         assert br is not None
         self._add_namespace(br)
         sh(["ip", "-n", br, "link", "add", "br0", "type", "bridge"])
-        sh(["ip", "-n", br, "link", "set", "br0", "up"])
+        sh(["ip", "-n", br, "link", "set", "br0", "mtu", str(self.mtu), "up"])
         for i, (ns, ifname, shaping) in enumerate(
             zip(self.namespaces, self.interfaces, self.shaping, strict=True)
         ):
@@ -225,9 +233,9 @@ class Cluster:
             sh(["ip", "-n", br, "link", "add", port, "type", "veth", "peer", "name", ifname,
                 "netns", ns])  # fmt: skip
             sh(["ip", "-n", br, "link", "set", port, "master", "br0"])
-            sh(["ip", "-n", br, "link", "set", port, "up"])
+            sh(["ip", "-n", br, "link", "set", port, "mtu", str(self.mtu), "up"])
             sh(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", ifname])
-            sh(["ip", "-n", ns, "link", "set", ifname, "up"])
+            sh(["ip", "-n", ns, "link", "set", ifname, "mtu", str(self.mtu), "up"])
             # Both directions: worker -> bridge on the worker's end, bridge -> worker on the port.
             sh(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", *shaping.tc_args()])
             sh(["tc", "-n", br, "qdisc", "add", "dev", port, "root", *shaping.tc_args()])
@@ -242,7 +250,7 @@ class Cluster:
             # Persistent, so it exists before the relay attaches and dies with the namespace.
             sh(["ip", "-n", ns, "tuntap", "add", "dev", ifname, "mode", "tun"])
             sh(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", ifname])
-            sh(["ip", "-n", ns, "link", "set", ifname, "up"])
+            sh(["ip", "-n", ns, "link", "set", ifname, "mtu", str(self.mtu), "up"])
             sh(["tc", "-n", ns, "qdisc", "add", "dev", ifname, "root", *shaping.tc_args()])
             self.addresses.append(address)
         links = [

@@ -136,6 +136,8 @@ def test_run_dir_chosen_once_user_value_wins() -> None:
 def test_cluster_validates_at_construction() -> None:
     with pytest.raises(ValueError, match="rates has 1 entries"):
         Cluster(2, ["100mbit"])
+    with pytest.raises(ValueError, match=r"mtu=100 must be an integer in \[1280, 9000\]"):
+        Cluster(2, "100mbit", mtu=100)
     with pytest.raises(ValueError, match="workers=0"):
         Cluster(0, "100mbit")
 
@@ -185,13 +187,14 @@ def test_refuses_without_ip_and_tc(netns: None, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(40)
-@pytest.mark.parametrize("delay_ms", [0, 5])
+@pytest.mark.parametrize("delay_ms,mtu", [(0, 9000), (0, 1500), (5, 9000)])
 def test_shaped_two_worker_run_measures_below_rate_and_cleans_up(
-    netns: None, tmp_path: Path, delay_ms: int
+    netns: None, tmp_path: Path, delay_ms: int, mtu: int
 ) -> None:
+    """Both directions shaped below the rate, jumbo frames (the default) or the earlier 1500."""
     run_dir = tmp_path / "run"
     proc = _emulate(
-        ["--workers", "2", "--rate", "50mbit", "--delay-ms", str(delay_ms), "--module",
+        ["--workers", "2", "--rate", "50mbit", "--delay-ms", str(delay_ms), "--mtu", str(mtu), "--module",
          "pipesgd.emulate.probe", "--", "bytes=2e6", "repeats=3", "pings=10",
          f"hydra.run.dir={run_dir}"]
     )  # fmt: skip
@@ -203,7 +206,7 @@ def test_shaped_two_worker_run_measures_below_rate_and_cleans_up(
     for r in ranks:  # 0 -> 1 and 1 -> 0: both directions shaped
         median = r["send_mbit_s"]["median"]
         assert 35 < median < 50, f"rank {r['rank']} sent at {median} Mbit/s through a 50mbit link"
-        assert r["link"] == "50mbit"
+        assert r["link"] == "50mbit" and r["mtu"] == mtu  # read off the rank's own interface
     rtt = ranks[0]["rtt_ms"]
     if delay_ms:  # a round trip crosses the delay twice; never faster, CPU contention only adds
         assert 2 * delay_ms <= rtt["min"] and rtt["median"] < 2 * delay_ms + 15, rtt
@@ -213,7 +216,7 @@ def test_shaped_two_worker_run_measures_below_rate_and_cleans_up(
         assert rtt["min"] < 10, rtt
     info = json.loads((run_dir / "emulate.json").read_text())
     assert info["rates"] == ["50mbit", "50mbit"] and info["workers"] == 2
-    assert info["delay_ms"] == delay_ms
+    assert info["delay_ms"] == delay_ms and info["mtu"] == mtu
     assert "[rank 1] rank 1 -> 0" in out  # forwarded, rank-prefixed output
     assert _ours(proc.pid) == [] and _processes_mentioning(f"psgd{proc.pid}-") == []
 
