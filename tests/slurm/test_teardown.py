@@ -1,0 +1,61 @@
+"""pipesgd.emulate.slurm leaves nothing behind: not when the block raises with a job running, and
+not from the command line. Namespaces, daemons, jobs, the state directory, the hosts files."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipesgd.emulate.netns import list_namespaces
+from runs import ROOT, tagged_processes
+from slurm_jobs import job_env, job_fields, wait_until
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.timeout(120)
+def test_failing_block_with_a_running_job_tears_everything_down(slurm, tmp_path):
+    """`slurm` (the session's cluster) only proves the programs are here; this test builds its own."""
+    from pipesgd.emulate.slurm import SlurmCluster
+
+    tag = os.urandom(8).hex()
+    with pytest.raises(RuntimeError, match="the test body failed"):  # noqa: PT012
+        with SlurmCluster(nodes=2, kill_wait_s=1, log_dir=tmp_path / "logs", handle_signals=False) as own:
+            seen = (own.cluster.namespaces, own.daemon_pids, own.state, own.conf)
+            r = own.run(["sbatch", "--parsable", "--nodes=2", "--wrap", "srun sleep 600"],
+                        env=job_env(PIPESGD_TEST_TAG=tag), cwd=tmp_path, timeout=30)
+            assert r.returncode == 0, r.stderr
+            job = r.stdout.strip()
+            wait_until(lambda: job_fields(own, job).get("JobState") == "RUNNING"
+                       and len(tagged_processes(tag)) >= 2, 60, "the job's sleep on both nodes")
+            raise RuntimeError("the test body failed")
+    namespaces, daemons, state, conf = seen
+    assert not set(namespaces) & set(list_namespaces())
+    assert not [label for label, pid in daemons.items() if alive(pid)], daemons
+    assert not tagged_processes(tag), "the job's processes must be gone"
+    assert not state.exists() and not conf.exists()
+    assert not [ns for ns in namespaces if (Path("/etc/netns") / ns).exists()]
+    assert (tmp_path / "logs" / "slurmctld.log").exists() and (tmp_path / "logs" / "slurm.conf").exists()
+
+
+@pytest.mark.timeout(120)
+def test_command_line_runs_a_command_on_the_login_host(slurm, tmp_path):
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "pipesgd.emulate.slurm", "--nodes", "2", "--", "sh", "-c",
+                        "hostname && srun --nodes=2 hostname | sort && exit 3"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert r.stdout.split() == ["login", "node1", "node2"], r.stdout
+    prefix = re.search(r"login host: (psgd\d+(?:x\d+)?)-0;", r.stderr)[1]
+    assert not [ns for ns in list_namespaces() if ns.startswith(f"{prefix}-")]
