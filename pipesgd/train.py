@@ -57,8 +57,12 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(2)
 
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    # The worker by its module's name: spawned workers import it by that name, and where main()
+    # itself arrives pickled (submitit runs a sweep's jobs on SLURM so) __main__ is not this module.
+    from pipesgd.train import worker as importable_worker
+
     try:
-        launch.run(worker, (container, str(run_dir)), nproc=cfg.dist.nproc,
+        launch.run(importable_worker, (container, str(run_dir)), nproc=cfg.dist.nproc,
                    max_restarts=cfg.dist.max_restarts)
     except (launch.WorkerFailed, pdist.RendezvousError) as e:
         log.error("%s (run dir %s)", e, run_dir)
