@@ -7,7 +7,9 @@ attempt only (``TORCHELASTIC_RESTART_COUNT`` unset or 0), like a transient fault
 * ``kill``: SIGKILL itself (a preempted or crashed worker);
 * ``stop``: SIGSTOP itself (a peer that stops answering but keeps its sockets open);
 * ``nan``: set its first gradient value to NaN (a numerical blow-up on one rank);
-* ``perturb``: add 1e-3 to its first parameter value (silent replica drift).
+* ``perturb``: add 1e-3 to its first parameter value (silent replica drift);
+* ``hang``: wait for a signal, forever (a job that a scheduler cancels or times out mid-run: the
+  run stands at a known step, with a known newest checkpoint, until the signal comes).
 
 An environment variable rather than a config key: it is not a setting of the run, it reaches
 workers started by any launcher, and an unset variable costs one dict lookup per step.
@@ -26,7 +28,7 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 ENV = "PIPESGD_FAULT"
-KINDS = ("kill", "stop", "nan", "perturb")
+KINDS = ("kill", "stop", "nan", "perturb", "hang")
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,9 @@ class Faults:
             os.kill(os.getpid(), signal.SIGKILL)
         elif f.kind == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
+        elif f.kind == "hang":
+            while True:
+                signal.pause()
         else:
             p = next(p for p in model.parameters() if p.requires_grad)
             with torch.no_grad():

@@ -30,6 +30,16 @@ class WorkerFailed(RuntimeError):
     """A worker exited non-zero; the message names the rank and the worker's own error."""
 
 
+class Terminated(RuntimeError):
+    """The launcher itself got SIGTERM (or SIGINT, SIGHUP): the job was stopped from outside, e.g.
+    by scancel or a scheduler's time limit; the workers have been shut down. ``status`` is the
+    shell's status for the signal (128 + signum)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
@@ -39,6 +49,7 @@ def run(fn: Callable[..., object], args: tuple, nproc: int, max_restarts: int = 
     if under_torchrun():
         fn(*args)
         return
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -57,6 +68,10 @@ def run(fn: Callable[..., object], args: tuple, nproc: int, max_restarts: int = 
         first = (message or "").strip().splitlines()
         detail = first[-1] if first else f"exit code {failure.exitcode}"
         raise WorkerFailed(f"worker rank {rank} failed (exit code {failure.exitcode}): {detail}") from None
+    except SignalException as e:
+        sig = signal.Signals(e.sigval)
+        raise Terminated(f"{sig.name} received: the job was stopped from outside (scancel, a scheduler's time "
+                         f"limit or preemption); its workers were shut down", 128 + sig) from None
 
 
 def _children() -> dict[int, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import elastic
+from . import elastic, termination
 from .checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, config_digest, hashed_config,
                          param_checksum, rng_state, set_rng_state)
 from .compress import Compressor
@@ -99,15 +100,27 @@ class Reliability(TrainerHooks):
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
         """Run the loop; a timeout or lost peer becomes a :class:`~pipesgd.watchdog.HangError`
-        naming this rank's step and phase, what it waited on, and the silent peers."""
+        naming this rank's step and phase, what it waited on, and the silent peers. A SIGTERM
+        (scancel, a scheduler's time limit) ends the process at once, saying where it stood and
+        which checkpoint a rerun with the same run directory resumes from."""
         try:
-            yield
+            with termination.reported(self._describe_termination):
+                yield
         except Exception as e:
             if is_comm_failure(e):
                 raise self.watchdog.explain(e) from e
             raise
         finally:
             self.watchdog.close()
+
+    def _describe_termination(self, sig: signal.Signals) -> str:
+        newest = self.checkpoints.list()
+        resume = (f"The newest checkpoint is {newest[0]}: run the job again with the same run directory "
+                  f"(trainer.resume=auto) to resume from it." if newest else
+                  "No checkpoint was written yet: a rerun starts from step 0.")
+        return (f"rank {self.rank}: {sig.name} at step {self.watchdog.step} ({self.watchdog.phase}): the job was "
+                f"stopped from outside (scancel, a scheduler's time limit or preemption, or the launcher after "
+                f"another worker failed); exiting with status {128 + sig}. {resume}")
 
     def summary(self) -> dict:
         """Fields for summary.json."""

@@ -67,6 +67,10 @@ def main(cfg: DictConfig) -> float | None:
     except (launch.WorkerFailed, pdist.RendezvousError) as e:
         log.error("%s (run dir %s)", e, run_dir)
         sys.exit(1)
+    except launch.Terminated as e:
+        log.error("%s. Run the job again with the same run directory to resume from its newest checkpoint "
+                  "(trainer.resume=auto): %s", e, run_dir)
+        sys.exit(e.status)
     summary_path = run_dir / "summary.json"
     if launch.under_torchrun() and pdist.env_int("RANK", 0) != 0:
         return None

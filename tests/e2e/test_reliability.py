@@ -9,15 +9,20 @@ Faults are injected with PIPESGD_FAULT (pipesgd/faults.py) at a chosen step, nev
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 import socket
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
 from conftest import SHARED_DATA
-from runs import needs_mnist, run, summary, tagged_processes
+from runs import ROOT, needs_mnist, run, summary, tagged_processes
 
 # 30 steps per epoch (60000 / 2 ranks / 1000), so 40 steps cross an epoch boundary (eval + an
 # epoch-end checkpoint at 30); checkpoints at 8, 16, 24, 30, 32, 40 (the newest 2 kept); evaluations
@@ -105,6 +110,37 @@ def test_stopped_peer_fails_the_job_naming_it_and_leaves_no_process(tmp_path):
     assert re.search(rf"silent: rank 1 \(pid {stopped} on [^;]+; last heartbeat [\d.]+ s ago", error), error
     assert "Traceback" not in error
     assert not tagged_processes(r.tag), "no worker (in particular the stopped one) may outlive the launcher"
+
+
+@needs_mnist
+@pytest.mark.timeout(300)
+def test_sigterm_to_the_launcher_says_what_happened_and_exits_143(tmp_path):
+    """What scancel or a time limit does to a sweep job (the local launcher inside it), mid-run:
+    rank 1 hangs after step 35, rank 0 blocks in the next reduction, the launcher gets SIGTERM."""
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(GLOO_SOCKET_IFNAME="lo", PIPESGD_TEST_TAG=uuid.uuid4().hex, PIPESGD_FAULT="hang:1:35")
+    proc = subprocess.Popen([sys.executable, "-m", "pipesgd.train", *MNIST, f"hydra.run.dir={run_dir}",
+                             f"data.root={SHARED_DATA}", f"data.cache_dir={tmp_path / 'cache'}"],
+                            cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # the fault's own log line is the point the run stands at
+        lines.append(line)
+        if "does 'hang' at step 35" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    lines += proc.stderr.readlines()
+    err = "".join(lines)
+    assert proc.wait(timeout=60) == 143, err[-3000:]
+    newest = run_dir / "checkpoints" / "step-00000032.pt"
+    assert re.search(r"\[ERROR\] - SIGTERM received: the job was stopped from outside .*Run the job again with the "
+                     rf"same run directory .*: {re.escape(str(run_dir))}$", err, re.MULTILINE), err[-3000:]
+    # Both ranks say it, the one blocked in a collective as well as the one in the hang.
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank}: SIGTERM at step \d+ .* The newest checkpoint is {re.escape(str(newest))}",
+                         err), err[-3000:]
+    assert "Traceback" not in err
+    assert not tagged_processes(env["PIPESGD_TEST_TAG"])
 
 
 @needs_mnist
