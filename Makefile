@@ -8,9 +8,9 @@ DATA ?= ../shared/data
 # Options for the benchmark suite, e.g. BENCH="--quick" or BENCH="--only 'resnet20/p2/*'".
 BENCH ?=
 
-.PHONY: setup datasets run test bench clean
+.PHONY: setup debs run test bench clean
 
-setup: $(VENV)/.installed datasets
+setup: $(VENV)/.installed debs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,12 +19,20 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev,plot]"
 	touch $@
 
-# Fashion-MNIST for tests/unit/test_data.py is Debian's dataset-fashion-mnist (30 MB): installed when this
-# runs as root with apt-get, quietly skipped otherwise (the test then skips, except under CI=true).
-datasets:
-	@if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist) \
-	    >/dev/null 2>&1 || echo "note: dataset-fashion-mnist not installed; its test will skip"; fi
+# Debian packages that tests need, installed when this runs as root with apt-get and skipped
+# otherwise with a note (their tests then skip with the reason, except under CI=true, where they fail):
+#   dataset-fashion-mnist (30 MB)      tests/unit/test_data.py
+#   slurm-wlm munge (SLURM 22.05)      the SLURM tier, tests/slurm (docs/multi-node.md, "SLURM")
+DEBS ?= dataset-fashion-mnist slurm-wlm munge
+
+debs:
+	@missing=$$(for p in $(DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	missing=$$(echo $$missing); \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "note: not root with apt-get, so not installing $$missing; the tests that need them will skip"; exit 0; fi; \
+	(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null 2>&1 \
+	  || echo "note: apt-get install $$missing failed; the tests that need them will skip"
 
 run: setup
 	$(PY) -m pipesgd.train +experiment=resnet_cifar data.root=$(DATA) trainer.epochs=1
