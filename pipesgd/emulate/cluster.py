@@ -496,6 +496,8 @@ def remove_stale_namespaces() -> list[str]:
                 os.kill(pid, signal.SIGKILL)
         if sh(["ip", "netns", "del", ns], check=False).returncode == 0:
             removed.append(ns)
+        # Per-namespace files of `ip netns exec` (pipesgd.emulate.slurm writes hosts files there).
+        shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
     return removed
 
 

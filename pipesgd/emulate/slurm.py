@@ -8,8 +8,10 @@ own hostname through a UTS namespace, /etc/hosts naming every host)::
     node1  10.213.X.2   slurmd (NodeName=node1 NodeHostname=node1 NodeAddr=10.213.X.2)
     node2  10.213.X.3   slurmd ...
 
-One munged serves all of them: its socket is a file, and files are shared across network
-namespaces. Everything lives in one state directory (slurm.conf, munge key and socket, the
+One munged, on the login host, serves all of them: its socket is a file, and files are shared
+across network namespaces. Every daemon lives inside one of the namespaces, so even after a SIGKILL
+of this process `python -m pipesgd.emulate --cleanup` stops them with the namespaces (the state
+directory, /tmp/psgd<pid>-slurm-*, is then left). Everything lives in one state directory (slurm.conf, munge key and socket, the
 controller's state, each node's spool, the daemons' logs), removed on exit; `log_dir` keeps a copy
 of the logs. Teardown runs on every exit path (exceptions, SIGINT/SIGTERM/SIGHUP through the
 underlying `Cluster`): daemons get SIGTERM, then everything left inside the namespaces (jobs,
@@ -253,7 +255,7 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         munge = self.state / "munge"
-        self._daemon("munged", None, [
+        self._daemon("munged", (LOGIN, self.login_namespace), [
             paths["munged"], "--foreground", "--force", f"--socket={munge / 'munge.socket'}",
             f"--key-file={key}", f"--pid-file={munge / 'munged.pid'}",
             f"--seed-file={munge / 'munged.seed'}", f"--log-file={self.state / 'logs' / 'munged.log'}",
@@ -296,11 +298,10 @@ class SlurmCluster:
         self._stack.callback(shutil.rmtree, folder, ignore_errors=True)
         (folder / "hosts").write_text(text)
 
-    def _daemon(self, label: str, host: tuple[str, str] | None, cmd: list[str]) -> None:
-        """Start `cmd` in the foreground, on `host` = (hostname, namespace) or on this host."""
+    def _daemon(self, label: str, host: tuple[str, str], cmd: list[str]) -> None:
+        """Start `cmd` in the foreground on `host` = (hostname, namespace)."""
         assert self._stack is not None and self.state is not None
-        if host is not None:
-            cmd = ["ip", "netns", "exec", host[1], *_with_hostname(host[0], cmd)]
+        cmd = ["ip", "netns", "exec", host[1], *_with_hostname(host[0], cmd)]
         out = open(self.state / "logs" / f"{label.replace(' ', '-')}.out", "wb")  # noqa: SIM115
         self._stack.callback(out.close)
         log.debug("$ %s", shlex.join(cmd))
