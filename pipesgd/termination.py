@@ -1,14 +1,11 @@
-"""What a worker says when its job is stopped from outside: scancel, a scheduler's time limit or
-preemption (SLURM sends SIGTERM, then SIGKILL after its KillWait), or a launcher shutting the job
-down after another worker failed.
+"""What a worker says when its job is stopped from outside (scancel, a time limit, preemption, a
+launcher shutting the job down): SIGTERM, SIGKILL after a grace period.
 
-Python runs a signal handler only between bytecodes of the main thread, and a rank blocked in a
-collective sits in C++ until the backend's timeout: a handler there would speak minutes too late,
-after the SIGKILL. So the handler does nothing itself; the interpreter's C-level handler writes the
-signal number to a socket (``signal.set_wakeup_fd``) at once, and a thread waiting on it logs the
-message and ends the process with the shell's status for the signal (128 + signum). The process
-dies as abruptly as from the signal's default action: what survives is the newest checkpoint,
-written atomically, and the resumed run is the same as after a SIGKILL.
+A Python signal handler runs only between bytecodes of the main thread, and a rank blocked in a
+collective sits in C++ until the backend's timeout, after the SIGKILL. So the C-level handler's
+wakeup byte (``signal.set_wakeup_fd``) wakes a thread that logs the message and ends the process
+at once with 128 + signum: as abrupt as the signal's default action, so a resume from the newest
+checkpoint is the same as after a SIGKILL.
 """
 
 from __future__ import annotations

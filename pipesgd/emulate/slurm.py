@@ -1,24 +1,15 @@
 """`SlurmCluster`: a real SLURM (munged, slurmctld, slurmd) on the emulated cluster (root only).
 
-Read this file as the recipe; `python -m pipesgd.emulate.slurm` runs it (see `main`). The layout is
-a small cluster's, each host an emulated one (network namespace, address on the shaped bridge, its
-own hostname through a UTS namespace, /etc/hosts naming every host)::
+Read this file as the recipe; `python -m pipesgd.emulate.slurm` runs it (`main`). Each host is an
+emulated one (namespace, address on the shaped bridge, own hostname, /etc/hosts naming all)::
 
-    login  10.213.X.1   slurmctld; sbatch, srun, sinfo, squeue and scancel run here
-    node1  10.213.X.2   slurmd (NodeName=node1 NodeHostname=node1 NodeAddr=10.213.X.2)
-    node2  10.213.X.3   slurmd ...
+    login  10.213.X.1   munged, slurmctld; sbatch, srun, sinfo, squeue and scancel run here
+    node1  10.213.X.2   slurmd (NodeName=node1 NodeHostname=node1 NodeAddr=10.213.X.2) ...
 
-One munged, on the login host, serves all of them: its socket is a file, and files are shared
-across network namespaces. Every daemon lives inside one of the namespaces, so even after a SIGKILL
-of this process `python -m pipesgd.emulate --cleanup` stops them with the namespaces (the state
-directory, /tmp/psgd<pid>-slurm-*, is then left). Everything lives in one state directory (slurm.conf, munge key and socket, the
-controller's state, each node's spool, the daemons' logs), removed on exit; `log_dir` keeps a copy
-of the logs. Teardown runs on every exit path (exceptions, SIGINT/SIGTERM/SIGHUP through the
-underlying `Cluster`): daemons get SIGTERM, then everything left inside the namespaces (jobs,
-slurmstepd) is killed when the namespaces are deleted.
-
-Tested with SLURM 22.05 from Debian 12 (`apt-get install slurm-wlm munge`); docs/multi-node.md,
-"SLURM", tells what that proves and what it does not.
+munged's socket is a file, so one serves every namespace. One state directory holds slurm.conf,
+the munge key, the controller's state, the spools and the logs. Teardown on every exit path:
+daemons get SIGTERM, what is left in the namespaces (jobs) dies with them, the state directory
+and hosts files are removed. docs/multi-node.md, "SLURM", has the details and what is tested.
 """
 
 from __future__ import annotations
@@ -34,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -291,7 +282,7 @@ class SlurmCluster:
         assert self._stack is not None
         parent = Path("/etc/netns")
         if not parent.exists():
-            parent.mkdir()
+            parent.mkdir(exist_ok=True)  # another cluster may be creating it too
             self._stack.callback(_rmdir_if_empty, parent)
         folder = parent / ns
         folder.mkdir()
@@ -347,9 +338,9 @@ def _with_hostname(hostname: str, cmd: Sequence[str]) -> list[str]:
     return ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname, *cmd]
 
 
-def _wait_for(ready: object, timeout_s: float, what: str, proc: subprocess.Popen[bytes]) -> None:
+def _wait_for(ready: Callable[[], bool], timeout_s: float, what: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + timeout_s
-    while not ready():  # type: ignore[operator]
+    while not ready():
         if proc.poll() is not None:
             raise EmulateError(f"{what}: the daemon exited with status {exit_status(proc.returncode)}")
         if time.monotonic() > deadline:

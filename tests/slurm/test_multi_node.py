@@ -28,8 +28,9 @@ MODEL_BYTES = 4 * (784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10)  # the MLP
 
 
 def submit(slurm, tmp_path: Path, run_dir: Path, *sbatch: str, **env: str) -> str:
+    """sbatch the recipe (one CPU per node, its log in tmp_path/<job>.out) for `run_dir`; the job id."""
     r = run_on_login(slurm, ["sbatch", "--parsable", "--cpus-per-task=1", f"--output={tmp_path}/%j.out", *sbatch,
-                             SCRIPT, *MNIST, f"data.root={env.pop('DATA')}", f"data.cache_dir={tmp_path / 'cache'}"],
+                             SCRIPT, *MNIST, f"data.root={SHARED_DATA}", f"data.cache_dir={tmp_path / 'cache'}"],
                      timeout=60, RUN_DIR=str(run_dir), **env)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().split(";")[0]
@@ -50,15 +51,12 @@ def link_bytes(slurm, node: str) -> int:
 
 @pytest.fixture(scope="module")
 def reference(slurm, tmp_path_factory):
-    """The uninterrupted two-node job: its run dir, summary and log."""
-    from slurm_jobs import ROOT  # noqa: F401  (the tier's conftest, imported for its side effects first)
-    from runs import SHARED_DATA
-
+    """The uninterrupted two-node job: its run dir, summary, scontrol fields, log and link bytes."""
     if not (SHARED_DATA / "mnist").is_dir():
         pytest.skip(f"offline datasets not found at {SHARED_DATA}")
     tmp = tmp_path_factory.mktemp("two-nodes")
     sent_before = {n: link_bytes(slurm, n) for n in slurm.node_names}
-    job = submit(slurm, tmp, tmp / "run", DATA=str(SHARED_DATA))
+    job = submit(slurm, tmp, tmp / "run")
     fields = finished(slurm, job, 240)
     log = (tmp / f"{job}.out").read_text()
     assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", (fields, log[-4000:])
@@ -82,11 +80,11 @@ def test_one_job_trains_across_two_slurm_nodes(slurm, reference):
 
 @needs_mnist
 @pytest.mark.timeout(290)
-def test_cancelled_and_timed_out_jobs_resume_bit_identical(slurm, reference, shared_data, tmp_path):
+def test_cancelled_and_timed_out_jobs_resume_bit_identical(slurm, reference, tmp_path):
     """Two jobs hang at step 35 (PIPESGD_FAULT=hang:1:35), at once: one is scancelled as soon as it
     hangs, the other runs into its 1-minute time limit. Each is resubmitted with its run dir."""
     cancelled, timed_out = tmp_path / "cancelled", tmp_path / "timed-out"
-    fault = {"PIPESGD_FAULT": f"hang:1:{HANG_STEP}", "DATA": str(shared_data)}
+    fault = {"PIPESGD_FAULT": f"hang:1:{HANG_STEP}"}
     jobs = {"cancelled": submit(slurm, tmp_path, cancelled, **fault),
             "timed-out": submit(slurm, tmp_path, timed_out, "--time=1", **fault)}
     logs = {name: tmp_path / f"{job}.out" for name, job in jobs.items()}
@@ -97,10 +95,10 @@ def test_cancelled_and_timed_out_jobs_resume_bit_identical(slurm, reference, sha
     wait_until(lambda: hung("cancelled"), 200, "the first job to reach the hang")
     assert slurm.run(["scancel", jobs["cancelled"]], timeout=30).returncode == 0
     states = {"cancelled": finished(slurm, jobs["cancelled"], 60)}
-    resumed = {"cancelled": submit(slurm, tmp_path, cancelled, DATA=str(shared_data))}
+    resumed = {"cancelled": submit(slurm, tmp_path, cancelled)}
     states["timed-out"] = finished(slurm, jobs["timed-out"], 200)
     assert hung("timed-out"), "the time limit must strike mid-run, at the hang"
-    resumed["timed-out"] = submit(slurm, tmp_path, timed_out, DATA=str(shared_data))
+    resumed["timed-out"] = submit(slurm, tmp_path, timed_out)
 
     assert states["cancelled"]["JobState"] == "CANCELLED", states
     assert states["timed-out"]["JobState"] == "TIMEOUT" and states["timed-out"]["Reason"] == "TimeLimit", states
@@ -114,14 +112,10 @@ def test_cancelled_and_timed_out_jobs_resume_bit_identical(slurm, reference, sha
                           rf"{re.escape(str(run_dir / 'checkpoints' / checkpoint))}", log)
         assert "0" in said, log[-3000:]
         fields = finished(slurm, resumed[name], 240)
-        again = logs_of(tmp_path, resumed[name])
+        again = (tmp_path / f"{resumed[name]}.out").read_text()
         assert fields["JobState"] == "COMPLETED", (fields, again[-3000:])
         assert f"resuming from {run_dir / 'checkpoints' / checkpoint}" in again, again[-3000:]
         s = json.loads((run_dir / "summary.json").read_text())
         assert s["resumed_from_step"] == RESUME_STEP and s["steps"] == 40
         assert s["param_checksum"] == reference[1]["param_checksum"], f"{name}: final weights must be bit-identical"
         assert s["test_accuracy"] == reference[1]["test_accuracy"]
-
-
-def logs_of(tmp_path: Path, job: str) -> str:
-    return (tmp_path / f"{job}.out").read_text()

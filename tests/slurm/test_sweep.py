@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from slurm_jobs import job_fields, run_on_login
-from runs import SHARED_DATA, needs_mnist
+from runs import needs_mnist
 
 SWEEP = ["-m", "hydra/launcher=slurm", "+experiment=mnist_mlp", "trainer.mode=sync,pipe", "compressor=none,int8"]
 # One CPU per job, so the two nodes (2 CPUs each) run all four jobs at once; 1 GB, 10 minutes.
