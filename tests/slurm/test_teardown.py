@@ -59,3 +59,40 @@ def test_command_line_runs_a_command_on_the_login_host(slurm, tmp_path):
     assert r.stdout.split() == ["login", "node1", "node2"], r.stdout
     prefix = re.search(r"login host: (psgd\d+(?:x\d+)?)-0;", r.stderr)[1]
     assert not [ns for ns in list_namespaces() if ns.startswith(f"{prefix}-")]
+
+
+@pytest.mark.timeout(120)
+def test_after_a_sigkill_emulate_cleanup_stops_every_daemon(slurm, tmp_path):
+    """Every daemon lives in a namespace, so `python -m pipesgd.emulate --cleanup` stops them with
+    the namespaces and removes the hosts files; only the state directory is left (removed here)."""
+    import glob
+    import shutil
+    import signal
+    import subprocess
+
+    from pipesgd.emulate.netns import namespace_pids
+
+    proc = subprocess.Popen([sys.executable, "-m", "pipesgd.emulate.slurm", "--", "sleep", "300"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    prefix = "(not started)"
+    try:
+        for line in proc.stderr:
+            if "login host: " in line:
+                break
+        prefix = re.search(r"login host: (psgd\d+(?:x\d+)?)-0;", line)[1]
+        namespaces = [ns for ns in list_namespaces() if ns.startswith(f"{prefix}-")]
+        pids = [pid for ns in namespaces for pid in namespace_pids(ns)]
+        assert len(pids) >= 5, pids  # munged, slurmctld, two slurmd, the sleep (and their wrappers)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        r = subprocess.run([sys.executable, "-m", "pipesgd.emulate", "--cleanup"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert not [ns for ns in list_namespaces() if ns.startswith(f"{prefix}-")]
+        assert not [pid for pid in pids if alive(pid)]
+        assert not [ns for ns in namespaces if (Path("/etc/netns") / ns).exists()]
+    finally:
+        proc.kill()
+        proc.wait()
+        for state in glob.glob(f"/tmp/{prefix}-slurm-*"):
+            shutil.rmtree(state, ignore_errors=True)
