@@ -33,10 +33,11 @@ def netns() -> None:
         pytest.skip(f"cannot build an emulated cluster here: {e}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     """SLURM 22.05 on three emulated hosts (pipesgd.emulate.slurm): `login` runs slurmctld and the
-    clients, node1 and node2 a slurmd each; started once for the SLURM tier, torn down at the end.
+    clients, node1 and node2 a slurmd each; one per test module (about a second to start), so that
+    no namespace of it outlives the module (tests/e2e/test_emulate.py counts this process's).
     The tier installs nothing (`make setup` installs slurm-wlm and munge as root). Without root or
     the programs it skips with the reason, except under CI=true, where it must run: it fails."""
     from pipesgd.emulate.slurm import SlurmCluster, missing_binaries
