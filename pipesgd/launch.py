@@ -31,8 +31,8 @@ class WorkerFailed(RuntimeError):
 
 
 class Terminated(RuntimeError):
-    """The launcher itself got SIGTERM (or SIGINT, SIGHUP): the job was stopped from outside, e.g.
-    by scancel or a scheduler's time limit; the workers have been shut down. ``status`` is the
+    """The launcher itself got SIGTERM, SIGINT, SIGHUP or SIGQUIT (torch's SignalException): the job
+    was stopped from outside, e.g. by scancel or a scheduler's time limit; the workers are shut down. ``status`` is the
     shell's status for the signal (128 + signum)."""
 
     def __init__(self, message: str, status: int) -> None:
@@ -70,8 +70,8 @@ def run(fn: Callable[..., object], args: tuple, nproc: int, max_restarts: int = 
         raise WorkerFailed(f"worker rank {rank} failed (exit code {failure.exitcode}): {detail}") from None
     except SignalException as e:
         sig = signal.Signals(e.sigval)
-        raise Terminated(f"{sig.name} received: the job was stopped from outside (scancel, a scheduler's time "
-                         f"limit or preemption); its workers were shut down", 128 + sig) from None
+        raise Terminated(f"{sig.name} received: the job was stopped from outside (Ctrl-C, scancel, a scheduler's "
+                         f"time limit or preemption); its workers were shut down", 128 + sig) from None
 
 
 def _children() -> dict[int, str]:

@@ -29,6 +29,8 @@ def test_slurm_launcher_renders_one_node_jobs(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
+    import pipesgd.schema  # noqa: F401  (registers pipesgd_schema, which conf/config.yaml's defaults name)
+
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")
