@@ -2,7 +2,8 @@
 
 timeline: renders RUN_DIR/trace.json (from ``trainer.trace=true``) as RUN_DIR/timeline.png.
 sweep: gathers every job's summary.json below MULTIRUN_DIR into sweep.md, sweep.csv and two PNGs,
-and prints the markdown table on stdout. Exit status 2 with one line naming the path when the
+and prints the markdown table on stdout.
+scale-map: draws docs/scale-map.md's heatmaps (the timing model's arithmetic, no runs needed). Exit status 2 with one line naming the path when the
 input is missing.
 """
 
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from .errors import ReportError
+from .scale_map import render_scale_maps
 from .sweep import sweep_report
 from .timeline import render_timeline
 
@@ -30,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("sweep_dir", help="a Hydra multirun directory (summary.json files at any depth)")
     s.add_argument("--out", default=None, help="output directory (default: the sweep directory)")
     s.add_argument("--no-plots", action="store_true", help="only the markdown and CSV tables")
+    m = sub.add_parser("scale-map", help="heatmaps of the best pipe arm over the best DDP arm (docs/scale-map.md)")
+    m.add_argument("--out", default="docs/img", help="output directory (default docs/img)")
     return p
 
 
@@ -39,6 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "timeline":
             render_timeline(args.run_dir, args.out, args.steps, args.first)
+        elif args.command == "scale-map":
+            render_scale_maps(args.out)
         else:
             report = sweep_report(args.sweep_dir, args.out, plots=not args.no_plots)
             sys.stdout.write(report.markdown)

@@ -1,4 +1,5 @@
 """``python -m pipesgd.timing predict ...``: predicted iteration time of every mode, no workers needed.
+``python -m pipesgd.timing map ...``: each scheme's step on a cluster and the winner (docs/scale-map.md).
 ``python -m pipesgd.timing calibrate ...``: measure the constants on a real process group
 (pipesgd/bench/calibrate.py, imported only for this subcommand; needs torch, starts workers).
 
@@ -26,6 +27,8 @@ from .model import (
     Link,
     predict,
 )
+from .presets import BACKWARD_SHARE, GPUS, LINKS, MODELS, compute_preset, link_preset
+from .scale import Scenario, arm_rows, summarize
 from .units import format_bandwidth, parse_bandwidth, parse_latency
 
 
@@ -118,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"values per int8 scale (default {INT8_BLOCK_SIZE}; 0 = one per chunk)")
     pr.add_argument("--json", action="store_true", help="print the rows as JSON")
 
+    _add_map_parser(commands)
+
     ca = commands.add_parser("calibrate", help="measure α, β, γ, κ, compute and overlap slowdown; write JSON",
                              description="Measure the timing model's constants on a real Gloo group "
                              "(docs/timing-model.md, 'Calibration'). Starts --workers local processes, "
@@ -140,6 +145,141 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_map_parser(commands) -> None:
+    mp = commands.add_parser("map", help="each scheme's predicted step on a cluster, and the winner",
+                             description="Predicted step time of sync, DDP (no hook, fp16, PowerSGD) and "
+                             "Pipe-SGD (K=2: none, fp16, int8) for one model, GPU and link; presets cite their "
+                             "sources in docs/scale-map.md.")
+    size = mp.add_mutually_exclusive_group(required=True)
+    size.add_argument("--model", choices=sorted(MODELS), help="model preset (parameter count and layer shapes)")
+    size.add_argument("--params", type=_int_at_least(1), help="trainable parameters (fp32 gradient)")
+    mp.add_argument("--gpu", choices=GPUS, help="with --model: that GPU's published step time and batch")
+    mp.add_argument("--compute-ms", type=_float_at_least(0), help="forward+backward+optimizer per step, one GPU")
+    mp.add_argument("--backward-share", type=_float_at_least(0, 1),
+                    help=f"share of compute in backward (default {BACKWARD_SHARE:.3g}: backward = 2x forward)")
+    mp.add_argument("--update-ms", type=_float_at_least(0), help="optimizer step outside --compute-ms (default 0)")
+    mp.add_argument("--workers", type=_int_at_least(2), required=True, help="p, GPUs in data parallel")
+    mp.add_argument("--link", choices=sorted(LINKS), help="link preset (rate and latency) between GPUs")
+    mp.add_argument("--bandwidth", type=_arg(parse_bandwidth), help="per-GPU link rate, e.g. 25gbit")
+    mp.add_argument("--latency", type=_arg(parse_latency), help="α per message, e.g. 14us")
+    mp.add_argument("--per-node", type=_int_at_least(1), default=1,
+                    help="GPUs per node: offers the hierarchical allreduce to every arm when 1 < G < workers")
+    mp.add_argument("--intra", choices=sorted(LINKS), help="link preset inside a node (e.g. nvlink-a100)")
+    mp.add_argument("--intra-bandwidth", type=_arg(parse_bandwidth), help="intra-node rate")
+    mp.add_argument("--intra-latency", type=_arg(parse_latency), help="intra-node α")
+    mp.add_argument("--powersgd-rank", type=_int_at_least(1), default=2, help="PowerSGD hook rank (default 2)")
+    mp.add_argument("--calibration", metavar="FILE", help="JSON written by `calibrate`: this machine's "
+                    "α, β, γ, κ, compute, update and overlap slowdown (flags win over it)")
+    mp.add_argument("--overlap-slowdown", type=_float_at_least(1), help="compute slowdown beside comm (default 1)")
+    mp.add_argument("--compress-s-per-byte", type=_arg(_kappa), action="append", default=[],
+                    metavar="NAME=SECONDS", help="κ: compress+decompress cost per uncompressed byte")
+    mp.add_argument("--json", action="store_true", help="print inputs, rows and summary as JSON")
+
+
+def _calibration(parser: argparse.ArgumentParser, path: str | None) -> dict:
+    """The ``--calibration`` file's values ({} without one); a bad file is a usage error naming it."""
+    if path is None:
+        return {}
+    try:
+        return load_calibration(path)
+    except (OSError, ValueError) as e:
+        parser.error(f"argument --calibration: {e}")
+
+
+def _map_scenario(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Scenario, dict]:
+    """Flags, presets and the calibration file -> the :class:`Scenario` and a description of where
+    each input came from. Flags win over the calibration file, which wins over presets."""
+    cal = _calibration(parser, args.calibration)
+    model = MODELS.get(args.model)
+    params = model.params if model else args.params
+    sources = {"model": f"{args.model} preset" if model else "--params"}
+    compute_ms = args.compute_ms
+    if args.gpu is not None:
+        if model is None:
+            parser.error("argument --gpu: needs --model (a GPU's step time is for one model and batch)")
+        if compute_ms is not None:
+            parser.error("argument --gpu: give either --gpu or --compute-ms, not both")
+        try:
+            cell = compute_preset(model.name, args.gpu)
+        except ValueError as e:
+            parser.error(f"argument --gpu: {e}")
+        compute_ms = cell.step_ms
+        sources["compute"] = f"{cell.gpu}, batch {cell.batch}, {cell.precision}: {cell.throughput:g} {cell.unit}"
+    elif compute_ms is None:
+        compute_ms = cal.get("compute_ms")
+    if compute_ms is None:
+        parser.error("argument --compute-ms is required unless --gpu or --calibration provides it")
+    sources.setdefault("compute", "--compute-ms" if args.compute_ms is not None else "calibration")
+    if args.link is not None and (args.bandwidth is not None or args.latency is not None):
+        parser.error("argument --link: give either --link or --bandwidth/--latency, not both")
+    if args.link is not None:
+        preset = link_preset(args.link)
+        link = Link.from_bandwidth(preset.bits_per_second, preset.latency_s, cal.get("gamma_s_per_byte", 0.0))
+    elif args.bandwidth is not None or "beta_s_per_byte" in cal:
+        beta = 8.0 / args.bandwidth if args.bandwidth is not None else cal["beta_s_per_byte"]
+        if args.latency is None and "alpha_s" not in cal:
+            parser.error("argument --latency is required with --bandwidth (or use --link)")
+        alpha = args.latency if args.latency is not None else cal["alpha_s"]
+        link = Link(alpha, beta, cal.get("gamma_s_per_byte", 0.0))
+    else:
+        parser.error(f"a link is required: --link one of {sorted(LINKS)}, or --bandwidth and --latency")
+    intra = None
+    if args.intra is not None and (args.intra_bandwidth is not None or args.intra_latency is not None):
+        parser.error("argument --intra: give either --intra or --intra-bandwidth/--intra-latency, not both")
+    if args.intra is not None:
+        preset = link_preset(args.intra)
+        intra = Link.from_bandwidth(preset.bits_per_second, preset.latency_s)
+    elif args.intra_bandwidth is not None:
+        intra = Link(args.intra_latency if args.intra_latency is not None else link.alpha, 8.0 / args.intra_bandwidth)
+    elif args.intra_latency is not None:
+        parser.error("argument --intra-latency: needs --intra-bandwidth")
+    if intra is not None and args.per_node == 1:
+        parser.error("an intra-node link needs --per-node G > 1 (GPUs per node)")
+    kappas = dict(cal.get("compress_s_per_byte", {}))
+    kappas.update(dict(args.compress_s_per_byte))
+    backward = args.backward_share if args.backward_share is not None else BACKWARD_SHARE
+    update_ms = args.update_ms if args.update_ms is not None else cal.get("update_ms", 0.0)
+    slowdown = args.overlap_slowdown if args.overlap_slowdown is not None else cal.get("overlap_slowdown", 1.0)
+    try:
+        scenario = Scenario(params, args.workers, link, compute_ms / 1e3, backward, update_ms / 1e3,
+                            model.shapes if model else None, args.powersgd_rank, args.per_node, intra,
+                            slowdown, kappas)
+    except ValueError as e:
+        parser.error(str(e))
+    return scenario, sources
+
+
+def _map(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    scenario, sources = _map_scenario(parser, args)
+    rows = arm_rows(scenario)
+    summary = summarize(rows)
+    s = scenario
+    if args.json:
+        inputs = {"params": s.params, "workers": s.p, "bandwidth_bit_s": s.link.bits_per_second,
+                  "latency_s": s.link.alpha, "gamma_s_per_byte": s.link.gamma, "compute_ms": s.compute_s * 1e3,
+                  "backward_share": s.backward_share, "update_ms": s.update_s * 1e3, "per_node": s.per_node,
+                  "intra_bandwidth_bit_s": s.intra.bits_per_second if s.intra else None,
+                  "overlap_slowdown": s.overlap_slowdown, "powersgd_rank": s.powersgd_rank,
+                  "powersgd_bytes": s.powersgd_bytes_from, "sources": sources}
+        print(json.dumps({"inputs": inputs, "rows": rows, "summary": summary}, indent=1))
+        return 0
+    intra = (f", {s.per_node} per node, intra {format_bandwidth(s.intra.bits_per_second)} α {s.intra.alpha:.3g} s"
+             if s.intra else (f", {s.per_node} per node" if s.per_node > 1 else ""))
+    print(f"# M = {s.params:,} params = {s.nbytes:,} B fp32 ({sources['model']}), p = {s.p}, link "
+          f"{format_bandwidth(s.link.bits_per_second)} α {s.link.alpha:.3g} s{intra}, compute "
+          f"{s.compute_s * 1e3:.4g} ms ({sources['compute']}), backward {s.backward_share:.3g}, update "
+          f"{s.update_s * 1e3:g} ms, overlap slowdown {s.overlap_slowdown:g}")
+    print(f"# ddp-powersgd: rank {s.powersgd_rank}, {s.powersgd_bytes_from}")
+    columns = ["arm", "algorithm", "ratio", "iter_ms", "speedup_vs_sync"]
+    cells = [[_cell(row[c]) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    for line in [columns, *cells]:
+        print("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(line, widths))))
+    print(f"winner: {summary['winner']}; best pipe arm {summary['best_pipe']} is "
+          f"{summary['pipe_over_ddp']:.2f}x the best DDP arm {summary['best_ddp']}")
+    return 0
+
+
 def _sizes(text: str) -> list[int]:
     from pipesgd.bench.calibrate import parse_size
 
@@ -148,12 +288,7 @@ def _sizes(text: str) -> list[int]:
 
 def _resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     """Merge flags, calibration file and defaults into the arguments of :func:`predict`."""
-    cal: dict = {}
-    if args.calibration is not None:
-        try:
-            cal = load_calibration(args.calibration)
-        except (OSError, ValueError) as e:
-            parser.error(f"argument --calibration: {e}")
+    cal = _calibration(parser, args.calibration)
     if args.compute_ms is None and "compute_ms" not in cal:
         parser.error("argument --compute-ms is required unless --calibration provides compute_ms")
     if args.per_node > 1 and args.workers % args.per_node:
@@ -248,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "calibrate":
         return _calibrate(args, parser)
+    if args.command == "map":
+        return _map(parser, args)
     inputs = _resolve(parser, args)
     try:
         rows = predict(**inputs)

@@ -1,0 +1,237 @@
+"""The scale map (``python -m pipesgd.timing map``): it is the timing model's own prediction (the
+measured ResNet-20 cells' recorded predictions, and ``predict``'s rows, come out of it unchanged),
+PowerSGD's bytes follow torch's hook, every preset cites a source, and bad input is named."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pipesgd.timing import Link, predict
+from pipesgd.timing.__main__ import main
+from pipesgd.timing.presets import (
+    COMPUTE,
+    GPUS,
+    LINKS,
+    MODELS,
+    compute_preset,
+)
+from pipesgd.timing.scale import ARMS, Scenario, arm_rows, powersgd_bucket_values, summarize
+
+ROOT = Path(__file__).resolve().parents[2]
+_ARM_OF = {(mode, width, comp): arm for arm, (mode, width, comp) in ARMS.items()}
+
+
+def _measured_cells() -> list[dict]:
+    """docs/benchmarks.json's ResNet-20 cells that are map arms, with the calibration they predicted from."""
+    cells = []
+    for r in json.loads((ROOT / "docs/benchmarks.json").read_text()):
+        key = (r.get("mode"), r.get("width"), r.get("compressor"))
+        if r.get("kind") == "train" and r.get("model") == "resnet20" and r.get("comm") == "ring" \
+                and key in _ARM_OF and r.get("predicted_from") == "calibration":
+            cells.append(r)
+    return cells
+
+
+def _scenario(cell: dict) -> Scenario:
+    c = cell["calibration"]
+    return Scenario(cell["params"], cell["world_size"], Link(c["alpha_s"], c["beta_s_per_byte"], c["gamma_s_per_byte"]),
+                    c["compute_ms"] / 1e3, update_s=c["update_ms"] / 1e3, overlap_slowdown=c["overlap_slowdown"],
+                    compress_s_per_byte=c["compress_s_per_byte"])
+
+
+def test_benchmark_cells_are_there():
+    cells = _measured_cells()
+    assert len(cells) >= 30
+    assert {c["world_size"] for c in cells} == {2, 4}
+    assert {c["link"] for c in cells} >= {"100mbit", "1gbit", "loopback"}
+
+
+@pytest.mark.parametrize("cell", _measured_cells(), ids=lambda c: c["name"])
+def test_map_reproduces_the_measured_cells_predictions(cell):
+    """Given this machine's calibration (link, compute, κ, slowdown), each arm of the map is the
+    prediction the benchmark recorded next to the measurement, and predict()'s row: one model."""
+    scenario = _scenario(cell)
+    arm = _ARM_OF[(cell["mode"], cell["width"], cell["compressor"])]
+    row = next(r for r in arm_rows(scenario) if r["arm"] == arm)
+    assert row["iter_ms"] == pytest.approx(cell["predicted_iter_ms"], rel=1e-6)
+    c = cell["calibration"]
+    table = predict(cell["params"], cell["world_size"], scenario.link, scenario.compute_s, scenario.update_s, 2,
+                    ("none", "fp16", "int8"), c["compress_s_per_byte"], overlap_slowdown=c["overlap_slowdown"])
+    same = next(t for t in table if (t["mode"], t["algorithm"], t["compressor"]) ==
+                (cell["mode"], "ring", cell["compressor"]))
+    assert row["iter_ms"] == pytest.approx(same["iter_ms"], rel=1e-12)
+
+
+def test_map_cli_with_a_calibration_file_gives_the_recorded_predictions(tmp_path, capsys):
+    cells = [c for c in _measured_cells() if c["name"].startswith("resnet20/p4/100mbit/")]
+    assert cells
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(cells[0]["calibration"]))
+    assert main(["map", "--params", str(cells[0]["params"]), "--workers", "4", "--calibration", str(cal),
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    by_arm = {r["arm"]: r["iter_ms"] for r in out["rows"]}
+    for cell in cells:
+        assert by_arm[_ARM_OF[(cell["mode"], cell["width"], cell["compressor"])]] == \
+            pytest.approx(cell["predicted_iter_ms"], rel=1e-6)
+    assert out["summary"]["winner"] in ARMS
+    assert out["inputs"]["sources"]["compute"] == "calibration"
+
+
+def test_cluster_arms_equal_predict_rows_and_the_summary_compares_best_arms():
+    link = Link.from_bandwidth(25e9, 14e-6)
+    model = MODELS["resnet50"]
+    s = Scenario(model.params, 64, link, 0.1036, shapes=model.shapes)
+    rows = arm_rows(s)
+    table = predict(model.params, 64, link, 0.1036, 0.0, 2, ("none", "fp16", "int8"), forward_fraction=1 / 3)
+    for row in rows:
+        if row["compressor"] == "powersgd":
+            continue
+        same = next(t for t in table if (t["mode"], t["algorithm"], t["compressor"]) ==
+                    (row["mode"], "ring", row["compressor"]))
+        assert row["iter_ms"] == pytest.approx(same["iter_ms"], rel=1e-12)
+    summary = summarize(rows)
+    pipe = min(r["iter_ms"] for r in rows if r["mode"] == "pipe")
+    ddp = min(r["iter_ms"] for r in rows if r["mode"] == "ddp")
+    assert summary["pipe_over_ddp"] == pytest.approx(ddp / pipe)
+    assert summary["winner"] == min(rows, key=lambda r: r["iter_ms"])["arm"]
+
+
+def test_hierarchical_is_offered_and_taken_only_when_faster():
+    link = Link.from_bandwidth(100e9, 14e-6)
+    nvlink = Link.from_bandwidth(2.4e12, 3.4e-6)
+    model = MODELS["gpt2-xl"]
+    flat = {r["arm"]: r for r in arm_rows(Scenario(model.params, 256, link, 0.3, shapes=model.shapes))}
+    both = {r["arm"]: r for r in arm_rows(Scenario(model.params, 256, link, 0.3, shapes=model.shapes,
+                                                    per_node=8, intra=nvlink))}
+    assert all(r["algorithm"] == "ring" for r in flat.values())
+    assert any(r["algorithm"] == "hierarchical" for r in both.values())
+    for arm in ARMS:
+        assert both[arm]["iter_ms"] <= flat[arm]["iter_ms"] + 1e-9
+
+
+def test_powersgd_bytes_follow_torchs_hook():
+    """Per-layer: each tensor as torch's powerSGD_hook decides (its own _should_compress), summed
+    over buckets, whatever the bucket boundaries cut."""
+    hook = pytest.importorskip("torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook")
+    for name in ("resnet50", "vit-b16"):
+        shapes = MODELS[name].shapes
+        dense = p_vals = q_vals = 0
+        for shape in shapes:
+            n = shape[0]
+            m = math.prod(shape) // n
+            r = min(2, n, m)
+            compress, numel, _ = hook._should_compress(n, m, r, 2)
+            if compress:
+                p_vals += n * r
+                q_vals += m * r
+            else:
+                dense += numel
+        nbytes = 4 * sum(math.prod(s) for s in shapes)
+        for buckets in ([nbytes], [2**20, 25 * 2**20, nbytes - 2**20 - 25 * 2**20], [nbytes / 7] * 7):
+            got = powersgd_bucket_values(shapes, buckets, 2)
+            assert len(got) == len(buckets)
+            assert sum(b[0] for b in got) == pytest.approx(dense)
+            assert sum(b[1] for b in got) == pytest.approx(p_vals)
+            assert sum(b[2] for b in got) == pytest.approx(q_vals)
+    # DDP fills buckets from the last parameters: ResNet-50's first bucket holds the fc layer.
+    fc = powersgd_bucket_values(MODELS["resnet50"].shapes, [4 * (1000 * 2048 + 1000), 4 * 1e9], 2)[0]
+    assert fc == pytest.approx((1000, 2 * 1000, 2 * 2048))
+
+
+def test_powersgd_without_shapes_is_the_stated_approximation():
+    s = Scenario(25_000_000, 8, Link.from_bandwidth(10e9, 14e-6), 0.1)
+    assert "APPROXIMATION" in s.powersgd_bytes_from
+    (dense, p_vals, q_vals), = powersgd_bucket_values(None, [4 * 1_000_000], 2)
+    assert (dense, p_vals, q_vals) == (0.0, 2000.0, 2000.0)
+    row = next(r for r in arm_rows(s) if r["arm"] == "ddp-powersgd")
+    assert row["ratio"] > 100
+
+
+def test_every_preset_cites_a_source_and_matches_its_published_count():
+    for model in MODELS.values():
+        assert "http" in model.source or "et al." in model.source, model.name
+        assert model.params == pytest.approx(model.published_params, rel=0.02), model.name
+    assert MODELS["resnet50"].params == 25_557_032
+    for cell in COMPUTE:
+        assert cell.model in MODELS and cell.gpu in GPUS
+        assert "http" in cell.source and str(int(cell.throughput)) in cell.source
+        assert cell.step_ms == pytest.approx(1e3 * cell.batch / cell.throughput)
+        assert compute_preset(cell.model, cell.gpu) is cell
+    for link in LINKS.values():
+        assert link.source and link.latency_source and link.bits_per_second > 0 and link.latency_s > 0
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--model", "bert-large", "--gpu", "h100", "--link", "25gbe", "--workers", "8"], "'h100'"),
+    (["--params", "1000", "--gpu", "a100", "--link", "25gbe", "--workers", "8"], "--gpu"),
+    (["--model", "resnet50", "--gpu", "a100", "--compute-ms", "5", "--link", "25gbe", "--workers", "8"], "--gpu"),
+    (["--params", "1000", "--compute-ms", "5", "--link", "25gbe", "--workers", "1"], "'1'"),
+    (["--params", "1000", "--compute-ms", "5", "--link", "3gbe", "--workers", "8"], "'3gbe'"),
+    (["--params", "1000", "--compute-ms", "5", "--bandwidth", "10gbps", "--latency", "5us", "--workers", "8"],
+     "'10gbps'"),
+    (["--params", "1000", "--compute-ms", "5", "--bandwidth", "10gbit", "--workers", "8"], "--latency"),
+    (["--params", "1000", "--compute-ms", "5", "--workers", "8"], "link"),
+    (["--params", "1000", "--link", "25gbe", "--workers", "8"], "--compute-ms"),
+    (["--params", "1000", "--compute-ms", "5", "--link", "25gbe", "--workers", "8", "--per-node", "3"],
+     "per_node=3"),
+    (["--params", "1000", "--compute-ms", "5", "--link", "25gbe", "--workers", "8", "--intra", "nvlink-a100"],
+     "--per-node"),
+    (["--params", "1000", "--compute-ms", "5", "--link", "25gbe", "--workers", "8", "--backward-share", "1.5"],
+     "'1.5'"),
+    (["--params", "1000", "--compute-ms", "5", "--link", "25gbe", "--bandwidth", "1gbit", "--workers", "8"],
+     "--link"),
+])
+def test_map_cli_errors_name_the_bad_value(argv, named, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["map", *argv])
+    assert exc.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_map_cli_table_names_inputs_and_winner(capsys):
+    assert main(["map", "--model", "resnet50", "--gpu", "v100", "--link", "10gbe", "--workers", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "213.3 ms (v100, batch 256" in out
+    assert "per-layer P/Q sizes" in out
+    for arm in ARMS:
+        assert f"\n{arm} " in out
+    assert "winner: " in out and "x the best DDP arm" in out
+
+
+def test_scale_map_doc_table_is_the_maps_own_numbers():
+    """docs/scale-map.md's measured-against-map table is docs/benchmarks.json and the map, not a copy."""
+    cells = {c["name"]: c for c in _measured_cells()}
+    rows = [line.split("|")[1:-1] for line in (ROOT / "docs/scale-map.md").read_text().splitlines()
+            if line.startswith("| resnet20/")]
+    assert {r[0].strip() for r in rows} == set(cells)
+    for name, measured, mapped, _ in rows:
+        cell = cells[name.strip()]
+        arm = _ARM_OF[(cell["mode"], cell["width"], cell["compressor"])]
+        row = next(r for r in arm_rows(_scenario(cell)) if r["arm"] == arm)
+        assert float(measured) == pytest.approx(cell["median_iter_ms"], abs=0.05)
+        assert float(mapped) == pytest.approx(row["iter_ms"], abs=0.05)
+
+
+def test_documented_heatmaps_exist_and_only_resnet50_claims_a_published_step():
+    from pipesgd.report.scale_map import documented_panels
+
+    doc = (ROOT / "docs/scale-map.md").read_text()
+    for panel in documented_panels():
+        assert (ROOT / "docs/img" / panel.file).is_file(), panel.file
+        assert f"img/{panel.file}" in doc
+        published = any(c.model == panel.model and c.step_ms == panel.compute_ms for c in COMPUTE)
+        assert ("(published)" in panel.compute_label) == published
+
+
+def test_render_panel_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pipesgd.report.scale_map import Panel, render_panel
+
+    path = render_panel(Panel("vit-b16", 100.0, "100 ms, a test input", "x.png"), tmp_path)
+    assert path == tmp_path / "x.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
