@@ -1,10 +1,12 @@
 """``python -m pipesgd.timing predict ...``: predicted iteration time of every mode, no workers needed.
-``python -m pipesgd.timing map ...``: each scheme's step on a cluster and the winner (docs/scale-map.md).
 ``python -m pipesgd.timing calibrate ...``: measure the constants on a real process group
 (pipesgd/bench/calibrate.py, imported only for this subcommand; needs torch, starts workers).
 
 Values for ``predict`` come from, in order of precedence: an explicit flag, the ``--calibration``
 file, the defaults (10gbit, 50us, γ = 0, no compression cost, no CPU interference).
+
+``python -m pipesgd.timing map ...``: each scheme's step on a cluster and the winner, from presets
+with cited sources or the same flags (docs/scale-map.md).
 """
 
 from __future__ import annotations
@@ -120,7 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--int8-block", type=_int_at_least(0), default=INT8_BLOCK_SIZE,
                     help=f"values per int8 scale (default {INT8_BLOCK_SIZE}; 0 = one per chunk)")
     pr.add_argument("--json", action="store_true", help="print the rows as JSON")
-
     _add_map_parser(commands)
 
     ca = commands.add_parser("calibrate", help="measure α, β, γ, κ, compute and overlap slowdown; write JSON",
@@ -143,6 +144,61 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("run_dir", nargs="*", metavar="hydra.run.dir=DIR",
                     help="where to write calibration.json when run by pipesgd.emulate")
     return parser
+
+
+def _sizes(text: str) -> list[int]:
+    from pipesgd.bench.calibrate import parse_size
+
+    return [parse_size(part) for part in text.split(",") if part.strip()]
+
+
+def _resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """Merge flags, calibration file and defaults into the arguments of :func:`predict`."""
+    cal = _calibration(parser, args.calibration)
+    if args.compute_ms is None and "compute_ms" not in cal:
+        parser.error("argument --compute-ms is required unless --calibration provides compute_ms")
+    if args.per_node > 1 and args.workers % args.per_node:
+        parser.error(f"argument --per-node: {args.per_node} does not divide --workers {args.workers}")
+    if args.bandwidth is not None:
+        beta = 8.0 / args.bandwidth
+    else:
+        beta = cal.get("beta_s_per_byte", 8.0 / parse_bandwidth(DEFAULT_BANDWIDTH))
+    alpha = args.latency if args.latency is not None else cal.get("alpha_s", parse_latency(DEFAULT_LATENCY))
+    gamma = args.gamma if args.gamma is not None else cal.get("gamma_s_per_byte", 0.0)
+    link = Link(alpha, beta, gamma)
+    intra = None
+    if args.intra_bandwidth is not None or args.intra_latency is not None:
+        intra = Link(args.intra_latency if args.intra_latency is not None else alpha,
+                     8.0 / args.intra_bandwidth if args.intra_bandwidth is not None else beta, gamma)
+    kappas = dict(cal.get("compress_s_per_byte", {}))
+    kappas.update(dict(args.compress_s_per_byte))
+    compute_ms = args.compute_ms if args.compute_ms is not None else cal["compute_ms"]
+    update_ms = args.update_ms if args.update_ms is not None else cal.get("update_ms", 0.0)
+    slowdown = args.overlap_slowdown if args.overlap_slowdown is not None else cal.get("overlap_slowdown", 1.0)
+    return dict(numel=args.params if args.params is not None else MODEL_PARAMS[args.model], p=args.workers,
+                link=link, compute_s=compute_ms / 1e3, update_s=update_ms / 1e3, width=args.width,
+                compressors=tuple(dict.fromkeys(args.compressor or COMPRESSORS)), compress_s_per_byte=kappas,
+                forward_fraction=args.forward_fraction, overlap_slowdown=slowdown, iterations=args.iterations,
+                per_node=args.per_node, intra=intra,
+                bucket_cap_bytes=args.bucket_mb * 2**20 if args.bucket_mb > 0 else None,
+                first_bucket_bytes=min(DDP_FIRST_BUCKET_BYTES, args.bucket_mb * 2**20 or DDP_FIRST_BUCKET_BYTES),
+                int8_block_size=args.int8_block)
+
+
+def report(inputs: dict, rows: list[dict]) -> None:
+    link: Link = inputs["link"]
+    nbytes = FP32_BYTES * inputs["numel"]
+    print(f"# M = {inputs['numel']:,} params = {nbytes:,} B fp32, p = {inputs['p']}, "
+          f"link {format_bandwidth(link.bits_per_second)} (β = {link.beta:.3g} s/B), α = {link.alpha:.3g} s, "
+          f"γ = {link.gamma:.3g} s/B, compute {inputs['compute_s'] * 1e3:g} ms, "
+          f"update {inputs['update_s'] * 1e3:g} ms, overlap slowdown {inputs['overlap_slowdown']:g}")
+    columns = ["mode", "width", "algorithm", "compressor", "ratio", "comm_ms", "exposed_ms", "iter_ms",
+               "speedup_vs_sync"] + (["total_s"] if inputs["iterations"] is not None else [])
+    cells = [[_cell(row[c]) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(columns, widths))))
+    for r in cells:
+        print("  ".join(v.ljust(w) if i < 4 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
 
 
 def _add_map_parser(commands) -> None:
@@ -278,61 +334,6 @@ def _map(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     print(f"winner: {summary['winner']}; best pipe arm {summary['best_pipe']} is "
           f"{summary['pipe_over_ddp']:.2f}x the best DDP arm {summary['best_ddp']}")
     return 0
-
-
-def _sizes(text: str) -> list[int]:
-    from pipesgd.bench.calibrate import parse_size
-
-    return [parse_size(part) for part in text.split(",") if part.strip()]
-
-
-def _resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
-    """Merge flags, calibration file and defaults into the arguments of :func:`predict`."""
-    cal = _calibration(parser, args.calibration)
-    if args.compute_ms is None and "compute_ms" not in cal:
-        parser.error("argument --compute-ms is required unless --calibration provides compute_ms")
-    if args.per_node > 1 and args.workers % args.per_node:
-        parser.error(f"argument --per-node: {args.per_node} does not divide --workers {args.workers}")
-    if args.bandwidth is not None:
-        beta = 8.0 / args.bandwidth
-    else:
-        beta = cal.get("beta_s_per_byte", 8.0 / parse_bandwidth(DEFAULT_BANDWIDTH))
-    alpha = args.latency if args.latency is not None else cal.get("alpha_s", parse_latency(DEFAULT_LATENCY))
-    gamma = args.gamma if args.gamma is not None else cal.get("gamma_s_per_byte", 0.0)
-    link = Link(alpha, beta, gamma)
-    intra = None
-    if args.intra_bandwidth is not None or args.intra_latency is not None:
-        intra = Link(args.intra_latency if args.intra_latency is not None else alpha,
-                     8.0 / args.intra_bandwidth if args.intra_bandwidth is not None else beta, gamma)
-    kappas = dict(cal.get("compress_s_per_byte", {}))
-    kappas.update(dict(args.compress_s_per_byte))
-    compute_ms = args.compute_ms if args.compute_ms is not None else cal["compute_ms"]
-    update_ms = args.update_ms if args.update_ms is not None else cal.get("update_ms", 0.0)
-    slowdown = args.overlap_slowdown if args.overlap_slowdown is not None else cal.get("overlap_slowdown", 1.0)
-    return dict(numel=args.params if args.params is not None else MODEL_PARAMS[args.model], p=args.workers,
-                link=link, compute_s=compute_ms / 1e3, update_s=update_ms / 1e3, width=args.width,
-                compressors=tuple(dict.fromkeys(args.compressor or COMPRESSORS)), compress_s_per_byte=kappas,
-                forward_fraction=args.forward_fraction, overlap_slowdown=slowdown, iterations=args.iterations,
-                per_node=args.per_node, intra=intra,
-                bucket_cap_bytes=args.bucket_mb * 2**20 if args.bucket_mb > 0 else None,
-                first_bucket_bytes=min(DDP_FIRST_BUCKET_BYTES, args.bucket_mb * 2**20 or DDP_FIRST_BUCKET_BYTES),
-                int8_block_size=args.int8_block)
-
-
-def report(inputs: dict, rows: list[dict]) -> None:
-    link: Link = inputs["link"]
-    nbytes = FP32_BYTES * inputs["numel"]
-    print(f"# M = {inputs['numel']:,} params = {nbytes:,} B fp32, p = {inputs['p']}, "
-          f"link {format_bandwidth(link.bits_per_second)} (β = {link.beta:.3g} s/B), α = {link.alpha:.3g} s, "
-          f"γ = {link.gamma:.3g} s/B, compute {inputs['compute_s'] * 1e3:g} ms, "
-          f"update {inputs['update_s'] * 1e3:g} ms, overlap slowdown {inputs['overlap_slowdown']:g}")
-    columns = ["mode", "width", "algorithm", "compressor", "ratio", "comm_ms", "exposed_ms", "iter_ms",
-               "speedup_vs_sync"] + (["total_s"] if inputs["iterations"] is not None else [])
-    cells = [[_cell(row[c]) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(columns, widths))))
-    for r in cells:
-        print("  ".join(v.ljust(w) if i < 4 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
 
 
 def _cell(value: object) -> str:
