@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..timing.model import Link
-from ..timing.presets import INTER_NODE_LINKS, LINKS, MODELS, compute_preset
+from ..timing.presets import COMPUTE, INTER_NODE_LINKS, LINKS, MODELS, compute_preset
 from ..timing.scale import speedup_grid
 from .errors import new_figure
 
@@ -30,14 +30,13 @@ class Panel:
 
 
 def documented_panels() -> list[Panel]:
-    """ResNet-50 at its two published step times; the other models at ResNet-50's A100 step time,
-    which is no measurement of theirs (none is cited): only the gradient size changes between them."""
-    panels = [Panel("resnet50", c.step_ms, f"{c.gpu.upper()}, batch {c.batch}, {c.precision}: {c.step_ms:.1f} ms "
-                    "(published)", f"scale-map-resnet50-{c.gpu}.png")
-              for c in (compute_preset("resnet50", "v100"), compute_preset("resnet50", "a100"))]
+    """Every model at each of its published step times; a model with none (no cell is cited) at
+    ResNet-50's A100 step, which is no measurement of it: only the gradient size changes."""
+    panels = [Panel(c.model, c.step_ms, f"{c.gpu.upper()}, batch {c.batch}, {c.precision}: {c.step_ms:.1f} ms "
+                    "(published)", f"scale-map-{c.model}-{c.gpu}.png") for c in COMPUTE]
     a100 = compute_preset("resnet50", "a100").step_ms
     panels += [Panel(m, a100, f"{a100:.1f} ms = ResNet-50's A100 step, an input (no published step time)",
-                     f"scale-map-{m}.png") for m in ("bert-large", "gpt2-xl", "vit-b16")]
+                     f"scale-map-{m}.png") for m in MODELS if all(c.model != m for c in COMPUTE)]
     return panels
 
 

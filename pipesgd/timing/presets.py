@@ -140,15 +140,27 @@ _DLE_RN50 = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resne
              "#training-performance-results; per-GPU batch 256 for AMP on DGX1V and DGXA100 from "
              "PyTorch/Classification/ConvNets/configs.yml")
 
+_DLE_BERT = ("NVIDIA DeepLearningExamples, PyTorch/LanguageModeling/BERT/README.md, 'Training performance "
+             "results', pre-training phase 1 (sequence length 128, LAMB), pytorch:21.11-py3 NGC container, "
+             "https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/LanguageModeling/BERT"
+             "#training-performance-results")
+
 COMPUTE: tuple[ComputePreset, ...] = (
     ComputePreset("resnet50", "v100", 256, "mixed (AMP)", 1200, "img/s",
                   _DLE_RN50 + ": NVIDIA DGX-1 16GB (8x V100 16GB), 1 GPU, mixed precision 1200 img/s"),
     ComputePreset("resnet50", "a100", 256, "mixed (AMP)", 2470, "img/s",
                   _DLE_RN50 + ": NVIDIA DGX A100 (8x A100 80GB), 1 GPU, mixed precision 2470 img/s"),
+    ComputePreset("bert-large", "v100", 64, "mixed (AMP)", 224, "sequences/s",
+                  _DLE_BERT + ": NVIDIA DGX-1 (8x V100 32G), 1 GPU, mixed precision 224 sequences/s; "
+                  "micro-batch 64 = the table's 4096 per GPU over its 64 accumulation steps"),
+    ComputePreset("bert-large", "a100", 256, "mixed (AMP)", 580, "sequences/s",
+                  _DLE_BERT + ": NVIDIA DGX A100 (8x A100 80GB), 1 GPU, mixed precision 580 sequences/s, "
+                  "batch 256 per GPU (accumulated to 8192 over 32 steps)"),
 )
-"""Published single-GPU training throughput, one row per (model, GPU) that has one. No cited
-single-GPU number was found for H100 (any model) nor for BERT-large, GPT-2-XL or ViT-B on any of
-V100/A100/H100 (docs/scale-map.md lists what was searched); those cells are absent."""
+"""Published single-GPU training throughput, one row per (model, GPU) that has one; the step is one
+micro-batch (the published BERT runs accumulate 32-64 of them per gradient exchange, which the map
+does not assume). No cited single-GPU number was found for H100 (any model), nor for GPT-2-XL or
+ViT-B on any GPU (docs/scale-map.md lists what was searched); those cells are absent."""
 
 GPUS = ("v100", "a100", "h100")
 
