@@ -289,8 +289,9 @@ def _map_scenario(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         intra = Link(args.intra_latency if args.intra_latency is not None else link.alpha, 8.0 / args.intra_bandwidth)
     elif args.intra_latency is not None:
         parser.error("argument --intra-latency: needs --intra-bandwidth")
-    if intra is not None and args.per_node == 1:
-        parser.error("an intra-node link needs --per-node G > 1 (GPUs per node)")
+    if intra is not None and not 1 < args.per_node < args.workers:
+        parser.error(f"an intra-node link needs 1 < --per-node < --workers, got --per-node {args.per_node} "
+                     f"--workers {args.workers} (on one node, pass its fabric as --link)")
     kappas = dict(cal.get("compress_s_per_byte", {}))
     kappas.update(dict(args.compress_s_per_byte))
     backward = args.backward_share if args.backward_share is not None else BACKWARD_SHARE

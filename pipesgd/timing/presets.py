@@ -126,7 +126,8 @@ MODELS: dict[str, ModelPreset] = {m.name: m for m in (
         "gpt2-xl", gpt2_shapes(48, 1600, 50257, 1024), 1_542_000_000,
         "Radford et al., Language Models are Unsupervised Multitask Learners, 2019, Table 2: "
         "48 layers, d_model 1600, 1542M parameters; vocabulary 50,257 and context 1024 from "
-        "section 2.3, https://cdn.openai.com/better-language-models/language_models_are_unsupervised_multitask_learners.pdf"),
+        "section 2.3, https://cdn.openai.com/better-language-models/"
+        "language_models_are_unsupervised_multitask_learners.pdf"),
     ModelPreset(
         "vit-b16", vit_shapes(12, 768, 3072, 16, 224, 1000), 86_000_000,
         "Dosovitskiy et al., An Image is Worth 16x16 Words, ICLR 2021, Table 1: ViT-Base 12 layers, "

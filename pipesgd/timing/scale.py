@@ -84,8 +84,9 @@ class Scenario:
         _positive_int("per_node", self.per_node, 1)
         if self.p % self.per_node:
             raise ValueError(f"per_node={self.per_node} does not divide p={self.p}")
-        if self.intra is not None and self.per_node == 1:
-            raise ValueError("an intra-node link needs per_node > 1 (GPUs per node)")
+        if self.intra is not None and not 1 < self.per_node < self.p:
+            raise ValueError(f"an intra-node link needs 1 < per_node < p (several nodes of several GPUs), got "
+                             f"per_node={self.per_node}, p={self.p}; one node's fabric is the link itself")
         for name in ("compute_s", "update_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \

@@ -184,6 +184,8 @@ def test_every_preset_cites_a_source_and_matches_its_published_count():
      "per_node=3"),
     (["--params", "1000", "--compute-ms", "5", "--link", "25gbe", "--workers", "8", "--intra", "nvlink-a100"],
      "--per-node"),
+    (["--params", "1000", "--compute-ms", "5", "--link", "25gbe", "--workers", "8", "--per-node", "8", "--intra",
+      "nvlink-a100"], "--per-node 8"),
     (["--params", "1000", "--compute-ms", "5", "--link", "25gbe", "--workers", "8", "--backward-share", "1.5"],
      "'1.5'"),
     (["--params", "1000", "--compute-ms", "5", "--link", "25gbe", "--bandwidth", "1gbit", "--workers", "8"],
