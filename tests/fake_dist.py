@@ -1,7 +1,11 @@
 """A recording fake of ``torch.distributed`` for single-process tests of what pipesgd hands to the
 backend (tests/unit/test_device.py, test_streams.py): ``FakeDist(world, rank, backend).install(monkeypatch)``
 replaces the calls pipesgd makes; each returns at once. Receives into real (non-meta) tensors get
-zeros and an all_gather copies this rank's tensor everywhere, so CPU runs stay finite."""
+zeros and an all_gather copies this rank's tensor everywhere, so CPU runs stay finite.
+
+In NCCL mode (``backend="nccl"``, or the tensors a ``"cpu:gloo,cuda:nccl"`` backend would route to
+NCCL) every tensor handed to the backend must have a dtype NCCL has: a fake that took any dtype
+let a bf16 payload cross the wire as int16, which NCCL rejects at the first hop."""
 
 from __future__ import annotations
 
@@ -9,6 +13,15 @@ import torch
 import torch.distributed as dist
 
 META = torch.device("meta")
+
+# torch's own NCCL type table (ncclDataType in torch/csrc/distributed/c10d/NCCLUtils.hpp; older
+# releases keep it in ProcessGroupNCCL.cpp): the dtypes ProcessGroupNCCL maps to an ncclDataType_t.
+# Anything else raises "Input tensor data type is not supported for NCCL process group" (TypeError).
+NCCL_DTYPES = frozenset({
+    torch.int8, torch.uint8, torch.float32, torch.float64, torch.int32, torch.int64, torch.float16,
+    torch.bool, torch.float8_e5m2, torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+    torch.bfloat16,
+})
 
 
 class FakeGroup:
@@ -52,8 +65,16 @@ class FakeDist:
         return self
 
     def _record(self, call: str, tensors) -> Work:
-        self.calls.append((call, list(tensors)))
+        tensors = list(tensors)
+        for t in tensors:
+            if self._on_nccl(t) and t.dtype not in NCCL_DTYPES:
+                raise TypeError(f"{call}: Input tensor data type is not supported for NCCL process group: {t.dtype}")
+        self.calls.append((call, tensors))
         return Work()
+
+    def _on_nccl(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and (
+            self.backend == "nccl" or ("cuda:nccl" in self.backend and t.device.type != "cpu"))
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for _, ts in self.calls for t in ts if isinstance(t, torch.Tensor)]

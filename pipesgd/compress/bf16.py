@@ -2,7 +2,9 @@
 
 This is the Pipe-SGD paper's "truncation": no rounding arithmetic, just a shift, so it is the
 cheapest lossy encoder there is. It rounds toward zero, so the relative error per value is
-below 2**-7 and never changes sign or exponent range (no overflow, unlike fp16).
+below 2**-7 and never changes sign or exponent range (no overflow, unlike fp16). The payload is
+those bits as ``torch.bfloat16`` (exactly bfloat16's layout): NCCL has no 16-bit integer type, so
+an ``int16`` payload would fail at the first hop on a GPU.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ class BF16Truncation(Compressor):
 
     def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:
         bits = t.reshape(-1).to(torch.float32).view(torch.int32)
-        return torch.bitwise_right_shift(bits, 16).to(torch.int16), Ctx.of(t)
+        return torch.bitwise_right_shift(bits, 16).to(torch.int16).view(torch.bfloat16), Ctx.of(t)
 
     def decompress(self, payload: Tensor, ctx: Ctx) -> Tensor:
-        bits = torch.bitwise_left_shift(payload.to(torch.int32), 16)
+        bits = torch.bitwise_left_shift(payload.view(torch.int16).to(torch.int32), 16)
         return bits.view(torch.float32).to(ctx.dtype).view(ctx.shape)
 
     def payload_like(self, ctx: Ctx) -> Tensor:
-        return torch.empty(ctx.numel, dtype=torch.int16, device=ctx.device)
+        return torch.empty(ctx.numel, dtype=torch.bfloat16, device=ctx.device)
