@@ -22,6 +22,8 @@ it after the training stream has been synced anyway, never per step).
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,8 +103,38 @@ class HostStreams:
         return None  # the job's return was the data's arrival
 
 
-def _timing_event():
-    return torch.cuda.Event(enable_timing=True)
+def _timing_event(blocking: bool = False):
+    return torch.cuda.Event(enable_timing=True, blocking=blocking)
+
+
+class _DeviceWaiter:
+    """One daemon thread that blocks in ``Event.synchronize()`` for the training thread, so that
+    thread can wait for device work with a deadline and without polling: it waits on a
+    ``threading.Event`` that this thread sets (no sleep, no spin; the done-events are made with
+    ``blocking=True``, so the waiter sleeps in the driver instead of spinning a core). The thread
+    sets its device once, as the communication thread does. A hung event keeps it blocked: it is
+    a daemon, and the engine has raised by then."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def wait(self, event, timeout: float) -> bool:
+        """Whether ``event`` completed within ``timeout`` seconds."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="pipesgd-device-wait", daemon=True)
+            self._thread.start()
+        landed = threading.Event()
+        self._jobs.put((event, landed))
+        return landed.wait(timeout)
+
+    def _serve(self) -> None:
+        torch.cuda.set_device(self.device)
+        while True:
+            event, landed = self._jobs.get()
+            event.synchronize()
+            landed.set()
 
 
 @dataclass(frozen=True)
@@ -120,6 +152,8 @@ class CudaStreams:
     def __init__(self, device: torch.device):
         self.device = device
         self._stream: torch.cuda.Stream | None = None
+        self._bound = threading.local()  # threads that have set their device (run)
+        self._waiter = _DeviceWaiter(device)
 
     @property
     def stream(self) -> torch.cuda.Stream:
@@ -135,14 +169,19 @@ class CudaStreams:
         return event
 
     def run(self, ready: torch.cuda.Event, fn: Callable[[], T]) -> tuple[T, CudaDone]:
-        # The stream context also makes this thread's current device the stream's: a thread does
-        # not inherit torch.cuda.set_device, and NCCL issues on the current device.
+        if not getattr(self._bound, "device", False):
+            # Once per thread, before any other CUDA call: a new thread starts on device 0, and
+            # leaving a stream context restores the stream (so the device) the thread had on
+            # entering it, which would make device 0 current and create a context there on every
+            # rank (hundreds of MB of GPU 0 each; an error on GPUs in exclusive-process mode).
+            torch.cuda.set_device(self.device)
+            self._bound.device = True
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(ready)
             start = _timing_event()
             start.record(self.stream)  # reached when the data is ready: the span is the reduction's own
             out = fn()
-            end = _timing_event()
+            end = _timing_event(blocking=True)  # finish() may wait on it: without spinning a core
             end.record(self.stream)
         return out, CudaDone(start, end)
 
@@ -158,15 +197,16 @@ class CudaStreams:
         return EventSpan(done.start, done.end)
 
     def finish(self, done: CudaDone, timeout: float) -> None:
-        # Polled, not synchronize(): that would block past any deadline. The step reads the reduced
-        # flag on the host right after, which waits for this work too, so polling costs no sync.
-        deadline, pause = time.monotonic() + timeout, 1e-5
-        while not done.end.query():
-            if time.monotonic() > deadline:
-                raise TimeoutError("the communication thread had queued it, but its device work (NCCL) "
-                                   "did not finish: a peer is silent or the communicator hangs")
-            time.sleep(pause)
-            pause = min(2 * pause, 1e-3)
+        # One query when the work is done already (hidden communication: the common case), else
+        # a blocking wait on another thread with a deadline: never a poll with sleeps, which adds
+        # up to a pause's wake-up latency exactly when the communication is exposed, and never
+        # synchronize() here, which would block past any deadline. The step reads the reduced flag
+        # on the host right after, which waits for this work anyway.
+        if done.end.query():
+            return
+        if not self._waiter.wait(done.end, timeout):
+            raise TimeoutError("the communication thread had queued it, but its device work (NCCL) "
+                               "did not finish: a peer is silent or the communicator hangs")
 
 
 def streams_for(device: torch.device) -> Streams:

@@ -272,9 +272,37 @@ class GradientExchange:
         return self.reduction.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.reduction.load_state_dict(state)
+        """Loaded on the communication thread and stream: the residuals and warm starts are cloned
+        there, so on a GPU their memory belongs to the stream that reads and frees them (cloned on
+        the training stream, it could go to a forward while a reduction still reads it)."""
+        tensors = [t for t in _tensors(state) if t.device == self.params[0].device]
+        if self.world_size == 1:
+            self.reduction.load_state_dict(state)
+            return
+
+        def load() -> Exception | None:
+            try:
+                self.reduction.load_state_dict(state)
+            except (KeyError, ValueError) as e:  # a checkpoint that does not fit: the caller's error,
+                return e                         # not a failed reduction poisoning the thread
+            return None
+
+        error = self.ordered(load, *tensors).wait()
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         if self._thread is not None:
             self._thread.close()
             self._thread = None
+
+
+def _tensors(state) -> list[Tensor]:
+    """Every tensor inside ``state`` (dicts, lists, tuples)."""
+    if isinstance(state, Tensor):
+        return [state]
+    if isinstance(state, dict):
+        state = list(state.values())
+    if isinstance(state, (list, tuple)):
+        return [t for v in state for t in _tensors(v)]
+    return []

@@ -57,13 +57,12 @@ class PowerSGD(Reduction):
         self._numel = 0
         self._allreduce: Callable[..., CommStats] | None = None
         self.q: list[Tensor] = []
+        self._device: torch.device | None = None
 
     def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats], device: torch.device) -> None:
         self._allreduce = allreduce
+        self._device = device
         self._blocks, offset = [], 0
-        # Drawn on the CPU generator and moved: the same start on every rank and every device.
-        gen = torch.Generator().manual_seed(self.seed)
-        self.q = []
         for shape in shapes:
             n = shape.numel()
             rows = shape[0] if len(shape) >= 2 else 0
@@ -71,11 +70,19 @@ class PowerSGD(Reduction):
             r = min(self.rank, rows, cols)
             if rows and r * (rows + cols) < n:
                 self._blocks.append(_Block(offset, offset + n, rows, cols, r))
-                self.q.append(torch.randn(cols, r, generator=gen, device="cpu").to(device))
             else:
                 self._blocks.append(_Block(offset, offset + n))
             offset += n
         self._numel = offset
+        self.q = []  # the warm start is drawn by the first reduce(), on the stream that reads it
+
+    def _warm_start(self) -> list[Tensor]:
+        """The initial Q factors, drawn on the CPU generator and moved: the same start on every rank
+        and every device. Drawn where they are first needed, so on a GPU they are allocated on the
+        communication stream that reads them (made on the training stream at bind, their memory
+        could go to the next forward while the first reduction still reads it)."""
+        gen = torch.Generator().manual_seed(self.seed)
+        return [torch.randn(b.cols, b.rank, generator=gen, device="cpu").to(self._device) for b in self._matrices]
 
     @property
     def _matrices(self) -> list[_Block]:
@@ -88,6 +95,8 @@ class PowerSGD(Reduction):
         if self._allreduce is None:
             raise RuntimeError("PowerSGD.reduce before bind()")
         p = dist.get_world_size(group)
+        if not self.q:
+            self.q = self._warm_start()
         corrected = flat if self.memory is None else self.memory.add_to(flat)
         mats = [corrected[b.start:b.end].view(b.rows, b.cols).float() for b in self._matrices]
         dense = [corrected[b.start:b.end] for b in self._blocks if not b.rows]
@@ -127,11 +136,11 @@ class PowerSGD(Reduction):
                          raw_bytes=ring_bytes(flat.numel(), p, flat.element_size()))
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "q": [q.clone() for q in self.q]}
+        return {**super().state_dict(), "q": [q.clone() for q in self.q] if self.q else self._warm_start()}
 
     def load_state_dict(self, state: dict) -> None:
         q = state.get("q", [])
-        if [tuple(x.shape) for x in q] != [tuple(x.shape) for x in self.q]:
+        if [tuple(x.shape) for x in q] != [(b.cols, b.rank) for b in self._matrices]:
             raise ValueError("PowerSGD warm-start factors in the checkpoint do not match this model and rank")
         self.q = [x.clone() for x in q]
         super().load_state_dict(state)

@@ -15,10 +15,12 @@ import itertools
 
 import pytest
 import torch
+from fake_cuda import FakeCuda
 from fake_dist import FakeDist
 from torch import nn
 
 import pipesgd.engine.exchange as exchange
+from pipesgd.compress import get_compressor
 from pipesgd.comm.streams import CudaStreams, HostStreams, streams_for
 from pipesgd.engine.base import ReductionError
 from pipesgd.engine.pipe import PipeSGD
@@ -115,52 +117,8 @@ def test_host_streams_run_the_job_and_order_nothing():
     assert s.wait(None) is None
 
 
-class FakeCuda:
-    """torch.cuda's streams and events as a log of what was asked, in order; an event's time is
-    its position in the log, so ``elapsed_time`` between two records is the work queued between."""
-
-    def __init__(self, monkeypatch):
-        self.log: list[tuple] = []
-        fake = self
-
-        class Event:
-            def __init__(self, enable_timing=False):
-                self.timing, self.at = enable_timing, None
-
-            def record(self, stream):
-                self.at = len(fake.log)
-                fake.log.append(("record", stream.name, self))
-
-            def synchronize(self):
-                fake.log.append(("synchronize", self))
-
-            def elapsed_time(self, end):
-                assert self.timing and end.timing, "elapsed_time needs enable_timing on both events"
-                return float(end.at - self.at)  # ms
-
-        class Stream:
-            def __init__(self, device=None, name="comm"):
-                self.name = name
-
-            def wait_event(self, event):
-                fake.log.append(("wait_event", self.name, event))
-
-        self.training = Stream(name="training")
-
-        class StreamContext:
-            def __init__(self, stream):
-                self.stream = stream
-
-            def __enter__(self):
-                fake.log.append(("enter", self.stream.name))
-
-            def __exit__(self, *exc):
-                fake.log.append(("exit", self.stream.name))
-
-        monkeypatch.setattr(torch.cuda, "Event", Event)
-        monkeypatch.setattr(torch.cuda, "Stream", Stream)
-        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.training)
-        monkeypatch.setattr(torch.cuda, "stream", StreamContext)
+def ops(fake: FakeCuda, *kinds: str) -> list[tuple]:
+    return [e[:2] for e in fake.log if e[0] in kinds]
 
 
 def test_cuda_streams_time_the_reduction_and_the_stall_with_events_read_lazily(monkeypatch):
@@ -176,11 +134,11 @@ def test_cuda_streams_time_the_reduction_and_the_stall_with_events_read_lazily(m
     assert out == 5
     comm = s.span(done)
     stall = s.wait(done)
-    ops = [e[:2] for e in fake.log]
-    assert ops == [("record", "training"), ("enter", "comm"), ("wait_event", "comm"), ("record", "comm"),
-                   ("kernels",), ("kernels",), ("record", "comm"), ("exit", "comm"),
-                   ("record", "training"), ("wait_event", "training"), ("record", "training")]
-    assert fake.log[2][2] is ready and fake.log[9][2] is done.end  # each stream waits on the other's mark
+    assert ops(fake, "record", "wait_event", "kernels") == [
+        ("record", "training"), ("wait_event", "comm"), ("record", "comm"), ("kernels",), ("kernels",),
+        ("record", "comm"), ("record", "training"), ("wait_event", "training"), ("record", "training")]
+    waits = [e[2] for e in fake.log if e[0] == "wait_event"]
+    assert waits == [ready, done.end]  # each stream waits on the other's mark
     assert not any(e[0] == "synchronize" for e in fake.log), "nothing blocks the host until a span is read"
     # the reduction: from after the ready-wait to after its kernels; the stall brackets the wait
     assert comm.seconds() == 3 / 1e3 and stall.seconds() == 2 / 1e3
@@ -199,31 +157,135 @@ def test_the_cuda_clock_times_the_current_stream_without_a_sync(monkeypatch):
     assert span.seconds() == 2 / 1e3 and fake.log[-1] == ("synchronize", span.end)
 
 
-def test_a_deadline_covers_the_device_work_on_cuda_not_only_its_queueing(monkeypatch):
+def test_a_deadline_covers_the_device_work_without_ever_sleeping(monkeypatch):
     """On a GPU the communication thread returns once the work is queued, and a silent peer hangs
-    the device instead: waiting with a timeout polls the done-event (no synchronize, which could
-    not be interrupted) and gives up after the deadline."""
+    the device instead: waiting with a timeout covers the device work. Work already done costs one
+    query; work still running is waited for by blocking (no poll, no sleep: a poll's pause is
+    wake-up latency exactly when the communication is exposed), and never past the deadline."""
+    from pipesgd.comm import streams
     from pipesgd.comm.base import CompletedHandle
     from pipesgd.comm.streams import OrderedHandle
+
+    def no_sleep(seconds):
+        raise AssertionError(f"waiting for the device slept {seconds} s")
+
+    monkeypatch.setattr(streams.time, "sleep", no_sleep)
     fake = FakeCuda(monkeypatch)
     s = CudaStreams(torch.device("cuda", 0))
-    value, done = s.run(s.ready(), lambda: "average")
-    finished = {"at": None}
-    polls = []
 
-    def query():
-        polls.append(1)
-        return finished["at"] is not None and len(polls) >= finished["at"]
+    def waited(timeout):
+        value, done = s.run(s.ready(), lambda: "average")
+        before = len(fake.log)
+        out = OrderedHandle(CompletedHandle((value, done)), s).wait(timeout=timeout)
+        return out, [e[0] for e in fake.log[before:] if e[0] in ("query", "synchronize")]
 
-    done.end.query = query
-    with pytest.raises(TimeoutError, match="device work"):
-        OrderedHandle(CompletedHandle((value, done)), s).wait(timeout=0.05)
-    assert len(polls) > 1 and not any(e[0] == "synchronize" for e in fake.log)
-    finished["at"] = len(polls) + 3  # lands three polls later
-    assert OrderedHandle(CompletedHandle((value, done)), s).wait(timeout=5) == "average"
-    n = len(polls)
-    assert OrderedHandle(CompletedHandle((value, done)), s).wait() == "average"
-    assert len(polls) == n  # no deadline, no polling: the flag's read waits anyway
+    assert waited(5) == ("average", ["query"])  # hidden: done already, one query
+    fake.device_done.clear()
+    fake.lands_when_waited = True
+    assert waited(5) == ("average", ["query", "synchronize"])  # exposed: one blocking wait, no poll
+    fake.device_done.clear()
+    fake.lands_when_waited = False
+    try:
+        with pytest.raises(TimeoutError, match="device work"):
+            waited(0.05)  # hung: the deadline holds
+    finally:
+        fake.device_done.set()  # lets the waiter thread go
+    assert waited(None) == ("average", [])  # no deadline: nothing is asked (the flag's read waits anyway)
+
+
+def cuda_engine_run(monkeypatch, fake: FakeCuda, compressor, device: int = 1, width: int = 2, steps: int = 4,
+                    resume: bool = False):
+    """PipeSGD over 2 fake NCCL ranks with its streams on fake ``cuda:<device>`` (the tensors stay on
+    the CPU), inside the fake allocator; with ``resume``, its state is loaded into a second engine
+    that trains on. Returns the engines' flat weights."""
+    FakeDist(2, 0, "nccl").install(monkeypatch)
+    torch.cuda.set_device(device)  # as pipesgd.dist.init does on the training thread
+    monkeypatch.setattr(exchange, "streams_for", lambda d: CudaStreams(torch.device("cuda", device)))
+    with fake.allocator():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 3))  # PowerSGD compresses the first
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        def train(engine, n):
+            for _ in range(n):
+                opt.zero_grad()
+                model(torch.randn(4, 32)).square().sum().backward()
+                engine.step()
+
+        engine = PipeSGD(opt, model.parameters(), width=width, compressor=compressor, timeout_s=30)
+        train(engine, steps)
+        engine.check_replicas()
+        if resume:
+            state = engine.state_dict()
+            torch.cuda.synchronize()  # a checkpoint's copy to the CPU waits for the device
+            engine.flush()
+            engine.close()
+            engine = PipeSGD(opt, model.parameters(), width=width, compressor=compressor, timeout_s=30)
+            engine.load_state_dict(state)
+            del state
+            train(engine, steps)
+        engine.flush()
+        engine.close()
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("compressor", ["none", "int8", "powersgd"])
+def test_the_communication_thread_touches_only_the_engines_device(monkeypatch, compressor):
+    """A thread starts on device 0: a communication thread that never set its device made GPU 0
+    current (and created a context there) on every rank, when leaving torch.cuda.stream restored
+    its previous stream. It sets its device once, before anything else."""
+    fake = FakeCuda(monkeypatch, devices=2)
+    cuda_engine_run(monkeypatch, fake, compressor, device=1)
+    assert fake.touched["pipesgd-comm"] == {1}
+    assert [e for e in fake.log if e[:2] == ("set_device", "pipesgd-comm")] == [("set_device", "pipesgd-comm", 1)]
+    assert fake.touched["MainThread"] == {1}
+    assert set(fake.touched) <= {"MainThread", "pipesgd-comm", "pipesgd-device-wait"}
+    assert fake.touched.get("pipesgd-device-wait", {1}) == {1}
+
+
+def test_the_device_waiter_sets_its_device_too(monkeypatch):
+    fake = FakeCuda(monkeypatch, devices=2)
+    torch.cuda.set_device(1)
+    s = CudaStreams(torch.device("cuda", 1))
+    _, done = s.run(s.ready(), lambda: None)
+    fake.device_done.clear()
+    fake.lands_when_waited = True
+    s.finish(done, 5)
+    assert fake.touched["pipesgd-device-wait"] == {1}
+
+
+def test_the_fake_allocator_catches_memory_freed_under_another_streams_feet(monkeypatch):
+    """The control for the allocator model: a tensor made on the training stream, used by the
+    communication stream and let go before the training stream waited for that use, is an error;
+    record_stream (what ready() does for the tensors it is given) or a wait covers it."""
+    fake = FakeCuda(monkeypatch)
+    s = CudaStreams(torch.device("cuda", 0))
+    with fake.allocator():
+        t = torch.ones(3)
+        s.run(s.ready(), lambda: t.add_(1))
+        del t
+        assert len(fake.released()) == 1 and "freed while the comm stream" in fake.errors[0]
+        fake.errors.clear()
+        t = torch.ones(3)
+        s.run(s.ready(t), lambda: t.add_(1))  # recorded
+        u = torch.ones(3)
+        _, done = s.run(s.ready(), lambda: u.add_(1))
+        s.wait(done)  # the training stream is ordered after the use
+        del t, u
+        assert fake.released() == []
+
+
+@pytest.mark.parametrize("compressor", ["powersgd", "topk", "int8+ef"])
+@pytest.mark.parametrize("resume", [False, True], ids=["start", "resume"])
+def test_reduction_state_is_never_freed_under_the_communication_streams_feet(monkeypatch, compressor, resume):
+    """PowerSGD's warm start (made at bind on the training stream) and, after a resume, every
+    residual and Q (cloned on the training stream) are read and replaced on the communication
+    stream: made where they are read, their memory never goes to a forward while a reduction reads it."""
+    fake = FakeCuda(monkeypatch)
+    if compressor == "int8+ef":
+        compressor = get_compressor("int8", error_feedback=True)
+    cuda_engine_run(monkeypatch, fake, compressor, device=0, resume=resume)
+    assert fake.released() == []
 
 
 def test_a_hung_device_reduction_fails_the_step_naming_it(monkeypatch):
