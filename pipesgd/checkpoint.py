@@ -100,13 +100,15 @@ def config_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def rng_state() -> dict:
-    """This process's torch (CPU and CUDA), numpy and Python RNG states, as tensors and primitives."""
+def rng_state(device: torch.device | None = None) -> dict:
+    """This process's torch (CPU, and ``device``'s CUDA generator when it is a GPU), numpy and
+    Python RNG states, as tensors and primitives. Only the rank's own GPU: a rank draws on no
+    other, and saving every visible GPU's state made a resume where fewer GPUs are visible fail."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss_next = random.getstate()
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": torch.cuda.get_rng_state(device) if device is not None and device.type == "cuda" else None,
         "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64),
@@ -114,10 +116,16 @@ def rng_state() -> dict:
     }
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, device: torch.device | None = None) -> None:
+    """Restore :func:`rng_state`; its CUDA state goes to ``device`` (this rank's GPU, whichever
+    GPU saved it: an elastic resume hands a new rank its donor's state). Checkpoints from before
+    kept every visible GPU's state in a list: the entry at ``device``'s index, when there is one."""
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, list):
+        cuda = cuda[device.index] if device is not None and device.type == "cuda" and device.index < len(cuda) else None
+    if cuda is not None and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(cuda, device)
     n = state["numpy"]
     np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                          n["cached_gaussian"]))

@@ -158,7 +158,7 @@ class Reliability(TrainerHooks):
         # On the CPU before the gather: rank 0 would otherwise unpickle rank k's tensors onto cuda:k.
         engine = to_device(self.engine.state_dict(), "cpu")  # waits for in-flight reductions on every rank alike
         shared = {k: engine.pop(k) for k in _SHARED_ENGINE_KEYS if k in engine}
-        mine = {"rng": rng_state(), "engine": engine, "compressor": to_device(self._compressor_state(), "cpu"),
+        mine = {"rng": rng_state(self.device), "engine": engine, "compressor": to_device(self._compressor_state(), "cpu"),
                 "buffers": {k: b.detach().cpu().clone() for k, b in self.module.named_buffers()},
                 "losses": list(trainer.last_losses)}
         ranks = self._gather(mine)
@@ -253,7 +253,7 @@ class Reliability(TrainerHooks):
         except (KeyError, RuntimeError, ValueError) as e:
             raise CheckpointError(f"checkpoint of step {state['step']} does not fit this model/optimizer/engine: "
                                   f"{type(e).__name__}: {' '.join(str(e).split())[:400]}") from e
-        set_rng_state(mine["rng"])
+        set_rng_state(mine["rng"], self.device)
         if mine.get("new_rank"):
             torch.manual_seed(mix_seed(state["step"], self.rank))  # not the donor's stream
         trainer.last_losses = list(mine["losses"])

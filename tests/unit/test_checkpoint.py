@@ -17,6 +17,7 @@ from torch import nn
 import pipesgd.checkpoint as ckpt
 from pipesgd.checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, config_digest, param_checksum,
                                 rng_state, set_rng_state)
+from pipesgd.compress import get_compressor
 from pipesgd.faults import parse
 from pipesgd.reliability import describe_mismatch
 
@@ -166,3 +167,78 @@ def test_fault_spec_is_validated():
     for bad in ("kill:1", "explode:0:3", "kill:x:3", "kill:0:0", "kill:0:3:9"):
         with pytest.raises(ValueError, match="expected kind:rank:step"):
             parse(bad)
+
+
+class FakeGpuGenerators:
+    """torch.cuda's generators on ``visible`` GPUs, each state a byte: a set or get on a GPU that is
+    not visible fails as CUDA does ("invalid device ordinal"); torch's own get/set_rng_state_all
+    run on them."""
+
+    def __init__(self, monkeypatch, visible: int):
+        import torch.cuda.random as cuda_random
+        self.visible, self.states = visible, {}
+        for module in (torch.cuda, cuda_random):
+            monkeypatch.setattr(module, "device_count", lambda: self.visible)
+            monkeypatch.setattr(module, "get_rng_state", self.get)
+            monkeypatch.setattr(module, "set_rng_state", self.set)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def _index(self, device) -> int:
+        index = device if isinstance(device, int) else torch.device(device).index or 0
+        if index >= self.visible:
+            raise RuntimeError(f"CUDA error: invalid device ordinal (device {index}, {self.visible} visible)")
+        return index
+
+    def get(self, device="cuda"):
+        i = self._index(device)
+        return self.states.get(i, torch.tensor([i], dtype=torch.uint8))
+
+    def set(self, state, device="cuda"):
+        self.states[self._index(device)] = state.clone()
+
+
+def _hooks(tmp_path, device: torch.device):
+    from types import SimpleNamespace
+
+    from pipesgd.reliability import Reliability
+
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = SimpleNamespace(state_dict=lambda: {"width": 1, "steps": 3, "pending": []},
+                             load_state_dict=lambda state: None)
+    return Reliability(model=model, optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+                       engine=engine, compressor=get_compressor("none"), rank=0, world_size=1, device=device,
+                       run_dir=tmp_path, config={})
+
+
+@pytest.mark.parametrize("new_rank", [False, True], ids=["same-world", "elastic-new-rank"])
+def test_a_checkpoint_keeps_the_ranks_own_gpu_rng_and_resumes_where_fewer_gpus_are_visible(monkeypatch, tmp_path,
+                                                                                         new_rank):
+    """Saving every visible GPU's generator and restoring them by index crashed a resume on a
+    machine (or a CUDA_VISIBLE_DEVICES) with fewer GPUs; each rank keeps only its own GPU's and
+    restores it to the GPU it runs on now, an elastic resume's new rank too (then reseeded)."""
+    from types import SimpleNamespace
+
+    gpus = FakeGpuGenerators(monkeypatch, visible=4)
+    gpus.set(torch.tensor([33], dtype=torch.uint8), 3)  # rank 0 trains on cuda:3; its generator moved
+    trainer = SimpleNamespace(step=3, last_losses=[1.0], train_loader=SimpleNamespace(batch_size=2),
+                              history=SimpleNamespace(evals=[]))
+    _hooks(tmp_path, torch.device("cuda", 3)).save(trainer, epoch=0, consumed=6)
+    saved = CheckpointDir.load(tmp_path / "checkpoints" / "step-00000003.pt")
+    assert torch.equal(saved["ranks"][0]["rng"]["cuda"], torch.tensor([33], dtype=torch.uint8))
+    gpus.visible, gpus.states = 2, {}  # resumed where two GPUs are visible, the rank on cuda:1
+    if new_rank:
+        saved["ranks"][0]["new_rank"] = True
+        monkeypatch.setattr(torch, "manual_seed", lambda seed: gpus.set(torch.tensor([seed % 256], dtype=torch.uint8), 1))
+    _hooks(tmp_path, torch.device("cuda", 1))._restore(saved, trainer)
+    assert set(gpus.states) == {1}
+    if not new_rank:
+        assert torch.equal(gpus.states[1], torch.tensor([33], dtype=torch.uint8))
+
+
+def test_a_checkpoint_from_before_keeps_every_gpus_rng_and_restores_the_ranks_own(monkeypatch):
+    gpus = FakeGpuGenerators(monkeypatch, visible=1)
+    old = {**rng_state(), "cuda": [torch.tensor([7], dtype=torch.uint8), torch.tensor([8], dtype=torch.uint8)]}
+    set_rng_state(old, torch.device("cuda", 0))
+    assert gpus.states == {0: torch.tensor([7], dtype=torch.uint8)}
+    set_rng_state(old, torch.device("cpu"))  # resumed on the CPU: no GPU state to restore
