@@ -21,6 +21,8 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "gloo", "nccl")
+# The engine's deadline for a reduction, as a share of the process groups' timeout (docs/gpu.md).
+ENGINE_TIMEOUT_SHARE = 0.8
 
 
 class RendezvousError(RuntimeError):
@@ -36,10 +38,20 @@ class DistContext:
     backend: str
     device: torch.device
     comm_group: object | None = None
+    timeout_s: float = 300.0  # the process groups' timeout
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def engine_timeout_s(self) -> float:
+        """The engine's deadline for a reduction: shorter than the groups' timeout, so its
+        :class:`~pipesgd.engine.base.ReductionError` (naming the step) is what a hang raises. NCCL's
+        watchdog counts a collective's time from its enqueue and ends the process when the groups'
+        timeout runs out; the engine counts from when a step starts waiting, K-1 steps after that
+        enqueue. The rest of the timeout (60 s of the default 300) covers those steps."""
+        return ENGINE_TIMEOUT_SHARE * self.timeout_s
 
 
 def resolve_backend(backend: str) -> str:
@@ -66,7 +78,7 @@ def init(backend: str = "auto", timeout_s: float = 300.0) -> DistContext:
     else:
         device = torch.device("cpu")
     if "WORLD_SIZE" not in os.environ:
-        return DistContext(0, 1, 0, 1, backend, device)
+        return DistContext(0, 1, 0, 1, backend, device, timeout_s=timeout_s)
     timeout = timedelta(seconds=timeout_s)  # both groups: a silent peer fails any wait within it
     try:
         store = _job_store(rank, world, timeout)
@@ -78,7 +90,7 @@ def init(backend: str = "auto", timeout_s: float = 300.0) -> DistContext:
                             device_id=device if backend == "nccl" else None)
     comm_group = dist.new_group(backend=backend, timeout=timeout)
     log.debug("rank %d/%d joined (%s)", rank, world, backend)
-    return DistContext(rank, world, local_rank, local_world, backend, device, comm_group)
+    return DistContext(rank, world, local_rank, local_world, backend, device, comm_group, timeout_s)
 
 
 def _job_store(rank: int, world: int, timeout: timedelta) -> dist.Store:

@@ -184,7 +184,7 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
         allreduce=_build_allreduce(cfg) if mode.allreduce else None, group=ctx.comm_group,
         world_size=ctx.world_size, warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
         staleness=instantiate(cfg.staleness),
-        nonfinite=cfg.trainer.nonfinite, timeout_s=cfg.dist.timeout_s))
+        nonfinite=cfg.trainer.nonfinite, timeout_s=ctx.engine_timeout_s))
     steps_per_epoch = len(train_loader)
     total = cfg.trainer.epochs * steps_per_epoch
     total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total

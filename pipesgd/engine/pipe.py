@@ -65,8 +65,10 @@ class PipeSGD(Engine):
     small all-reduce per step, on the communication thread. Use the same setting on every rank.
     ``join()``: uneven inputs (DDP's ``Join``), see there.
     ``timeout_s``: a reduction not finished this long after ``step()`` starts waiting for it raises
-    :class:`ReductionError` (a backstop: the backend's own timeout usually fires first). The
-    communication thread never keeps the process alive once the engine has raised.
+    :class:`ReductionError`. Keep it below the process group's timeout: NCCL's watchdog counts from
+    the enqueue, K-1 steps earlier, and ends the process at the group's timeout (the trainer uses
+    80 % of ``dist.timeout_s``). The communication thread never keeps the process alive once the
+    engine has raised.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Iterable[Tensor], width: int = 2,

@@ -368,3 +368,28 @@ def test_every_registered_compressor_passes_a_device(name):
 def test_the_factory_check_sees_a_missing_device():
     assert factory_calls_without_device("torch.empty(3, dtype=x)\ntorch.zeros(2, device=d)\nt.new_zeros(1)\n") \
         == ["line 1: torch.empty"]
+
+
+@pytest.mark.parametrize("timeout_s", [300.0, 30.0])
+def test_the_engines_deadline_fires_before_the_process_groups_timeout(monkeypatch, timeout_s):
+    """NCCL's watchdog counts from a collective's enqueue and kills the process at the groups'
+    timeout; the engine counts from when a step starts waiting (K-1 steps later). With the two equal,
+    the engine's named ReductionError never appeared on NCCL: its deadline is a share of the groups'."""
+    import inspect
+
+    import pipesgd.dist as pdist
+    import pipesgd.train as train
+
+    groups = []
+    monkeypatch.setattr(pdist, "_job_store", lambda rank, world, timeout: groups.append(("store", timeout)))
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, timeout, **k: groups.append(("default", timeout)))
+    monkeypatch.setattr(dist, "new_group", lambda *a, timeout, **k: groups.append(("comm", timeout)))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    ctx = pdist.init("gloo", timeout_s)
+    assert [name for name, _ in groups] == ["store", "default", "comm"]
+    for _, timeout in groups:
+        assert ctx.engine_timeout_s <= 0.8 * timeout.total_seconds()
+    assert ctx.engine_timeout_s == pytest.approx(0.8 * timeout_s)
+    # the composition root gives the engine this deadline, not the groups' timeout
+    assert "timeout_s=ctx.engine_timeout_s" in inspect.getsource(train._build)
