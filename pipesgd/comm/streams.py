@@ -273,3 +273,9 @@ class CudaClock:
 def clock_for(device: torch.device) -> Clock:
     """How to time work queued on ``device`` from this thread."""
     return CudaClock(device) if device.type == "cuda" else HostClock()
+
+
+def device_clock(device: torch.device) -> CudaClock | None:
+    """A clock for work only the device knows the time of (its stream's), or None on the host,
+    where the caller's wall clock is the work's time."""
+    return CudaClock(device) if device.type == "cuda" else None

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..comm import CommStats
+from ..comm import CommStats, streams
 from ..comm.p2p import batched, post, uses_nccl
 from ..compress import Compressor, Ctx
 from ..compress.none import NoCompression
@@ -93,6 +93,8 @@ class ParameterServerEngine(Engine):
         self.numel = sum(p.numel() for p in self.params)
         self.device = self.params[0].device  # every buffer handed to the backend lives here
         self._batch = batched(group)  # ps_sync's rounds as one batch each on NCCL (pipesgd.comm.p2p)
+        # On a GPU a round's messages are only queued when wait() returns: time them on the stream
+        self._clock = streams.device_clock(self.device)
         self.ctx = Ctx((self.numel,), torch.float32, self.device)
         self.identity = isinstance(compressor, NoCompression)
         self.server = _Server(optimizer, self.params) if self.rank == SERVER else None
@@ -212,12 +214,14 @@ class ParameterServerEngine(Engine):
 
     def _step_sync(self, payload: Tensor, stats: StepStats) -> None:
         t0 = time.perf_counter()
+        mark = None if self._clock is None else self._clock.start()
         if self.server is None:
             # the pull's receive is posted before the push (one batch on NCCL)
             (req,), (push,) = post([(self._weights, SERVER)], [(payload, SERVER)], self.group, self._batch)
             push.wait()
             req.wait()
             t1 = time.perf_counter()
+            self._time_round(mark, stats)
             self._load(self._weights)
         else:
             inboxes = [self._inbox() for _ in range(1, self.world)]
@@ -227,6 +231,7 @@ class ParameterServerEngine(Engine):
                 req.wait()
                 total.add_(self._decode(box))
             t1 = time.perf_counter()
+            self._time_round(mark, stats)
             total.div_(self.world)
             self.server.apply(total)
             _, sends = post([], [(self.server.flat, r) for r in range(1, self.world)], self.group, self._batch)
@@ -236,6 +241,15 @@ class ParameterServerEngine(Engine):
         stats.wait_s = t1 - t0
         stats.update_s = time.perf_counter() - t1
         stats.comm.seconds = stats.wait_s
+
+    def _time_round(self, mark, stats: StepStats) -> None:
+        """On a GPU: the round's device time, from before its messages to after their arrival on
+        this stream, is both its communication and its exposed time (the same spans PipeSGD
+        reports, read lazily); on the host the wall clock around it is."""
+        if mark is not None:
+            span = self._clock.stop(mark)
+            stats.comm.spans += (span,)
+            stats.wait_spans += (span,)
 
     # --- asynchronous --------------------------------------------------------------------------
 

@@ -305,3 +305,33 @@ def test_a_hung_device_reduction_fails_the_step_naming_it(monkeypatch):
                              r"communication thread had queued it, but its device work \(NCCL\) did not finish"):
         engine.step()
     engine.close()
+
+
+@pytest.mark.parametrize("rank", [0, 1], ids=["server", "worker"])
+def test_ps_sync_times_its_round_on_the_device(monkeypatch, rank):
+    """On a GPU ps_sync's messages are only queued when wait() returns: wall-clock times came out
+    near zero. Its communication and exposed times are the stream's, as PipeSGD's are: a span
+    from before the round's first message to after its last arrival, read lazily."""
+    from pipesgd.comm import streams
+    from pipesgd.comm.streams import CudaClock
+    from pipesgd.engine.ps import ParameterServerEngine
+
+    fake = FakeCuda(monkeypatch)
+    backend = FakeDist(3, rank, "nccl").install(monkeypatch)
+    record = backend._record
+    monkeypatch.setattr(backend, "_record", lambda call, tensors: (fake.log.append(("backend", call)),
+                                                                  record(call, tensors))[1])
+    # the parameters stay on the CPU; the round is timed as on cuda:0
+    monkeypatch.setattr(streams, "device_clock", lambda device: CudaClock(torch.device("cuda", 0)), raising=False)
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = ParameterServerEngine(opt, get_compressor("int8"))
+    model(torch.randn(2, 4)).sum().backward()
+    stats = engine.step()
+    (span,) = stats.wait_spans
+    assert stats.comm.spans == (span,)
+    backend_at = [i for i, e in enumerate(fake.log) if e[0] == "backend"]
+    assert span.start.at < backend_at[0] < span.end.at  # the server's reply goes out after the round
+    assert not any(e[0] == "synchronize" for e in fake.log), "read lazily"
+    assert stats.exposed_s() == stats.comm.time_s() == (span.end.at - span.start.at) / 1e3
+
