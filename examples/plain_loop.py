@@ -111,7 +111,8 @@ def main() -> None:
             dist.broadcast(t, src=0)  # every replica starts from rank 0's weights
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     # PipeSGD: the engine replaces optimizer.step(). It communicates on a background thread, so
-    # it gets its own process group; the loop's own collectives (accuracy) use the default one.
+    # it gets its own process group; the loop's own collectives (accuracy) run after flush(). While
+    # updates are in flight they would go through engine.collective(fn) (NCCL: one thread only).
     group = dist.new_group() if dist.is_initialized() else None
     engine = PipeSGD(optimizer, model.parameters(), width=args.width, compressor=args.compressor, group=group)
 

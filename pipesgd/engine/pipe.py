@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .. import trace
-from ..comm import CommError, CommStats, CompletedHandle, Handle, get_allreduce
+from ..comm import CommError, CommStats, CompletedHandle, Handle, get_allreduce, note
 from ..compress import Compressor
 from .exchange import GradientExchange, Reduced
 from ..reduction import Reduction
@@ -39,9 +39,11 @@ class PipeSGD(Engine):
     ``compressor`` is a per-chunk compressor carried inside ``allreduce``, or a reduction with
     collectives of its own (``"topk"``, ``"powersgd"``).
 
-    Communication runs on a background thread over ``group`` (default: the default group). Do not
-    issue other collectives on the same group from another thread while reductions are in flight;
-    give the engine its own group (``dist.new_group()``) if your loop needs collectives too.
+    Communication runs on a background thread over ``group`` (default: the default group). Run
+    your own collectives (a metric all-reduce after an epoch, evaluation counts) through
+    :meth:`collective`: on that thread, after the reductions in flight, so every rank issues them
+    in one order with the engine's. Called from the training thread while an update is in flight,
+    they work on Gloo but drive NCCL's communicators from two threads, which can deadlock.
 
     ``nonfinite``: when any rank's gradient of a step holds a NaN/inf, every rank either raises
     :class:`NonFiniteGradient` (``"abort"``) or skips that update (``"skip"``; ``StepStats.skipped``).
@@ -57,7 +59,9 @@ class PipeSGD(Engine):
     pre-hook, so lookahead's local steps are clipped alike.
     ``broadcast_buffers`` (with ``module``): at every step every rank takes the first rank's
     buffers, so each forward starts from them (DDP's default, which broadcasts before each forward),
-    on a process group of the engine's own; False leaves each rank's buffers its own.
+    on the communication thread and ``group``, before the step's reduction; ``step()`` waits for it
+    (so for the reductions queued before it: at width K > 2 one more is exposed). False leaves
+    each rank's buffers its own.
     ``find_unused_parameters``: False (as DDP), a parameter in ``params`` without a ``.grad`` at
     ``step()`` raises, naming it; True (as DDP's), a parameter without a gradient on every rank is
     left alone by that update, as plain torch does (no momentum, no weight decay), and ranks that
@@ -93,7 +97,7 @@ class PipeSGD(Engine):
         _broadcast_from_first_rank([*params, *(module.buffers() if module is not None else ())], group)
         self._names = _param_names(self._reducer.params, module)
         self.find_unused_parameters = bool(find_unused_parameters)
-        self._buffers = BufferBroadcast(module, group) if module is not None and broadcast_buffers else None
+        self._buffers = BufferBroadcast(module, self._reducer) if module is not None and broadcast_buffers else None
         self.compressor = self._reducer.compressor
         self.staleness = make_staleness(staleness)
         self.staleness.bind(self._reducer.params, optimizer)
@@ -146,11 +150,19 @@ class PipeSGD(Engine):
 
     def _launch(self, buf: Tensor, control: Tensor | None = None, reduced_control: Tensor | None = None) -> StepStats:
         t0 = time.perf_counter()
+        buffers = None
         with trace.current().span("pack", "pack", self.steps):
             self.staleness.launched(buf[:-1])
+            if self._buffers is not None:
+                # One order on every rank, a joined one's too: control round, buffers, reduction.
+                if control is not None:
+                    self._reducer.control_round(control)  # summed in place, first on the thread
+                    control, reduced_control = None, control
+                buffers = self._buffers.start()
             self._pending.append(self._reducer.launch(buf, control, reduced_control))
-        if self._buffers is not None:
-            self._buffers.broadcast()
+        if buffers is not None:
+            self._buffers.land(self._wait(buffers, self.steps + 1, self.steps + 1,
+                                          f"the broadcast of the module's buffers at step {self.steps + 1}"))
         stats = StepStats(pack_s=time.perf_counter() - t0)
         width = 1 if self.steps < self.warmup_sync_steps else self.width
         if len(self._pending) == width:
@@ -384,32 +396,51 @@ def _listed(names: list[str], indices: list[int], most: int = 5) -> str:
 
 class BufferBroadcast:
     """DDP's ``broadcast_buffers``: every rank takes the first rank's buffers (BatchNorm statistics)
-    once per step, one broadcast per dtype on a process group of its own (the engine's group may be
-    busy with reductions on the communication thread). DDP broadcasts before each forward; doing it
-    in ``step()``, after the launch, gives the next forward the same buffers and lets a joined rank
-    take part in it (it knows a step happened only once that step's reduction has started)."""
+    once per step, one broadcast per dtype, queued on the engine's communication thread and group
+    like every other collective of the engine (two threads driving two communicators, in an order
+    that can differ per rank, is a deadlock NCCL documents). DDP broadcasts before each forward;
+    doing it in ``step()`` gives the next forward the same buffers and lets a joined rank take part
+    (it knows a step happened only once that step's control round is done). It is queued after the
+    step's control round and before its reduction, and waited for before ``step()`` returns: that
+    waits for the reductions queued before it (the previous step's), not for this step's."""
 
-    def __init__(self, module: torch.nn.Module, group):
-        self.module, self.group = module, None
-        if not list(module.buffers()) or not dist.is_initialized() or dist.get_world_size(group) == 1:
-            return
-        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
-        self.group, self.src = dist.new_group(ranks), ranks[0]  # collective: every rank builds its engine
+    def __init__(self, module: torch.nn.Module, exchange: GradientExchange):
+        self.module, self.exchange = module, exchange
+        self.active = bool(list(module.buffers())) and exchange.world_size > 1
+        group = exchange.group
+        self.src = 0 if group is None or not self.active else dist.get_global_rank(group, 0)
 
-    def broadcast(self) -> None:
-        if self.group is None:
+    def start(self) -> Handle[list[Tensor]] | None:
+        """Queue the broadcast of the first rank's buffers, as they are now."""
+        if not self.active:
+            return None
+        with torch.no_grad():
+            flats = [torch.cat([b.reshape(-1) for b in buffers]) for buffers in self._by_dtype()]
+        group = self.exchange.group
+
+        def job() -> list[Tensor]:
+            note("broadcast of the module's buffers (broadcast_buffers)")
+            for flat in flats:
+                dist.broadcast(flat, src=self.src, group=group)
+            return flats
+
+        return self.exchange.ordered(job, *flats)
+
+    def land(self, flats: list[Tensor]) -> None:
+        """Copy the broadcast values into this rank's buffers (the first rank's are the values)."""
+        if dist.get_rank() == self.src:
             return
+        with torch.no_grad():
+            for buffers, flat in zip(self._by_dtype(), flats):
+                for b, v in zip(buffers, flat.split([b.numel() for b in buffers])):
+                    b.copy_(v.view_as(b))
+
+    def _by_dtype(self) -> list[list[Tensor]]:
+        """The module's buffers, one list per dtype (one broadcast each), in a fixed order."""
         by_dtype: dict[torch.dtype, list[Tensor]] = {}
         for b in self.module.buffers():
             by_dtype.setdefault(b.dtype, []).append(b)
-        mine = dist.get_rank() == self.src
-        with torch.no_grad():
-            for buffers in by_dtype.values():
-                flat = torch.cat([b.reshape(-1) for b in buffers])
-                dist.broadcast(flat, src=self.src, group=self.group)
-                if not mine:
-                    for b, v in zip(buffers, flat.split([b.numel() for b in buffers])):
-                        b.copy_(v.view_as(b))
+        return list(by_dtype.values())
 
 
 class _ResumeCheck:
