@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import dist as pdist
 from . import launch, schema, trace  # noqa: F401  (schema: registers the structured config with Hydra)
+from .comm.native import AUTO, default_allreduce
 from .config import ConfigError, check_batch, command_line_keys, validate
 from .data import DatasetError
 from .engine import Engine, ModeArgs
@@ -83,7 +84,7 @@ def main(cfg: DictConfig) -> float | None:
 def _check_buildable(cfg: DictConfig) -> None:
     """Instantiate the cheap objects once so their own argument checks run before workers start."""
     compressor = instantiate(cfg.compressor)
-    allreduce = instantiate(cfg.comm)
+    allreduce = None if cfg.comm.name == AUTO else instantiate(cfg.comm)  # auto: resolved per run, always fits
     instantiate(cfg.staleness)
     if get_mode(cfg.trainer.mode).allreduce:
         from .comm.native import check_native, native_allreduce
@@ -179,6 +180,8 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
     optimizer = instantiate(cfg.optimizer)(model.parameters(), lr=lr)
     compressor = instantiate(cfg.compressor)
     mode = get_mode(cfg.trainer.mode)
+    if cfg.comm.name == AUTO:  # the path this backend and compressor take (docs/gpu.md); the digest keeps "auto"
+        cfg.comm.name = default_allreduce(compressor, ctx.backend)
     model, engine = build(cfg.trainer.mode, ModeArgs(
         model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
         allreduce=_build_allreduce(cfg) if mode.allreduce else None, group=ctx.comm_group,

@@ -17,9 +17,10 @@ from torch import Tensor
 
 from .. import trace
 from ..comm import CommError, CommStats, CompletedHandle, Handle, get_allreduce, note
+from ..comm.native import AUTO, default_allreduce
 from ..compress import Compressor
 from .exchange import GradientExchange, Reduced
-from ..reduction import Reduction
+from ..reduction import Reduction, resolve
 from ..replicas import ReplicaMismatch, describe_mismatch, digest
 from ..staleness import Staleness, make_staleness
 from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, T, to_device
@@ -37,7 +38,9 @@ class PipeSGD(Engine):
     steps N..N+K-2 as the pipeline's fill. ``staleness`` replaces "optimizer.step() with the
     average" by a compensated update (docs/convergence.md); ``"none"`` is the rule above bit for bit.
     ``compressor`` is a per-chunk compressor carried inside ``allreduce``, or a reduction with
-    collectives of its own (``"topk"``, ``"powersgd"``).
+    collectives of its own (``"topk"``, ``"powersgd"``). ``allreduce="auto"`` runs NCCL's own
+    all-reduce for compressor none, fp16 or bf16 on NCCL and the ring otherwise
+    (:func:`~pipesgd.comm.native.default_allreduce`; docs/gpu.md).
 
     Communication runs on a background thread over ``group`` (default: the default group). Run
     your own collectives (a metric all-reduce after an epoch, evaluation counts) through
@@ -77,7 +80,7 @@ class PipeSGD(Engine):
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Iterable[Tensor], width: int = 2,
                  compressor: str | Compressor | Reduction | None = "none",
-                 allreduce: str | Callable[..., CommStats] = "ring", group=None,
+                 allreduce: str | Callable[..., CommStats] = "auto", group=None,
                  warmup_sync_steps: int = 0, staleness: str | Staleness = "none", nonfinite: str = "abort",
                  timeout_s: float | None = None, max_grad_norm: float | None = None,
                  module: torch.nn.Module | None = None, broadcast_buffers: bool = True,
@@ -91,6 +94,9 @@ class PipeSGD(Engine):
         self.optimizer = optimizer
         self.width = width
         self.warmup_sync_steps = warmup_sync_steps
+        if allreduce == AUTO:
+            backend = dist.get_backend(group) if dist.is_available() and dist.is_initialized() else "gloo"
+            allreduce = default_allreduce(resolve(compressor), backend)
         fn = get_allreduce(allreduce) if isinstance(allreduce, str) else allreduce
         params = list(params)
         self._reducer = GradientExchange(params, compressor, fn, group)

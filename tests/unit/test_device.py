@@ -393,3 +393,41 @@ def test_the_engines_deadline_fires_before_the_process_groups_timeout(monkeypatc
     assert ctx.engine_timeout_s == pytest.approx(0.8 * timeout_s)
     # the composition root gives the engine this deadline, not the groups' timeout
     assert "timeout_s=ctx.engine_timeout_s" in inspect.getsource(train._build)
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo", "cpu:gloo,cuda:nccl"])
+@pytest.mark.parametrize("compressor", ["none", "fp16", "bf16", "int8", "topk", "powersgd"])
+def test_by_default_nccl_reduces_none_fp16_bf16_with_its_own_all_reduce(monkeypatch, backend, compressor):
+    """On NCCL the ring is 2(p-1) launches with a decode and an add between hops, where NCCL's own
+    all-reduce pipelines within hops over the topology: compressor none|fp16|bf16 take it by
+    default (comm=auto), cast to the compressor's dtype; int8, top-k and PowerSGD keep the ring;
+    on Gloo the ring stays the default."""
+    from pipesgd.comm.native import default_allreduce
+    from pipesgd.reduction import resolve
+
+    fake = FakeDist(2, 0, backend).install(monkeypatch)
+    model = nn.Linear(64, 32)  # PowerSGD compresses it
+    engine = PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model.parameters(), width=1, compressor=compressor)
+    fake.calls.clear()  # the construction's broadcast of rank 0's weights
+    model(torch.randn(3, 64)).sum().backward()
+    engine.step()
+    engine.close()
+    native = "nccl" in backend and compressor in ("none", "fp16", "bf16")
+    assert default_allreduce(resolve(compressor), backend) == ("native" if native else "ring")
+    names = set(fake.names())
+    if native:
+        assert names == {"all_reduce"}
+        wire = {t.dtype for _, ts in fake.calls for t in ts if t.numel() > 1}
+        assert wire == {{"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[compressor]}
+    elif compressor in ("none", "fp16", "bf16", "int8"):  # the ring's hops
+        assert names == ({"batch_isend_irecv"} if "nccl" in backend else {"isend", "irecv"}), names
+
+
+def test_the_configs_default_comm_is_auto():
+    from hydra import compose, initialize_config_dir
+
+    import pipesgd.schema  # noqa: F401  (registers the structured config)
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        for overrides in ([], ["+experiment=mnist_mlp"], ["+experiment=resnet_cifar"]):
+            assert compose("config", overrides=overrides).comm.name == "auto", overrides
