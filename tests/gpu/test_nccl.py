@@ -150,3 +150,208 @@ def _resume_worker(rank, p, compressor):
 def test_resume_with_gradients_in_flight_is_bit_exact(compressor):
     for straight, resumed in run_workers(_resume_worker, P, compressor, backend=BACKEND, timeout=240):
         assert torch.equal(straight, resumed)
+
+
+# --- issue #27: one case per defect the CPU fakes now catch (docs/gpu.md, "What only a GPU can prove")
+
+
+def _fit(model, opt, step, rank, steps):
+    """``steps`` steps of the reference loss on ``rank``'s batches, each ended by ``step()``; what it returned."""
+    dev, out = device(rank), []
+    for t in range(steps):
+        opt.zero_grad()
+        x, y = (v.to(dev) for v in batch(rank, t))
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        out.append(step())
+    return out
+
+
+def _bf16_paths_worker(rank, p):
+    """bf16 payloads cross as torch.bfloat16 (NCCL has no int16): the ring, the tree and ps_sync."""
+    from pipesgd.engine.ps import ParameterServerEngine
+    from pipesgd.compress import get_compressor
+
+    _exact_math()
+    dev = device(rank)
+    out = {}
+    for allreduce in ("ring", "tree"):
+        model = make_model().to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        with PipeSGD(opt, model.parameters(), width=2, compressor="bf16", allreduce=allreduce) as engine:
+            _fit(model, opt, engine.step, rank, 3)
+            engine.flush()
+        out[allreduce] = flat_params(model).cpu()
+    model = make_model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    _fit(model, opt, ParameterServerEngine(opt, get_compressor("bf16")).step, rank, 3)
+    out["ps_sync"] = flat_params(model).cpu()
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_bf16_crosses_the_ring_the_tree_and_ps_sync():
+    ours, theirs = run_workers(_bf16_paths_worker, P, backend=BACKEND, timeout=240)
+    for path in ("ring", "tree", "ps_sync"):
+        assert torch.equal(ours[path], theirs[path]), path
+
+
+def _device_worker(rank, p):
+    """The communication thread sets this rank's device once: no context on another GPU."""
+    out = _train(rank, 2, "powersgd")
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    others = ([i for i in range(torch.cuda.device_count()) if i != rank and has_context(i)]
+              if BACKEND == "nccl" and has_context is not None else [])
+    return out, others
+
+
+@pytest.mark.timeout(300)
+def test_no_rank_creates_a_context_on_another_gpu():
+    for _, others in run_workers(_device_worker, P, backend=BACKEND, timeout=240):
+        assert others == [], f"a context on GPU(s) {others} of another rank"
+
+
+def _ported_loop_worker(rank, p):
+    """module= with BatchNorm buffers and a metric all-reduce with an update in flight: every
+    collective on the engine's thread, so NCCL sees one order (a deadlock before, at best)."""
+    import torch.distributed as dist
+
+    dev = device(rank)
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 2)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with PipeSGD(opt, model.parameters(), width=2, module=model, timeout_s=60) as engine:
+        for step in range(6):
+            opt.zero_grad()
+            model(torch.randn(5, 6, device=dev) + rank).square().mean().backward()
+            engine.step()
+            if step % 2:
+                metric = torch.tensor([float(rank + 1)], device=dev)
+                engine.collective(lambda: dist.all_reduce(metric), "metric all-reduce")
+        engine.flush()
+    return metric.cpu(), torch.cat([b.float().reshape(-1) for b in model.buffers()]).cpu()
+
+
+@pytest.mark.timeout(300)
+def test_broadcast_buffers_and_a_metric_all_reduce_keep_one_order():
+    (m0, b0), (m1, b1) = run_workers(_ported_loop_worker, P, backend=BACKEND, timeout=240)
+    assert m0.item() == m1.item() == 3.0 and torch.equal(b0, b1)
+
+
+def _pressure_worker(rank, p, compressor):
+    """Each step allocates and poisons memory right after the engine's state is made or loaded:
+    reduction state made on the wrong stream would be handed out and overwritten here."""
+    real_step = PipeSGD.step
+
+    def step(self):
+        junk = torch.full((1 << 20,), float("nan"), device=device(rank))
+        del junk
+        return real_step(self)
+
+    PipeSGD.step = step
+    try:
+        return _train(rank, 3, compressor), _train(rank, 3, compressor, split_at=7)
+    finally:
+        PipeSGD.step = real_step
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("compressor", ["powersgd", "topk"])
+def test_reduction_state_survives_allocator_reuse_at_start_and_resume(compressor):
+    for straight, resumed in run_workers(_pressure_worker, P, compressor, backend=BACKEND, timeout=240):
+        assert torch.isfinite(straight).all() and torch.equal(straight, resumed)
+
+
+def _hang_worker(rank, p):
+    """Rank 1 goes silent after its first step; rank 0's engine, with the trainer's deadline (a
+    share of the groups' 60 s timeout, tests/distributed_utils.py), must raise before NCCL's watchdog."""
+    import threading
+    import time
+
+    from pipesgd.dist import ENGINE_TIMEOUT_SHARE
+    from pipesgd.engine.base import ReductionError
+
+    dev = device(rank)
+    model = make_model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    engine = PipeSGD(opt, model.parameters(), width=1, timeout_s=ENGINE_TIMEOUT_SHARE * 60)
+    for t in range(2):
+        if rank == 1 and t == 1:
+            threading.Event().wait()  # silent: never returns (the harness kills this rank)
+        opt.zero_grad()
+        x, y = (v.to(dev) for v in batch(rank, t))
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        start = time.monotonic()
+        try:
+            engine.step()
+        except ReductionError as e:
+            return str(e), time.monotonic() - start
+    return None, 0.0
+
+
+@pytest.mark.timeout(300)
+def test_a_silent_peer_raises_the_engines_error_before_the_groups_timeout():
+    (message, waited), = run_workers(_hang_worker, P, backend=BACKEND, timeout=240, expect=[0])
+    assert message is not None and "did not finish within 48 s" in message
+    assert waited < 60
+
+
+def _no_sleep_worker(rank, p):
+    """Waiting for the device with a deadline never sleeps (it blocks on the done-event)."""
+    import pipesgd.comm.streams as streams
+
+    def no_sleep(seconds):
+        raise AssertionError("the wait for the device slept")
+
+    streams.time.sleep = no_sleep
+    _exact_math()
+    dev = device(rank)
+    model = make_model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    with PipeSGD(opt, model.parameters(), width=2, timeout_s=60) as engine:
+        _fit(model, opt, engine.step, rank, 5)
+        engine.flush()
+    return flat_params(model).cpu()
+
+
+@pytest.mark.timeout(300)
+def test_waiting_with_a_deadline_never_sleeps():
+    ours, theirs = run_workers(_no_sleep_worker, P, backend=BACKEND, timeout=240)
+    assert torch.equal(ours, theirs)
+
+
+def _ps_times_worker(rank, p):
+    from pipesgd.compress import get_compressor
+    from pipesgd.engine.ps import ParameterServerEngine
+
+    dev = device(rank)
+    model = make_model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    stats = _fit(model, opt, ParameterServerEngine(opt, get_compressor("none")).step, rank, 3)
+    return [(len(s.wait_spans), s.exposed_s(), s.comm.time_s()) for s in stats]
+
+
+@pytest.mark.timeout(300)
+def test_ps_sync_times_its_rounds_on_the_device():
+    for rows in run_workers(_ps_times_worker, P, backend=BACKEND, timeout=240):
+        for spans, exposed, comm in rows:
+            assert spans == (1 if BACKEND == "nccl" else 0)
+            assert exposed > 0 and comm > 0 and exposed == comm
+
+
+def _rng_worker(rank, p):
+    from pipesgd.checkpoint import rng_state, set_rng_state
+
+    dev = device(rank)
+    state = rng_state(dev)
+    first = torch.rand(4, device=dev)
+    set_rng_state(state, dev)
+    again = torch.rand(4, device=dev)
+    own = state["cuda"] is None if dev.type == "cpu" else state["cuda"].dtype == torch.uint8
+    return torch.equal(first, again), own
+
+
+@pytest.mark.timeout(300)
+def test_a_checkpoint_keeps_and_restores_the_ranks_own_gpu_rng():
+    for same, own in run_workers(_rng_worker, P, backend=BACKEND, timeout=240):
+        assert same and own
