@@ -12,8 +12,10 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from .comm import check_carries
 from .launch import under_torchrun
 from .modes import MODES, check_compressor, get_mode, modes_with
+from .registry import registry
 from .schema import Config, DistConfig, TrainerConfig
 from .staleness import available as stalenesses
 from .staleness import rule_class
@@ -133,8 +135,18 @@ def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
     ref = cfg.trainer.lr_reference_batch
     if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
         raise ConfigError(f"trainer.lr_reference_batch={ref!r} is invalid: must be an integer >= 1 or null")
+    _check_comm(cfg)
     _check_mode(cfg, explicit)
     _check_scheme_options(cfg)
+
+
+def _check_comm(cfg: DictConfig) -> None:
+    """``comm.name`` is a registered allreduce (and so declares its cost, which every run's
+    timing prediction reads)."""
+    try:
+        registry("allreduce").facts(str(cfg.comm.get("name")))
+    except ValueError as e:
+        raise ConfigError(f"comm.name: {e} (conf/comm/*.yaml name registered allreduces)") from None
 
 
 def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
@@ -162,7 +174,10 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
         raise ConfigError(f"trainer.nonfinite=skip is not available with trainer.mode={name}: its ranks do not "
                           "decide a non-finite gradient together; use trainer.nonfinite=abort")
     try:
-        check_compressor(name, instantiate(cfg.compressor))
+        compressor = instantiate(cfg.compressor)  # the launcher's one build: its own argument checks run
+        check_compressor(name, compressor)
+        if mode.allreduce:
+            check_carries(str(cfg.comm.get("name")), compressor)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     backend = cfg.dist.backend

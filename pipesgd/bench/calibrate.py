@@ -46,7 +46,7 @@ from pathlib import Path
 
 from pipesgd.runinfo import git_commit, write_json_atomic
 
-from pipesgd.timing.model import ring_time
+from pipesgd.timing.model import allreduce_time
 
 log = logging.getLogger("pipesgd.timing.calibrate")
 
@@ -375,7 +375,7 @@ def measure(spec: CalibrationSpec, rank: int, world: int, comm_group) -> dict | 
             "fit_one_way_s": [alpha + n * beta for n in spec.sizes], "repeats": repeats,
             "overlap_slowdown_raw": raw_slowdown, "per_rank": everyone,
             "ring_bytes": nbytes, "ring_ms": mean("ring_ms"),
-            "ring_predicted_ms": ring_time(nbytes, world, alpha, beta, gamma) * 1e3,
+            "ring_predicted_ms": allreduce_time("ring", nbytes, world, alpha, beta, gamma) * 1e3,
         },
         "spec": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(spec).items()},
         "commit": git_commit(),

@@ -29,7 +29,7 @@ from pathlib import Path
 from pipesgd.comm import ring_bytes
 from pipesgd.emulate.netns import DEFAULT_MTU
 from pipesgd.runinfo import git_commit, write_json_atomic
-from pipesgd.timing import load_calibration, parse_bandwidth, ring_time
+from pipesgd.timing import allreduce_time, load_calibration, parse_bandwidth
 
 from .grid import WORKLOADS, Cell
 
@@ -304,8 +304,8 @@ def run_allreduce_cell(cell: Cell, cal: Path, s: Settings) -> dict:
     it = _spread(ms)
     cal_values = load_calibration(cal)
     p, nbytes = cell.world_size, result["bytes"]
-    pred = ring_time(nbytes, p, cal_values["alpha_s"], cal_values["beta_s_per_byte"],
-                     cal_values["gamma_s_per_byte"]) * 1e3
+    pred = allreduce_time("ring", nbytes, p, cal_values["alpha_s"], cal_values["beta_s_per_byte"],
+                          cal_values["gamma_s_per_byte"]) * 1e3
     moved = ring_bytes(nbytes, p, 1)  # bytes each rank sends in a bandwidth-optimal allreduce
     rate = parse_bandwidth(cell.link) if cell.emulated else None
     bound = None if rate is None else moved * 8 / rate * 1e3

@@ -1,27 +1,28 @@
 """HOW bytes move. Each algorithm is ``fn(tensor, compressor=None, group=None) -> CommStats``
-summing ``tensor`` in place across the group; ``ALLREDUCE`` maps config names to them."""
+summing ``tensor`` in place across the group, registered by name with its cost
+(:data:`REGISTRY`); importing this package registers every module in it."""
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 
-from .base import CommError, CommStats, CommThread, CompletedHandle, FutureHandle, Handle, note, one_line
+from .base import (REGISTRY, CommError, CommStats, CommThread, CompletedHandle, FutureHandle, Handle, check_carries,
+                   note, one_line, register)
 from .native import native_allreduce
 from .ring import ring_allreduce, ring_bytes
 from .tree import tree_allreduce
 
-ALLREDUCE: dict[str, Callable[..., CommStats]] = {
-    "ring": ring_allreduce,
-    "native": native_allreduce,
-    "tree": tree_allreduce,
-}
+for _m in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_m.name}")
 
 
 def get_allreduce(name: str) -> Callable[..., CommStats]:
-    if name not in ALLREDUCE:
-        raise ValueError(f"allreduce={name!r} is not known; allowed: {', '.join(sorted(ALLREDUCE))}")
-    return ALLREDUCE[name]
+    """The allreduce registered as ``name``; ValueError naming the known ones."""
+    return REGISTRY.get(name)
 
 
 __all__ = [
-    "ALLREDUCE", "CommError", "CommStats", "CommThread", "CompletedHandle", "FutureHandle", "Handle",
-    "get_allreduce", "native_allreduce", "note", "one_line", "ring_allreduce", "ring_bytes", "tree_allreduce",
+    "REGISTRY", "CommError", "CommStats", "CommThread", "CompletedHandle", "FutureHandle", "Handle", "check_carries",
+    "get_allreduce", "native_allreduce", "note", "one_line", "register", "ring_allreduce", "ring_bytes",
+    "tree_allreduce",
 ]

@@ -19,7 +19,6 @@ from torch import Tensor, nn
 from ..comm import CommStats
 from ..comm.p2p import batched, post, uses_nccl
 from ..compress import Compressor, Ctx
-from ..compress.none import NoCompression
 from .base import Engine, ModeArgs, StepStats
 
 log = logging.getLogger(__name__)
@@ -94,7 +93,7 @@ class ParameterServerEngine(Engine):
         self.device = self.params[0].device  # every buffer handed to the backend lives here
         self._batch = batched(group)  # ps_sync's rounds as one batch each on NCCL (pipesgd.comm.p2p)
         self.ctx = Ctx((self.numel,), torch.float32, self.device)
-        self.identity = isinstance(compressor, NoCompression)
+        self.identity = compressor.identity
         self.server = _Server(optimizer, self.params) if self.rank == SERVER else None
         self.steps = 0
         self.last = StepStats()

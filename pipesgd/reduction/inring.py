@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..comm import CommStats
+from ..comm import CommStats, check_carries
 from ..comm.native import native_allreduce
 from ..comm.ring import chunk_bounds
 from ..compress import Compressor
@@ -38,8 +38,14 @@ class InRing(Reduction):
         self._numel = 0
 
     def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats], device: torch.device) -> None:
+        check_carries(allreduce, self.compressor)  # e.g. int8 cannot ride the backend's all_reduce
         self._allreduce = allreduce
         self._numel = sum(s.numel() for s in shapes)
+
+    @property
+    def carries_flag(self) -> bool:
+        """Stateless: the non-finite flag slot rides in the allreduce's own buffer."""
+        return self.memory is None
 
     def local_decode(self, flat: Tensor, p: int) -> Tensor:
         """What this rank's own values become after one encode + decode, chunk by ring chunk

@@ -16,16 +16,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .calibration import DEFAULT_BANDWIDTH, DEFAULT_LATENCY, load_calibration
-from .model import (
-    COMPRESSORS,
-    DDP_BUCKET_CAP_BYTES,
-    DDP_FIRST_BUCKET_BYTES,
-    FP32_BYTES,
-    INT8_BLOCK_SIZE,
-    MODEL_PARAMS,
-    Link,
-    predict,
-)
+from ..registry import registry
+from .model import DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES, FP32_BYTES, MODEL_PARAMS, Link, predict
 from .units import format_bandwidth, parse_bandwidth, parse_latency
 
 
@@ -70,8 +62,9 @@ def _float_at_least(low: float, high: float = float("inf")) -> Callable[[str], f
 
 def _kappa(text: str) -> tuple[str, float]:
     name, sep, value = text.partition("=")
-    if not sep or name not in COMPRESSORS:
-        raise ValueError(f"expected NAME=SECONDS with NAME in {list(COMPRESSORS)}, got {text!r}")
+    known = list(registry("compressor"))
+    if not sep or name not in known:
+        raise ValueError(f"expected NAME=SECONDS with NAME in {known}, got {text!r}")
     try:
         seconds = float(value)
     except ValueError:
@@ -79,6 +72,25 @@ def _kappa(text: str) -> tuple[str, float]:
     if not seconds >= 0:
         raise ValueError(f"seconds per byte must be >= 0, got {text!r}")
     return name, seconds
+
+
+def _compressor(text: str):
+    """``NAME`` or ``NAME:KEY=VALUE,...`` (integer values): a registered compressor built with
+    those options, e.g. ``int8:block_size=0``."""
+    name, _, options = text.partition(":")
+    kwargs = {}
+    for item in filter(None, options.split(",")):
+        key, sep, value = item.partition("=")
+        try:
+            kwargs[key] = int(value)
+        except ValueError:
+            raise ValueError(f"expected NAME:KEY=INTEGER,..., got {text!r}") from None
+        if not sep:
+            raise ValueError(f"expected NAME:KEY=INTEGER,..., got {text!r}")
+    try:
+        return registry("compressor").get(name)(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"compressor {text!r}: {e}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--compute-ms", type=_float_at_least(0), help="forward+backward per iteration")
     pr.add_argument("--update-ms", type=_float_at_least(0), help="optimizer step (default 0)")
     pr.add_argument("--width", type=_int_at_least(1), default=2, help="pipe width K (default 2)")
-    pr.add_argument("--compressor", choices=COMPRESSORS, action="append",
-                    help="repeat to pick several (default: all)")
+    pr.add_argument("--compressor", type=_arg(_compressor), action="append", metavar="NAME[:KEY=VALUE,...]",
+                    help=f"one of {', '.join(registry('compressor'))}, with options (int8:block_size=0); repeat "
+                         "to pick several (default: all, with their defaults)")
     pr.add_argument("--compress-s-per-byte", type=_arg(_kappa), action="append", default=[],
                     metavar="NAME=SECONDS", help="κ: compress+decompress cost per uncompressed byte")
     pr.add_argument("--calibration", metavar="FILE", help="JSON written by `calibrate`")
@@ -114,8 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--intra-latency", type=_arg(parse_latency), help="intra-node α (default: --latency)")
     pr.add_argument("--bucket-mb", type=_float_at_least(0), default=DDP_BUCKET_CAP_BYTES / 2**20,
                     help="DDP bucket_cap_mb (default 25; 0 = one bucket)")
-    pr.add_argument("--int8-block", type=_int_at_least(0), default=INT8_BLOCK_SIZE,
-                    help=f"values per int8 scale (default {INT8_BLOCK_SIZE}; 0 = one per chunk)")
     pr.add_argument("--json", action="store_true", help="print the rows as JSON")
 
     ca = commands.add_parser("calibrate", help="measure α, β, γ, κ, compute and overlap slowdown; write JSON",
@@ -176,12 +187,11 @@ def _resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     slowdown = args.overlap_slowdown if args.overlap_slowdown is not None else cal.get("overlap_slowdown", 1.0)
     return dict(numel=args.params if args.params is not None else MODEL_PARAMS[args.model], p=args.workers,
                 link=link, compute_s=compute_ms / 1e3, update_s=update_ms / 1e3, width=args.width,
-                compressors=tuple(dict.fromkeys(args.compressor or COMPRESSORS)), compress_s_per_byte=kappas,
+                compressors=args.compressor, compress_s_per_byte=kappas,
                 forward_fraction=args.forward_fraction, overlap_slowdown=slowdown, iterations=args.iterations,
                 per_node=args.per_node, intra=intra,
                 bucket_cap_bytes=args.bucket_mb * 2**20 if args.bucket_mb > 0 else None,
-                first_bucket_bytes=min(DDP_FIRST_BUCKET_BYTES, args.bucket_mb * 2**20 or DDP_FIRST_BUCKET_BYTES),
-                int8_block_size=args.int8_block)
+                first_bucket_bytes=min(DDP_FIRST_BUCKET_BYTES, args.bucket_mb * 2**20 or DDP_FIRST_BUCKET_BYTES))
 
 
 def report(inputs: dict, rows: list[dict]) -> None:

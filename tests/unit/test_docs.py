@@ -17,7 +17,7 @@ def doc_compressor():
     namespace = {"__name__": "doc_fp16_scaled"}
     exec(compile(code.replace("from .base import", "from pipesgd.compress.base import"), "doc", "exec"), namespace)
     yield namespace["ScaledFP16"]
-    base._REGISTRY.unregister("fp16_scaled")
+    base.REGISTRY.unregister("fp16_scaled")
 
 
 @pytest.mark.timeout(60)
