@@ -1,4 +1,4 @@
-"""The compressor in docs/adding-a-compressor.md is real code: run it against its documented
+"""The compressor in docs/adding-a-plugin.md is real code: run it against its documented
 bound, wire size and registration, so the guide cannot drift from the contract."""
 
 import re
@@ -12,7 +12,7 @@ from pipesgd.compress import base, get_compressor
 
 @pytest.fixture
 def doc_compressor():
-    text = (ROOT / "docs" / "adding-a-compressor.md").read_text()
+    text = (ROOT / "docs" / "adding-a-plugin.md").read_text()
     code = re.search(r"```python\n(# pipesgd/compress/fp16_scaled.py\n.*?)```", text, re.S).group(1)
     namespace = {"__name__": "doc_fp16_scaled"}
     exec(compile(code.replace("from .base import", "from pipesgd.compress.base import"), "doc", "exec"), namespace)
