@@ -199,11 +199,11 @@ def _cuda_available() -> bool:
 
 
 def _check_scheme_options(cfg: DictConfig) -> None:
-    """Hierarchical groups and LARS. Under torchrun ``dist.nproc`` is ignored (the environment sets
+    """Node groups (an allreduce that declares it needs them) and LARS. Under torchrun ``dist.nproc`` is ignored (the environment sets
     the world), so the world-size checks run in the workers instead."""
     nproc = None if under_torchrun() else cfg.dist.nproc
     size = cfg.comm.get("group_size")
-    if cfg.comm.get("name") == "hierarchical" and size is not None:
+    if registry("allreduce").facts(str(cfg.comm.get("name"))).get("node_groups") and size is not None:
         _int_at_least(cfg, "comm.group_size", 1, "ranks per node group, or null for LOCAL_WORLD_SIZE")
         if nproc is not None and nproc % size:
             raise ConfigError(f"comm.group_size={size} is invalid with dist.nproc={nproc}: the node group "

@@ -219,13 +219,9 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
 
 
 def _build_allreduce(cfg: DictConfig):
-    """The configured algorithm; a partial (comm=hierarchical) is completed with the node groups,
-    created here collectively, once per run."""
-    allreduce = instantiate(cfg.comm)
-    if isinstance(allreduce, functools.partial):
-        groups = pdist.node_groups(cfg.comm.get("group_size"), cfg.dist.timeout_s)
-        allreduce = allreduce(intra=groups.intra, leaders=groups.leaders)
-    return allreduce
+    """The configured algorithm, given the means to create node groups (collectively, once per
+    run) in case it declares it needs them."""
+    return instantiate(cfg.comm, node_groups=functools.partial(pdist.node_groups, timeout_s=cfg.dist.timeout_s))
 
 
 def _hparams(cfg: DictConfig, width: int, compressor: str, world_size: int, global_batch: int) -> dict:
