@@ -152,3 +152,53 @@ def test_comments_describe_the_code_not_the_tracker():
     for name, path in MODULES.items():
         hits = re.findall(r"[Ii]ssue #\d+", path.read_text())
         assert not hits, f"{name} refers to {hits}: say what the code does instead"
+
+
+# Where looking an object over by name or type is allowed, and why. Plugins are never looked over
+# outside the registry: code reads the facts they declare (pipesgd.registry) instead.
+PROBES_ALLOWED = {
+    "pipesgd.registry": "the registry itself: reads what a plugin declares",
+    "pipesgd.modes": "the mode table's registry: imports a row's builder, type-checks what it built",
+    "pipesgd.compress.base": "resolves a compressor spec (a name or an instance)",
+    "pipesgd.reduction": "resolves a compressor/reduction spec (a name or an instance)",
+    "pipesgd.staleness.base": "resolves a staleness spec (a name or an instance)",
+    "pipesgd.models": "unwrap: the one place that looks inside a DDP wrapper",
+    "pipesgd.engine.ddp": "torch's PowerSGDState attributes, not a plugin",
+    "pipesgd.progress": "a logging handler's stream",
+    "pipesgd.timing.model": "Link's own fields, validated by name",
+    "pipesgd.data.download": "an URLError's reason",
+    "pipesgd.emulate.relay": "os.setns exists from Python 3.12",
+    "pipesgd.bench.calibrate": "its own dataclass fields, validated by name",
+    "pipesgd.bench.tta": "argparse values, validated by name",
+    "pipesgd.bench.__main__": "argparse values, validated by name",
+}
+PLUGIN_TYPES = {"Compressor", "NoCompression", "Reduction", "InRing", "TopK", "PowerSGD", "Staleness", "Engine",
+                "PipeSGD", "DirectEngine", "ParameterServerEngine", "HierarchicalAllreduce", "Mode", "partial",
+                "OrderedHandle", "CompletedHandle", "FutureHandle", "Handle"}
+
+
+def _probes(path: Path) -> list[str]:
+    """``getattr``/``hasattr`` calls, and ``isinstance`` against a plugin type, in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        if node.func.id in ("getattr", "hasattr"):
+            found.append(f"{node.func.id} at line {node.lineno}")
+        elif node.func.id == "isinstance" and len(node.args) == 2:
+            names = {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node.args[1])
+                     if isinstance(n, (ast.Name, ast.Attribute))}
+            if names & PLUGIN_TYPES:
+                found.append(f"isinstance(..., {', '.join(sorted(names & PLUGIN_TYPES))}) at line {node.lineno}")
+    return found
+
+
+def test_no_probing_of_plugins_outside_the_registry():
+    """No getattr/hasattr, and no isinstance against a plugin type, except where PROBES_ALLOWED says
+    why; plugins declare facts instead (docs/adding-a-plugin.md)."""
+    for name, path in sorted(MODULES.items()):
+        if name not in PROBES_ALLOWED:
+            assert not _probes(path), f"{name} probes objects: {_probes(path)}; read a declared fact instead"
+    assert _probes(PACKAGE / "registry.py"), "the check sees the registry's own probes"
+    for name in PROBES_ALLOWED:
+        assert name in MODULES and _probes(MODULES[name]), f"{name} no longer probes: drop it from PROBES_ALLOWED"

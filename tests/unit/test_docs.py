@@ -38,6 +38,24 @@ def test_documented_compressor_meets_its_bound(doc_compressor, shape, magnitude)
     assert payload.dim() == 1 and payload.nbytes == comp.wire_bytes(ctx) == 4 + 2 * x.numel()
 
 
+def test_every_worked_example_is_the_code_it_names():
+    """docs/adding-a-plugin.md shows one plugin of each kind; an excerpt headed ``# pipesgd/...`` or
+    ``# conf/...`` that names a real file is that file's text, line for line (``...`` elides), so
+    the guide cannot drift from what tests/distributed/test_plugins.py checks."""
+    text = (ROOT / "docs" / "adding-a-plugin.md").read_text()
+    blocks = re.findall(r"```(?:python|yaml)\n# ((?:pipesgd|conf)/\S+)\n(.*?)```", text, re.S)
+    kinds = {"compress", "reduction", "comm", "staleness", "modes.py", "engine"}
+    assert {path.split("/")[1].split(".")[0] if path.startswith("pipesgd/") else "" for path, _ in blocks} >= \
+        {k.split(".")[0] for k in kinds}, "one worked example per plugin kind"
+    for path, body in blocks:
+        if not (ROOT / path).exists():
+            continue  # the guide's own new compressor (run above)
+        source = [line.strip() for line in (ROOT / path).read_text().splitlines()]
+        for line in body.splitlines():
+            if line.strip() and not line.strip().startswith("#") and "..." not in line:
+                assert line.strip() in source, f"{path}: the guide shows {line.strip()!r}, the file does not have it"
+
+
 @pytest.mark.timeout(60)
 def test_documented_compressor_validates_its_knob(doc_compressor):
     with pytest.raises(ValueError, match="compressor.headroom must be an integer in 0..15, got 16"):
