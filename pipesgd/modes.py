@@ -118,4 +118,7 @@ def build(name: str, args: ModeArgs) -> tuple[nn.Module, Engine]:
     model, engine = getattr(import_module(module), function)(replace(args, width=mode.width or args.width))
     if not isinstance(engine, Engine):
         raise TypeError(f"{mode.engine} built a {type(engine).__name__}, not a pipesgd Engine")
+    if engine.width != (mode.width or args.width):
+        raise TypeError(f"{mode.engine} built an engine of width {engine.width}; trainer.mode={name} runs at "
+                        f"{mode.width or args.width}")
     return model, engine

@@ -109,7 +109,7 @@ class Engine(ABC):
     summary.json. ``close()`` releases threads; the engine is also a context manager doing that.
     """
 
-    width: int = 1
+    width: int = 1  # Mode.width's default too: the modes of fixed width run at 1 (pipesgd.modes checks it)
     nonfinite: NonFinitePolicy | None = None
     steps: int = 0
     last: StepStats

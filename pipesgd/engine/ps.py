@@ -72,8 +72,6 @@ class ParameterServerEngine(Engine):
     non-finite gradient together, so a non-finite loss stops its own rank.
     """
 
-    width = 1
-
     def __init__(self, optimizer: torch.optim.Optimizer, compressor: Compressor, group=None,
                  asynchronous: bool = False):
         self.params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
@@ -181,7 +179,7 @@ class ParameterServerEngine(Engine):
                 "staleness_histogram": hist, "server_updates": len(s)}
 
     def state_dict(self) -> dict:
-        state = {"width": 1, "steps": self.steps, "pending": []}
+        state = {"width": self.width, "steps": self.steps, "pending": []}
         if self.server is not None:
             with self.server.lock:
                 state["server"] = {"weights": self.server.flat.clone(), "version": self.server.version,
