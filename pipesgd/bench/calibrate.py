@@ -1,10 +1,10 @@
-"""``python -m pipesgd.timing calibrate``: measure the cost model's constants on a real process group.
+"""``python -m pipesgd.bench.calibrate_cli``: measure the cost model's constants on a real process group.
 
 Run on the machines (or the emulated cluster) the prediction is for; every rank takes part::
 
-    python -m pipesgd.timing calibrate --workers 2 --model resnet20 --batch-size 32 --out cal.json
-    python -m pipesgd.emulate --workers 2 --rate 100mbit --module pipesgd.timing -- \\
-        calibrate --model resnet20 --batch-size 32          # -> <emulate run dir>/calibration.json
+    python -m pipesgd.bench.calibrate_cli --workers 2 --model resnet20 --batch-size 32 --out cal.json
+    python -m pipesgd.emulate --workers 2 --rate 100mbit --module pipesgd.bench.calibrate_cli -- \\
+        --model resnet20 --batch-size 32          # -> <emulate run dir>/calibration.json
 
 What is measured, in order (ranks that do not take part in a step wait at a barrier, so each
 number is taken on an otherwise idle group):

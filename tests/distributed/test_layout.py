@@ -202,3 +202,11 @@ def test_no_probing_of_plugins_outside_the_registry():
     assert _probes(PACKAGE / "registry.py"), "the check sees the registry's own probes"
     for name in PROBES_ALLOWED:
         assert name in MODULES and _probes(MODULES[name]), f"{name} no longer probes: drop it from PROBES_ALLOWED"
+
+
+def test_timing_and_bench_do_not_import_each_other():
+    """bench/ measures and reads the model; the model never reaches into the benchmark suite."""
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    into_bench = [(n, d) for n, deps in graph.items() if n.startswith("pipesgd.timing") for d in deps
+                  if d.startswith("pipesgd.bench")]
+    assert not into_bench, f"timing/ imports bench/: {into_bench}"
