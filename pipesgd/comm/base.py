@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import queue
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -31,15 +31,22 @@ summing ``tensor`` in place. Each declares ``cost``, its α–β phases (:mod:`p
 def register(name: str, **facts):
     """Decorator: make an allreduce selectable as ``comm=<name>``. ``cost=`` is required; optional:
     ``carries=fn(compressor)`` raising ValueError for a compressor it cannot carry (checked once,
-    when a run is configured or an engine binds it) and ``node_groups=True`` for a class built
-    with the node groups :func:`pipesgd.dist.node_groups` creates."""
+    when a run is configured or an engine binds it), ``casts=True`` when a compressor rides it as a
+    cast to its ``summable_dtype`` rather than per-chunk encodes (error feedback then feeds back
+    that cast's error), and ``node_groups=True`` for a class built with the node groups
+    :func:`pipesgd.dist.node_groups` creates."""
     return REGISTRY.register(name, **facts)
+
+
+def declared(allreduce: Callable[..., CommStats]) -> Mapping[str, object]:
+    """What ``allreduce`` (a registered one, or a caller's own function: nothing) declares."""
+    return REGISTRY.facts_of(allreduce)
 
 
 def check_carries(allreduce: Callable[..., CommStats], compressor) -> None:
     """ValueError if ``allreduce`` (a registered one, by itself or by name) declares it cannot carry
     ``compressor``; an unregistered function is trusted."""
-    facts = REGISTRY.facts(allreduce) if isinstance(allreduce, str) else REGISTRY.facts_of(allreduce)
+    facts = REGISTRY.facts(allreduce) if isinstance(allreduce, str) else declared(allreduce)
     carries = facts.get("carries")
     if carries is not None:
         carries(compressor)

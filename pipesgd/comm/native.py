@@ -22,7 +22,7 @@ def check_native(comp: Compressor) -> None:
         )
 
 
-@register("native", cost=ring_phases, carries=check_native)  # the backend's algorithm is opaque: an ideal ring
+@register("native", cost=ring_phases, carries=check_native, casts=True)  # opaque to us: priced as an ideal ring
 def native_allreduce(tensor: Tensor, compressor: Compressor | str | None = None, group=None) -> CommStats:
     """Sum ``tensor`` in place with ``dist.all_reduce``; a summable compressor casts around it."""
     comp = get_compressor(compressor)
