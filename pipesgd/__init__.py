@@ -1,9 +1,17 @@
-"""pipesgd: pipelined, compressed data-parallel SGD for PyTorch (Pipe-SGD, Li et al. 2018)."""
+"""pipesgd: pipelined, compressed data-parallel SGD for PyTorch (Pipe-SGD, Li et al. 2018).
 
-from .comm import native_allreduce, ring_allreduce
-from .compress import Compressor, get_compressor
-from .engine import Engine, NonFiniteGradient, PipeSGD, ReductionError, StepStats
+The names below are imported on first use, so ``import pipesgd.modes`` (pure data) needs no torch."""
+
+from importlib import import_module
 
 __version__ = "0.1.0"
-__all__ = ["Compressor", "Engine", "NonFiniteGradient", "PipeSGD", "ReductionError", "StepStats", "get_compressor",
-           "native_allreduce", "ring_allreduce"]
+_WHERE = {"native_allreduce": "comm", "ring_allreduce": "comm", "Compressor": "compress", "get_compressor": "compress",
+          "Engine": "engine", "NonFiniteGradient": "engine", "PipeSGD": "engine", "ReductionError": "engine",
+          "StepStats": "engine"}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'pipesgd' has no attribute {name!r}")
+    return vars(import_module(f"{__name__}.{_WHERE[name]}"))[name]

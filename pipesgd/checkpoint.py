@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .models import unwrap
 from .runinfo import write_atomic
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,8 @@ def param_checksum(model: nn.Module) -> str:
     """sha256 over the bytes of the parameters, in ``state_dict`` order (buffers excluded: BatchNorm
     statistics legitimately differ across ranks). Equal digests mean bit-identical weights.
     Cost: one pass over the weights (about 1 GB/s; plus a device-to-host copy on GPU)."""
-    module = getattr(model, "module", model)  # DDP wraps the model; its keys gain "module."
     h = hashlib.sha256()
-    for t in module.state_dict(keep_vars=True).values():
+    for t in unwrap(model).state_dict(keep_vars=True).values():
         if isinstance(t, nn.Parameter):
             h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy())
     return h.hexdigest()

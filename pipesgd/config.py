@@ -12,8 +12,11 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from .comm import check_carries
+from .comm.native import AUTO
 from .launch import under_torchrun
 from .modes import MODES, check_compressor, get_mode, modes_with
+from .registry import registry
 from .schema import Config, DistConfig, TrainerConfig
 from .staleness import available as stalenesses
 from .staleness import rule_class
@@ -133,8 +136,20 @@ def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
     ref = cfg.trainer.lr_reference_batch
     if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
         raise ConfigError(f"trainer.lr_reference_batch={ref!r} is invalid: must be an integer >= 1 or null")
+    _check_comm(cfg)
     _check_mode(cfg, explicit)
     _check_scheme_options(cfg)
+
+
+def _check_comm(cfg: DictConfig) -> None:
+    """``comm.name`` is a registered allreduce (and so declares its cost, which every run's
+    timing prediction reads), or ``auto``, which each run resolves to one (comm/native.py)."""
+    if cfg.comm.get("name") == AUTO:
+        return
+    try:
+        registry("allreduce").facts(str(cfg.comm.get("name")))
+    except ValueError as e:
+        raise ConfigError(f"comm.name: {e} (conf/comm/*.yaml name registered allreduces)") from None
 
 
 def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
@@ -162,7 +177,10 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
         raise ConfigError(f"trainer.nonfinite=skip is not available with trainer.mode={name}: its ranks do not "
                           "decide a non-finite gradient together; use trainer.nonfinite=abort")
     try:
-        check_compressor(name, instantiate(cfg.compressor))
+        compressor = instantiate(cfg.compressor)  # the launcher's one build: its own argument checks run
+        check_compressor(name, compressor)
+        if mode.allreduce and cfg.comm.get("name") != AUTO:  # auto picks an allreduce that carries it
+            check_carries(str(cfg.comm.get("name")), compressor)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     backend = cfg.dist.backend
@@ -184,11 +202,12 @@ def _cuda_available() -> bool:
 
 
 def _check_scheme_options(cfg: DictConfig) -> None:
-    """Hierarchical groups and LARS. Under torchrun ``dist.nproc`` is ignored (the environment sets
+    """Node groups (an allreduce that declares it needs them) and LARS. Under torchrun ``dist.nproc`` is ignored (the environment sets
     the world), so the world-size checks run in the workers instead."""
     nproc = None if under_torchrun() else cfg.dist.nproc
     size = cfg.comm.get("group_size")
-    if cfg.comm.get("name") == "hierarchical" and size is not None:
+    name = str(cfg.comm.get("name"))
+    if name != AUTO and registry("allreduce").facts(name).get("node_groups") and size is not None:
         _int_at_least(cfg, "comm.group_size", 1, "ranks per node group, or null for LOCAL_WORLD_SIZE")
         if nproc is not None and nproc % size:
             raise ConfigError(f"comm.group_size={size} is invalid with dist.nproc={nproc}: the node group "

@@ -5,9 +5,10 @@ when ``trainer.elastic=true`` and the world size changed (docs/reliability.md, "
 
 * In-flight averaged gradients (shared): averages over the old world, applied as they are.
 * Per-rank state of rank ``r`` at the new world: old rank ``r``'s if it existed, else old rank
-  ``r mod W_old``'s ("a surviving rank"), except that an error-feedback residual is never copied
-  (it is gradient mass only its own rank still owes the average: a new rank starts at zero; a
-  removed rank's residual is dropped). RNG of a new rank: the donor's, then torch reseeded from
+  ``r mod W_old``'s ("a surviving rank"), as the engine says a new rank takes it
+  (``Engine.state_for_new_rank``: PipeSGD never copies an error-feedback residual, gradient mass
+  only its own rank still owes the average, so a new rank starts at zero; a removed rank's
+  residual is dropped). RNG of a new rank: the donor's, then torch reseeded from
   (step, rank) so two ranks never draw the same stream.
 * Data position: samples of the epoch's permutation already trained, world-independent
   (:class:`pipesgd.data.loader.ShardedLoader` deals out the rest).
@@ -19,6 +20,7 @@ when ``trainer.elastic=true`` and the world size changed (docs/reliability.md, "
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -28,16 +30,15 @@ def donor(rank: int, old_world: int) -> int:
     return rank if rank < old_world else rank % old_world
 
 
-def rank_state(ranks: list[dict], rank: int) -> dict:
-    """Rank ``rank``'s per-rank checkpoint state at the new world (see the module docstring)."""
+def rank_state(ranks: list[dict], rank: int, new_rank_engine: Callable[[dict], dict] = lambda s: s) -> dict:
+    """Rank ``rank``'s per-rank checkpoint state at the new world (see the module docstring);
+    ``new_rank_engine``: the engine's own migration of a donor's engine state (its
+    ``state_for_new_rank``)."""
     old_world = len(ranks)
     src = ranks[donor(rank, old_world)]
     if rank < old_world:
         return src
-    engine = dict(src["engine"])
-    if "reduction" in engine:
-        engine["reduction"] = {k: v for k, v in engine["reduction"].items() if k != "residual"}
-    return {**src, "engine": engine, "new_rank": True}
+    return {**src, "engine": new_rank_engine(dict(src["engine"])), "new_rank": True}
 
 
 @dataclass(frozen=True)

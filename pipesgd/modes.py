@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from .registry import Registry, registry
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -24,8 +26,14 @@ class Mode:
     ``staleness``: applies ``trainer.staleness`` (other modes take only ``none``).
     ``compressors``: the compressor names it carries, or None for every per-chunk compressor.
     ``reductions``: also carries top-k / PowerSGD and error feedback (state kept across steps).
-    ``allreduce``: reduces over the configured ``comm``; otherwise the timing model's algorithm is
-    ``timing`` and ``comm`` is not used. ``nonfinite_skip``: the ranks can drop a non-finite step
+    ``allreduce``: reduces over the configured ``comm``; otherwise ``comm`` is not used.
+    Its timing shape, what :mod:`pipesgd.timing` prices: ``overlap``, what a reduction runs
+    beside: ``"pipeline"`` (the next steps' forward and backward, at width >= 2; nothing at width
+    1), ``"backward"`` (DDP's buckets, under this step's backward), ``"async"`` (ps_async: the
+    server serves the others while a worker computes) or ``"none"`` (no reduction at all);
+    ``server``: gradients go through a parameter server on rank 0 (the model's ``"ps"``
+    exchange) instead of an allreduce; ``fixed_comm``: the registered allreduce it always runs when
+    it neither uses the configured ``comm`` nor has a server (ddp: the backend's). ``nonfinite_skip``: the ranks can drop a non-finite step
     together (``trainer.nonfinite=skip``). ``min_world``: fewest processes it runs with.
     ``replicas_agree``: identical weights after every step (replica checks apply).
     ``elastic``: a checkpoint resumes on another world size (pipesgd.elastic's rules cover its
@@ -39,7 +47,9 @@ class Mode:
     compressors: tuple[str, ...] | None = None
     reductions: bool = False
     allreduce: bool = False
-    timing: str = "ring"
+    overlap: str = "pipeline"
+    server: bool = False
+    fixed_comm: str | None = None
     nonfinite_skip: bool = True
     min_world: int = 1
     replicas_agree: bool = True
@@ -50,12 +60,20 @@ class Mode:
 MODES: dict[str, Mode] = {
     "sync": Mode("pipesgd.engine.pipe:build", width=1, staleness=True, reductions=True, allreduce=True),
     "pipe": Mode("pipesgd.engine.pipe:build", width=None, staleness=True, reductions=True, allreduce=True),
-    "ddp": Mode("pipesgd.engine.ddp:build", compressors=("none", "fp16", "bf16", "powersgd")),  # DDP's own hooks
-    "ps_sync": Mode("pipesgd.engine.ps:build_sync", timing="ps", nonfinite_skip=False, min_world=2, elastic=False),
-    "ps_async": Mode("pipesgd.engine.ps:build_async", timing="ps", nonfinite_skip=False, min_world=2,
-                     replicas_agree=False, elastic=False, nccl=False),
-    "local": Mode("pipesgd.engine.local:build", compressors=("none",), replicas_agree=False),
+    "ddp": Mode("pipesgd.engine.ddp:build", compressors=("none", "fp16", "bf16", "powersgd"),  # DDP's own hooks
+                overlap="backward", fixed_comm="native"),
+    "ps_sync": Mode("pipesgd.engine.ps:build_sync", server=True, nonfinite_skip=False, min_world=2, elastic=False),
+    "ps_async": Mode("pipesgd.engine.ps:build_async", overlap="async", server=True, nonfinite_skip=False,
+                     min_world=2, replicas_agree=False, elastic=False, nccl=False),
+    "local": Mode("pipesgd.engine.local:build", compressors=("none",), overlap="none", replicas_agree=False),
 }
+
+OVERLAPS = ("pipeline", "backward", "async", "none")
+REGISTRY: Registry[Mode] = Registry("mode", facts=tuple(Mode.__dataclass_fields__))
+for _name, _mode in MODES.items():
+    if _mode.overlap not in OVERLAPS:
+        raise ValueError(f"mode {_name!r}: overlap={_mode.overlap!r}; allowed: {', '.join(OVERLAPS)}")
+    REGISTRY.add(_name, _mode)
 
 
 def get_mode(name: str) -> Mode:
@@ -66,22 +84,22 @@ def get_mode(name: str) -> Mode:
 
 def modes_with(setting: str) -> list[str]:
     """The modes whose ``setting`` flag is true, e.g. ``modes_with("staleness")``."""
-    return [name for name, mode in MODES.items() if getattr(mode, setting)]
+    if setting not in Mode.__dataclass_fields__:
+        raise ValueError(f"{setting!r} is not a field of Mode; fields: {', '.join(Mode.__dataclass_fields__)}")
+    return [name for name in MODES if REGISTRY.facts(name)[setting]]
 
 
 def check_compressor(name: str, compressor: object) -> None:
     """ValueError unless ``trainer.mode=name`` carries ``compressor`` (a per-chunk Compressor or a
     Reduction) as configured, error feedback included."""
-    from .reduction import Reduction  # torch, imported only when a compressor is checked
-
     mode = get_mode(name)
     if mode.compressors is not None and compressor.name not in mode.compressors:
         raise ValueError(f"compressor={compressor.name} is not available with trainer.mode={name}; "
                          f"allowed: {', '.join(mode.compressors)}")
-    if mode.reductions or mode.compressors is not None and isinstance(compressor, Reduction):
+    if mode.reductions or mode.compressors is not None and compressor.name in registry("reduction"):
         return  # a reduction the mode names itself is its own (ddp: torch's PowerSGD hook, with its error feedback)
     where = f"trainer.mode={'|'.join(modes_with('reductions'))}"
-    if isinstance(compressor, Reduction):
+    if compressor.name in registry("reduction"):
         raise ValueError(f"compressor={compressor.name} is not available with trainer.mode={name}, which carries "
                          f"per-chunk compressors only; {compressor.name} runs with {where}")
     if compressor.error_feedback:
@@ -100,4 +118,7 @@ def build(name: str, args: ModeArgs) -> tuple[nn.Module, Engine]:
     model, engine = getattr(import_module(module), function)(replace(args, width=mode.width or args.width))
     if not isinstance(engine, Engine):
         raise TypeError(f"{mode.engine} built a {type(engine).__name__}, not a pipesgd Engine")
+    if engine.width != (mode.width or args.width):
+        raise TypeError(f"{mode.engine} built an engine of width {engine.width}; trainer.mode={name} runs at "
+                        f"{mode.width or args.width}")
     return model, engine

@@ -21,19 +21,17 @@ from torch import nn
 from . import elastic, termination
 from .checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, config_digest, hashed_config,
                          param_checksum, rng_state, set_rng_state)
-from .compress import Compressor
 from .data.loader import mix_seed
 from .engine.base import Engine, to_device
 from .faults import Faults
+from .models import unwrap
 from .modes import get_mode, modes_with
 from .replicas import ReplicaMismatch, describe_mismatch
+from .schedule import reposition
 from .trainer import Trainer, TrainerHooks
 from .watchdog import Watchdog, is_comm_failure
 
 log = logging.getLogger(__name__)
-
-# Engine state that is identical on every rank by construction, saved once (from rank 0).
-_SHARED_ENGINE_KEYS = ("pending", "pending_nonfinite")
 
 
 class Reliability(TrainerHooks):
@@ -47,13 +45,12 @@ class Reliability(TrainerHooks):
     (:mod:`pipesgd.elastic` says what happens to each piece of state); without it that is an error.
     """
 
-    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, engine: Engine,
-                 compressor, rank: int, world_size: int, device: torch.device, run_dir: str | Path,
+    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, engine: Engine, rank: int, world_size: int, device: torch.device, run_dir: str | Path,
                  config: dict, checkpoint_every: int | None = None, keep: int = 2, resume: str = "auto",
                  check_every: int | None = None, watchdog: Watchdog | None = None, faults: Faults | None = None,
                  elastic: bool = False, mode: str = "pipe"):
-        self.module = getattr(model, "module", model)
-        self.optimizer, self.scheduler, self.engine, self.compressor = optimizer, scheduler, engine, compressor
+        self.module = unwrap(model)
+        self.optimizer, self.scheduler, self.engine = optimizer, scheduler, engine
         self.rank, self.world_size, self.device = rank, world_size, device
         self.checkpoints = CheckpointDir(Path(run_dir) / "checkpoints", keep)
         self.checkpoint_every, self.check_every, self.resume = checkpoint_every, check_every, resume
@@ -157,8 +154,8 @@ class Reliability(TrainerHooks):
         t0 = time.perf_counter()
         # On the CPU before the gather: rank 0 would otherwise unpickle rank k's tensors onto cuda:k.
         engine = to_device(self.engine.state_dict(), "cpu")  # waits for in-flight reductions on every rank alike
-        shared = {k: engine.pop(k) for k in _SHARED_ENGINE_KEYS if k in engine}
-        mine = {"rng": rng_state(self.device), "engine": engine, "compressor": to_device(self._compressor_state(), "cpu"),
+        shared = {k: engine.pop(k) for k in self.engine.shared_state if k in engine}
+        mine = {"rng": rng_state(self.device), "engine": engine,
                 "buffers": {k: b.detach().cpu().clone() for k, b in self.module.named_buffers()},
                 "losses": list(trainer.last_losses)}
         ranks = self._gather(mine)
@@ -175,10 +172,6 @@ class Reliability(TrainerHooks):
         path = self.checkpoints.save(state, trainer.step)
         log.info("checkpoint %s (step %d, epoch %d sample %d) in %.0f ms", path, trainer.step, epoch + 1, consumed,
                  (time.perf_counter() - t0) * 1e3)
-
-    def _compressor_state(self) -> dict:
-        """A per-chunk compressor's own state; a reduction's (residuals) is in the engine's."""
-        return self.compressor.state_dict() if isinstance(self.compressor, Compressor) else {}
 
     def _gather(self, mine: dict) -> list[dict]:
         if self.world_size == 1:
@@ -238,15 +231,13 @@ class Reliability(TrainerHooks):
         old_world, loader = state["world_size"], trainer.train_loader
         # older checkpoints count the batches of the epoch instead of its samples
         consumed = state["consumed"] if "consumed" in state else state["batch"] * loader.batch_size * old_world
-        mine = elastic.rank_state(state["ranks"], self.rank)
+        mine = elastic.rank_state(state["ranks"], self.rank, self.engine.state_for_new_rank)
         new_lrs = [g.get("initial_lr", g["lr"]) for g in self.optimizer.param_groups]
         try:
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(dict(state["scheduler"]))
             self.engine.load_state_dict({**mine["engine"], **state["engine"]})
-            if isinstance(self.compressor, Compressor):
-                self.compressor.load_state_dict(mine["compressor"])
             buffers = dict(self.module.named_buffers())
             for name, value in mine["buffers"].items():
                 buffers[name].copy_(value)
@@ -271,12 +262,7 @@ class Reliability(TrainerHooks):
         pos = elastic.remap_position(epoch=epoch, batches_per_epoch=len(loader), batches_left=left,
                                      old_step=state["step"], old_scheduler_steps=self.scheduler.last_epoch)
         old_lrs = list(self.scheduler.base_lrs)
-        self.scheduler.base_lrs = list(new_lrs)
-        self.scheduler.last_epoch = pos.scheduler_steps
-        for i, (group, base) in enumerate(zip(self.optimizer.param_groups, new_lrs)):
-            group["initial_lr"] = base
-            group["lr"] = base * self.scheduler.lr_lambdas[i](pos.scheduler_steps)
-        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        reposition(self.scheduler, new_lrs, pos.scheduler_steps)
         trainer.step = pos.step
         self.resharded = elastic.accounting(epoch=epoch, consumed=consumed, dataset=len(loader.split),
                                             old_world=old_world, new_world=self.world_size,

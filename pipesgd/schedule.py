@@ -63,3 +63,15 @@ def poly(optimizer: Optimizer, total_steps: int, steps_per_epoch: int, power: fl
         return max(0.0, 1 - (s - w) / max(1, total_steps - w)) ** power
 
     return LambdaLR(optimizer, f)
+
+
+def reposition(scheduler: LambdaLR, base_lrs: list[float], steps: int) -> None:
+    """Put ``scheduler`` (one of this module's LambdaLR schedules) at ``steps`` applied updates with
+    new base learning rates, and its optimizer's groups at the matching lr (elastic resume: the new
+    world's lr at the same point of training). The one place that reads LambdaLR's internals."""
+    scheduler.base_lrs = list(base_lrs)
+    scheduler.last_epoch = steps
+    for group, base, f in zip(scheduler.optimizer.param_groups, base_lrs, scheduler.lr_lambdas):
+        group["initial_lr"] = base
+        group["lr"] = base * f(steps)
+    scheduler._last_lr = [g["lr"] for g in scheduler.optimizer.param_groups]

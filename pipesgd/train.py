@@ -35,6 +35,7 @@ from .modes import build, get_mode
 from .reliability import Reliability
 from .runinfo import git_commit, write_json_atomic
 from .summary import Prediction, summary
+from .timing import algorithm_for
 from .trainer import Trainer, median
 from .watchdog import Watchdog
 
@@ -82,16 +83,11 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def _check_buildable(cfg: DictConfig) -> None:
-    """Instantiate the cheap objects once so their own argument checks run before workers start."""
-    compressor = instantiate(cfg.compressor)
-    allreduce = None if cfg.comm.name == AUTO else instantiate(cfg.comm)  # auto: resolved per run, always fits
+    """Instantiate the cheap objects once so their own argument checks run before workers start
+    (the compressor was built and checked against the mode and the allreduce by ``validate``)."""
+    if cfg.comm.name != AUTO:  # auto is resolved per run (_build) and always fits
+        instantiate(cfg.comm)
     instantiate(cfg.staleness)
-    if get_mode(cfg.trainer.mode).allreduce:
-        from .comm.native import check_native, native_allreduce
-        from .compress import Compressor
-
-        if allreduce is native_allreduce and isinstance(compressor, Compressor):
-            check_native(compressor)
     data = instantiate(cfg.data)
     world = pdist.env_int("WORLD_SIZE", 1) if launch.under_torchrun() else cfg.dist.nproc
     check_batch(data.batch_size, data.train_size, world)
@@ -193,15 +189,14 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
     total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
     scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total, steps_per_epoch=steps_per_epoch)
     return _Run((train_loader, eval_loader), model, optimizer, scheduler, compressor, engine, lr, global_batch,
-                cfg.comm.name if mode.allreduce else mode.timing)
+                algorithm_for(cfg.trainer.mode, cfg.comm.name))
 
 
 def _reliability(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, run_dir: str, container: dict) -> Reliability:
     """The trainer's hooks: checkpoints and resume, replica checks, faults, the hang watchdog."""
     t = cfg.trainer
     return Reliability(
-        model=run.model, optimizer=run.optimizer, scheduler=run.scheduler, engine=run.engine,
-        compressor=run.compressor, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, run_dir=run_dir,
+        model=run.model, optimizer=run.optimizer, scheduler=run.scheduler, engine=run.engine, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, run_dir=run_dir,
         config=container, checkpoint_every=t.checkpoint_every, keep=t.keep_checkpoints, resume=t.resume,
         check_every=t.check_every if get_mode(t.mode).replicas_agree else None,
         faults=Faults.from_env(ctx.rank), watchdog=Watchdog.from_env(ctx.rank, ctx.world_size, cfg.dist.timeout_s),
@@ -228,13 +223,9 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
 
 
 def _build_allreduce(cfg: DictConfig):
-    """The configured algorithm; a partial (comm=hierarchical) is completed with the node groups,
-    created here collectively, once per run."""
-    allreduce = instantiate(cfg.comm)
-    if isinstance(allreduce, functools.partial):
-        groups = pdist.node_groups(cfg.comm.get("group_size"), cfg.dist.timeout_s)
-        allreduce = allreduce(intra=groups.intra, leaders=groups.leaders)
-    return allreduce
+    """The configured algorithm, given the means to create node groups (collectively, once per
+    run) in case it declares it needs them."""
+    return instantiate(cfg.comm, node_groups=functools.partial(pdist.node_groups, timeout_s=cfg.dist.timeout_s))
 
 
 def _hparams(cfg: DictConfig, width: int, compressor: str, world_size: int, global_batch: int) -> dict:
@@ -248,15 +239,11 @@ def _hparams(cfg: DictConfig, width: int, compressor: str, world_size: int, glob
 
 def _prediction(cfg: DictConfig, width: int, model: torch.nn.Module, world_size: int, compressor: str,
                 batch_size: int) -> Prediction:
-    """The timing model's prediction for this run (the algorithm and options its mode implies)."""
-    mode = get_mode(cfg.trainer.mode)
-    algorithm, options = mode.timing, {}
-    if mode.allreduce:
-        algorithm = "ring" if cfg.comm.name == "native" else cfg.comm.name
-    if algorithm == "ps":  # pipesgd.engine.ps: rank 0 is worker and server
-        options = {"server_on_worker": True}
-    elif algorithm == "hierarchical":
-        options = {"per_node": cfg.comm.get("group_size") or pdist.env_int("LOCAL_WORLD_SIZE", world_size)}
+    """The timing model's prediction for this run: what carries the mode's gradients, priced as the
+    plugins declare (pipesgd.engine.ps puts the server on rank 0, a worker too)."""
+    options = {"server_on_worker": get_mode(cfg.trainer.mode).server,
+               "per_node": cfg.comm.get("group_size") or pdist.env_int("LOCAL_WORLD_SIZE", world_size)}
+    algorithm = algorithm_for(cfg.trainer.mode, cfg.comm.name)
     trainable = [p for p in model.parameters() if p.requires_grad]
     return Prediction(instantiate(cfg.timing), cfg.trainer.mode, algorithm, width,
                       sum(p.numel() * p.element_size() for p in trainable), sum(p.numel() for p in trainable),

@@ -5,7 +5,7 @@
         algo=native bytes=8000000 repeats=20
 
 Arguments are ``key=value`` (so it runs unchanged under pipesgd.emulate, which appends
-``hydra.run.dir=DIR``): algo (a pipesgd.comm.ALLREDUCE name), bytes, repeats, warmup, nproc (local
+``hydra.run.dir=DIR``): algo (a registered pipesgd.comm allreduce), bytes, repeats, warmup, nproc (local
 workers when not under torchrun/emulate), hydra.run.dir. Each repetition starts after a barrier;
 its time is the slowest rank's (the collective is done when the last rank has its sum). Rank 0
 writes ``DIR/allreduce.json`` with every repetition's seconds.
@@ -78,14 +78,14 @@ def _worker(algo: str, nbytes: int, repeats: int, warmup: int, out: str) -> None
 
 def main(argv: list[str]) -> int:
     from pipesgd import launch
-    from pipesgd.comm import ALLREDUCE
+    from pipesgd.comm import REGISTRY
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         opts = parse(argv)
         algo = opts.get("algo", "ring")
-        if algo not in ALLREDUCE:
-            raise ValueError(f"algo={algo!r} is not known; allowed: {', '.join(sorted(ALLREDUCE))}")
+        if algo not in REGISTRY:
+            raise ValueError(f"algo={algo!r} is not known; allowed: {', '.join(sorted(REGISTRY))}")
         nbytes, repeats = int(float(opts.get("bytes", 4e6))), int(opts.get("repeats", 10))
         warmup, nproc = int(opts.get("warmup", 2)), int(opts.get("nproc", 2))
         if nbytes < 4 or repeats < 1 or warmup < 0 or nproc < 2:

@@ -1,10 +1,10 @@
-"""``python -m pipesgd.timing calibrate``: measure the cost model's constants on a real process group.
+"""``python -m pipesgd.bench.calibrate_cli``: measure the cost model's constants on a real process group.
 
 Run on the machines (or the emulated cluster) the prediction is for; every rank takes part::
 
-    python -m pipesgd.timing calibrate --workers 2 --model resnet20 --batch-size 32 --out cal.json
-    python -m pipesgd.emulate --workers 2 --rate 100mbit --module pipesgd.timing -- \\
-        calibrate --model resnet20 --batch-size 32          # -> <emulate run dir>/calibration.json
+    python -m pipesgd.bench.calibrate_cli --workers 2 --model resnet20 --batch-size 32 --out cal.json
+    python -m pipesgd.emulate --workers 2 --rate 100mbit --module pipesgd.bench.calibrate_cli -- \\
+        --model resnet20 --batch-size 32          # -> <emulate run dir>/calibration.json
 
 What is measured, in order (ranks that do not take part in a step wait at a barrier, so each
 number is taken on an otherwise idle group):
@@ -46,7 +46,7 @@ from pathlib import Path
 
 from pipesgd.runinfo import git_commit, write_json_atomic
 
-from pipesgd.timing.model import ring_time
+from pipesgd.timing.model import allreduce_time
 
 log = logging.getLogger("pipesgd.timing.calibrate")
 
@@ -375,7 +375,7 @@ def measure(spec: CalibrationSpec, rank: int, world: int, comm_group) -> dict | 
             "fit_one_way_s": [alpha + n * beta for n in spec.sizes], "repeats": repeats,
             "overlap_slowdown_raw": raw_slowdown, "per_rank": everyone,
             "ring_bytes": nbytes, "ring_ms": mean("ring_ms"),
-            "ring_predicted_ms": ring_time(nbytes, world, alpha, beta, gamma) * 1e3,
+            "ring_predicted_ms": allreduce_time("ring", nbytes, world, alpha, beta, gamma) * 1e3,
         },
         "spec": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(spec).items()},
         "commit": git_commit(),

@@ -216,7 +216,7 @@ def render(cells: list[dict]) -> str:
     out += _table(["cell", "MB", "n", "median ms", "min", "max", "bus bw Mbit/s", "bound ms", "of bound",
                    "native / ring time", "predicted ms", "error", "CPU per rank, % of a core user / sys"], rows)
     out += ["### Calibrations used", "",
-            "Measured by `python -m pipesgd.timing calibrate` in the same conditions as the cells (same p, "
+            "Measured by `python -m pipesgd.bench.calibrate_cli` in the same conditions as the cells (same p, "
             "link, threads); the file path is in each cell's record.", ""]
     seen: dict[str, dict] = {}
     for c in ok:

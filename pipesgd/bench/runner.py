@@ -2,7 +2,7 @@
 separate process, skip warm-up steps, pool the rest, and write one record per cell.
 
 Every command is a plain CLI invocation (``python -m pipesgd.train``, ``python -m pipesgd.emulate
-... -- ...``, ``python -m pipesgd.timing calibrate``, ``python -m pipesgd.bench.allreduce``), saved in
+... -- ...``, ``python -m pipesgd.bench.calibrate_cli``, ``python -m pipesgd.bench.allreduce``), saved in
 the record relative to the repository root, so any number can be reproduced by hand from a
 checkout. Output of each process goes to a log file next to its run directory, never to the terminal.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 from pipesgd.comm import ring_bytes
 from pipesgd.emulate.netns import DEFAULT_MTU
 from pipesgd.runinfo import git_commit, write_json_atomic
-from pipesgd.timing import load_calibration, parse_bandwidth, ring_time
+from pipesgd.timing import allreduce_time, load_calibration, parse_bandwidth
 
 from .grid import WORKLOADS, Cell
 
@@ -197,13 +197,13 @@ def calibration_for(cell: Cell, s: Settings, cache: dict[tuple, Path]) -> Path:
         log.info("calibration %s: reusing %s", name, cache[key])
         return cache[key]
     target = (s.bench_dir / "calibration" / name).resolve()
-    args = ["calibrate", "--model", w.model, "--batch-size", str(w.batch_size), "--threads", "1",
+    args = ["--model", w.model, "--batch-size", str(w.batch_size), "--threads", "1",
             *(f"--model-override={o}" for o in w.model_overrides), *(["--quick"] if s.quick else [])]
     if link == "loopback":
-        cmd = [s.python, "-m", "pipesgd.timing", *args, "--workers", str(p), "--out", str(target)]
+        cmd = [s.python, "-m", "pipesgd.bench.calibrate_cli", *args, "--workers", str(p), "--out", str(target)]
     else:
         # hydra.run.dir: where emulate records the link (emulate.json), next to the calibration.
-        cmd = emulated("pipesgd.timing", Cell("train", "sync", p, link),
+        cmd = emulated("pipesgd.bench.calibrate_cli", Cell("train", "sync", p, link),
                        [*args, "--out", str(target), f"hydra.run.dir={target.with_suffix('')}"], s)
     t0 = time.perf_counter()
     log.info("calibrating %s ...", name)
@@ -304,8 +304,8 @@ def run_allreduce_cell(cell: Cell, cal: Path, s: Settings) -> dict:
     it = _spread(ms)
     cal_values = load_calibration(cal)
     p, nbytes = cell.world_size, result["bytes"]
-    pred = ring_time(nbytes, p, cal_values["alpha_s"], cal_values["beta_s_per_byte"],
-                     cal_values["gamma_s_per_byte"]) * 1e3
+    pred = allreduce_time("ring", nbytes, p, cal_values["alpha_s"], cal_values["beta_s_per_byte"],
+                          cal_values["gamma_s_per_byte"]) * 1e3
     moved = ring_bytes(nbytes, p, 1)  # bytes each rank sends in a bandwidth-optimal allreduce
     rate = parse_bandwidth(cell.link) if cell.emulated else None
     bound = None if rate is None else moved * 8 / rate * 1e3

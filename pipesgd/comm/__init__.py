@@ -1,27 +1,40 @@
 """HOW bytes move. Each algorithm is ``fn(tensor, compressor=None, group=None) -> CommStats``
-summing ``tensor`` in place across the group; ``ALLREDUCE`` maps config names to them."""
+summing ``tensor`` in place across the group, registered by name with its cost
+(:data:`REGISTRY`); importing this package registers every module in it."""
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 
-from .base import CommError, CommStats, CommThread, CompletedHandle, FutureHandle, Handle, note, one_line
+from .base import (REGISTRY, CommError, CommStats, CommThread, CompletedHandle, FutureHandle, Handle, check_carries,
+                   declared, note, one_line, register)
 from .native import native_allreduce
 from .ring import ring_allreduce, ring_bytes
 from .tree import tree_allreduce
 
-ALLREDUCE: dict[str, Callable[..., CommStats]] = {
-    "ring": ring_allreduce,
-    "native": native_allreduce,
-    "tree": tree_allreduce,
-}
+for _m in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_m.name}")
 
 
-def get_allreduce(name: str) -> Callable[..., CommStats]:
-    if name not in ALLREDUCE:
-        raise ValueError(f"allreduce={name!r} is not known; allowed: {', '.join(sorted(ALLREDUCE))}")
-    return ALLREDUCE[name]
+def get_allreduce(name: str, node_groups: Callable | None = None, **options) -> Callable[..., CommStats]:
+    """The allreduce registered as ``name`` (``conf/comm/<name>.yaml`` builds every one through
+    here); ValueError naming the known ones. One that declares ``node_groups=True`` is a class,
+    built with its ``options`` and the groups ``node_groups(group_size)`` creates (collectively:
+    the worker passes :func:`pipesgd.dist.node_groups`, every rank at the same point); without
+    ``node_groups`` (the launcher, before any process group exists) it is returned unbuilt."""
+    plugin = REGISTRY.get(name)
+    if not REGISTRY.facts(name).get("node_groups"):
+        if options:
+            raise ValueError(f"comm={name} takes no options, got {', '.join(f'comm.{k}' for k in options)}")
+        return plugin
+    if node_groups is None:
+        return plugin
+    groups = node_groups(options.get("group_size"))
+    return plugin(intra=groups.intra, leaders=groups.leaders, **options)
 
 
 __all__ = [
-    "ALLREDUCE", "CommError", "CommStats", "CommThread", "CompletedHandle", "FutureHandle", "Handle",
-    "get_allreduce", "native_allreduce", "note", "one_line", "ring_allreduce", "ring_bytes", "tree_allreduce",
+    "REGISTRY", "CommError", "CommStats", "CommThread", "CompletedHandle", "FutureHandle", "Handle", "check_carries", "declared",
+    "get_allreduce", "native_allreduce", "note", "one_line", "register", "ring_allreduce", "ring_bytes",
+    "tree_allreduce",
 ]

@@ -13,13 +13,43 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import queue
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from ..registry import Registry
+
 T = TypeVar("T")
+
+REGISTRY: Registry[Callable[..., CommStats]] = Registry("allreduce", facts=("cost",))
+"""Allreduces by config name (``comm=ring``): ``fn(tensor, compressor=None, group=None) -> CommStats``
+summing ``tensor`` in place. Each declares ``cost``, its α–β phases (:mod:`pipesgd.timing.cost`)."""
+
+
+def register(name: str, **facts):
+    """Decorator: make an allreduce selectable as ``comm=<name>``. ``cost=`` is required; optional:
+    ``carries=fn(compressor)`` raising ValueError for a compressor it cannot carry (checked once,
+    when a run is configured or an engine binds it), ``casts=True`` when a compressor rides it as a
+    cast to its ``summable_dtype`` rather than per-chunk encodes (error feedback then feeds back
+    that cast's error), and ``node_groups=True`` for a class built with the node groups
+    :func:`pipesgd.dist.node_groups` creates."""
+    return REGISTRY.register(name, **facts)
+
+
+def declared(allreduce: Callable[..., CommStats]) -> Mapping[str, object]:
+    """What ``allreduce`` (a registered one, or a caller's own function: nothing) declares."""
+    return REGISTRY.facts_of(allreduce)
+
+
+def check_carries(allreduce: Callable[..., CommStats], compressor) -> None:
+    """ValueError if ``allreduce`` (a registered one, by itself or by name) declares it cannot carry
+    ``compressor``; an unregistered function is trusted."""
+    facts = REGISTRY.facts(allreduce) if isinstance(allreduce, str) else declared(allreduce)
+    carries = facts.get("carries")
+    if carries is not None:
+        carries(compressor)
 
 
 @dataclass
@@ -78,6 +108,11 @@ class CommError(RuntimeError):
 
 
 class Handle(Protocol[T]):
+    """``spans``: after ``wait()``, the device times of the work and of the caller's stall
+    (:mod:`pipesgd.comm.streams`), ``(None, None)`` where the host clocks are right."""
+
+    spans: tuple[object | None, object | None]
+
     def wait(self, timeout: float | None = None) -> T:
         """Block until the result is ready and return it (re-raises the worker's exception).
         With ``timeout`` (seconds), raise ``TimeoutError`` if it is not ready by then."""
@@ -87,6 +122,8 @@ class Handle(Protocol[T]):
 
 class CompletedHandle(Generic[T]):
     """A handle whose result already exists: single-process runs and restored checkpoints."""
+
+    spans = (None, None)
 
     def __init__(self, value: T):
         self._value = value
@@ -99,6 +136,8 @@ class CompletedHandle(Generic[T]):
 
 
 class FutureHandle(Generic[T]):
+    spans = (None, None)
+
     def __init__(self, future: Future):
         self._future = future
 

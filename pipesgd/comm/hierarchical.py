@@ -19,14 +19,27 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..compress import Compressor, get_compressor
-from ..compress.none import NoCompression
-from .base import CommStats, timed
-from .ring import ring_allreduce, work_buffer, write_back
+from ..timing.cost import Phase, rounds
+from .base import CommStats, register, timed
+from .ring import ring_allreduce, ring_phases, work_buffer, write_back
 from .tree import tree_broadcast, tree_reduce
 
-_FP32 = NoCompression()
+_FP32 = get_compressor("none")
 
 
+def hierarchical_phases(nbytes: float, p: int, ratio: float = 1.0, per_node: int = 1) -> tuple[Phase, ...]:
+    """The cost with ``per_node`` ranks per node (p = nodes × per_node): a binomial reduce and
+    broadcast inside each node, 2·⌈log2 g⌉ steps of the whole fp32 gradient on the node-local link
+    (⌈log2 g⌉·M added), then the compressed ring among the n node leaders on the inter-node link."""
+    if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1 or p % per_node:
+        raise ValueError(f"per_node must be an integer >= 1 dividing p for hierarchical, got p={p}, "
+                         f"per_node={per_node!r}")
+    n = rounds(per_node)
+    local = (Phase(2 * n, nbytes, n * nbytes, link="intra"),) if per_node > 1 else ()
+    return local + ring_phases(nbytes, p // per_node, ratio)
+
+
+@register("hierarchical", cost=hierarchical_phases, node_groups=True)
 class HierarchicalAllreduce:
     """``fn(tensor, compressor=None, group=None) -> CommStats`` over prebuilt node groups.
 
@@ -57,7 +70,7 @@ class HierarchicalAllreduce:
         stats = CommStats()
         if world == 1 or tensor.numel() == 0:
             return stats
-        flat, work = work_buffer(tensor, isinstance(comp, NoCompression))
+        flat, work = work_buffer(tensor, comp.identity)
         raw = flat.element_size()
         if self.group_size > 1:
             tree_reduce(work, _FP32, self.intra, stats, raw)

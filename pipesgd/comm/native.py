@@ -9,9 +9,8 @@ from torch import Tensor
 
 from .. import trace
 from ..compress import Compressor, get_compressor
-from ..compress.none import NoCompression
-from .base import CommStats, note, timed
-from .ring import ring_bytes
+from .base import CommStats, note, register, timed
+from .ring import ring_bytes, ring_phases
 
 
 AUTO = "auto"  # comm=auto / allreduce="auto": resolved per run by default_allreduce
@@ -25,19 +24,28 @@ def default_allreduce(compressor, backend: str) -> str:
     payloads that do not sum (int8), reductions with collectives of their own (top-k, PowerSGD),
     and on Gloo, where the ring is the path that was measured. ``compressor``: a resolved
     compressor or reduction (docs/gpu.md, "Which path")."""
-    summable = isinstance(compressor, Compressor) and (
-        isinstance(compressor, NoCompression) or compressor.summable_dtype is not None)
-    return "native" if "nccl" in str(backend) and summable else "ring"
+    from ..registry import registry
+
+    if "nccl" not in str(backend) or compressor.name not in registry("compressor"):
+        return "ring"  # Gloo, or a reduction with collectives of its own (top-k, PowerSGD)
+    try:
+        check_native(compressor)
+    except ValueError:  # payloads that do not sum (int8)
+        return "ring"
+    return "native"
 
 
 def check_native(comp: Compressor) -> None:
-    if not isinstance(comp, NoCompression) and comp.summable_dtype is None:
+    """ValueError unless ``comp`` rides the backend's all_reduce: the identity, or a cast to a
+    dtype the backend sums."""
+    if not comp.identity and comp.summable_dtype is None:
         raise ValueError(
             f"compressor={comp.name!r} cannot ride the backend's all_reduce (its payloads do not sum); "
             "use comm=ring, or compressor=none|fp16|bf16 with comm=native"
         )
 
 
+@register("native", cost=ring_phases, carries=check_native, casts=True)  # opaque to us: priced as an ideal ring
 def native_allreduce(tensor: Tensor, compressor: Compressor | str | None = None, group=None) -> CommStats:
     """Sum ``tensor`` in place with ``dist.all_reduce``; a summable compressor casts around it."""
     comp = get_compressor(compressor)
@@ -49,7 +57,7 @@ def native_allreduce(tensor: Tensor, compressor: Compressor | str | None = None,
             return CommStats()
         note(f"dist.all_reduce over {p} ranks (the backend does not say which peer is late)")
         tr = trace.current()
-        if isinstance(comp, NoCompression):
+        if comp.identity:
             with tr.span("all_reduce", "comm"):
                 dist.all_reduce(tensor, group=group)
             wire = tensor.element_size()

@@ -19,8 +19,8 @@ from torch import Tensor
 
 from .. import trace
 from ..compress import Compressor, Ctx, get_compressor
-from ..compress.none import NoCompression
-from .base import CommStats, note, timed
+from ..timing.cost import Phase
+from .base import CommStats, note, register, timed
 from .p2p import batched, post
 
 
@@ -73,6 +73,19 @@ def global_rank(group, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
+def ring_phases(nbytes: float, p: int, ratio: float = 1.0, per_node: int = 1) -> tuple[Phase, ...]:
+    """The ring's cost: reduce-scatter then allgather, 2(p−1) steps of one M/(r·p) chunk each,
+    (p−1)/p·M added. κ: each of the p−1 reduce-scatter hops compresses the chunk it sends and
+    decompresses the one it receives (p−1 round trips on M/p), the owner encodes and decodes its
+    finished chunk (one more), and the allgather decodes the p−1 chunks it receives (half trips):
+    (1 + (p−1)/(2p))·M. ``per_node`` does not matter to one flat ring."""
+    if p == 1:
+        return ()
+    return (Phase(2 * (p - 1), nbytes / (ratio * p), (p - 1) / p * nbytes, (1 + (p - 1) / (2 * p)) * nbytes,
+                  chunks=p),)
+
+
+@register("ring", cost=ring_phases)
 def ring_allreduce(tensor: Tensor, compressor: Compressor | str | None = None, group=None) -> CommStats:
     """Sum ``tensor`` in place across the ranks of ``group``, like ``dist.all_reduce(op=SUM)``.
 
@@ -94,7 +107,7 @@ def _ring(tensor: Tensor, comp: Compressor, group) -> CommStats:
     right, left = (r + 1) % p, (r - 1) % p
     batch = batched(group)
 
-    identity = isinstance(comp, NoCompression)
+    identity = comp.identity
     flat, work = work_buffer(tensor, identity)
     bounds = chunk_bounds(flat.numel(), p)
     chunk = [work[a:b] for a, b in bounds]

@@ -145,6 +145,10 @@ class CudaDone:
     end: object
 
 
+class _ThreadDevice(threading.local):
+    device: bool = False  # this thread has called torch.cuda.set_device
+
+
 class CudaStreams:
     """One communication stream on ``device`` (created at the first reduction, not at
     construction), ordered against the training thread's current stream by CUDA events."""
@@ -152,7 +156,7 @@ class CudaStreams:
     def __init__(self, device: torch.device):
         self.device = device
         self._stream: torch.cuda.Stream | None = None
-        self._bound = threading.local()  # threads that have set their device (run)
+        self._bound = _ThreadDevice()  # per thread: has it set its device (run)
         self._waiter = _DeviceWaiter(device)
 
     @property
@@ -169,7 +173,7 @@ class CudaStreams:
         return event
 
     def run(self, ready: torch.cuda.Event, fn: Callable[[], T]) -> tuple[T, CudaDone]:
-        if not getattr(self._bound, "device", False):
+        if not self._bound.device:
             # Once per thread, before any other CUDA call: a new thread starts on device 0, and
             # leaving a stream context restores the stream (so the device) the thread had on
             # entering it, which would make device 0 current and create a context there on every

@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..compress import Compressor, Ctx, get_compressor
-from ..compress.none import NoCompression
-from .base import CommStats, note, timed
+from ..timing.cost import Phase, rounds
+from .base import CommStats, note, register, timed
 from .p2p import batched, post
 from .ring import global_rank, work_buffer, write_back
 
@@ -53,7 +53,7 @@ def tree_reduce(work: Tensor, comp: Compressor, group, stats: CommStats, raw_siz
     """Sum ``work`` (flat) over ``group`` into group rank 0's ``work``; other ranks' ``work`` is left
     holding their subtree's partial sum. Adds in ``work``'s dtype, decoding compressed children."""
     p, r = dist.get_world_size(group), dist.get_rank(group)
-    identity = isinstance(comp, NoCompression)
+    identity = comp.identity
     batch = batched(group)
     ctx = Ctx.of(work)
     kids = children(r, p)
@@ -77,7 +77,7 @@ def tree_broadcast(work: Tensor, comp: Compressor, group, stats: CommStats, raw_
     """Group rank 0's ``work`` on every rank of ``group``. With a compressor the root encodes once
     and replaces its own value with the decoded payload, so all ranks end bit-identical."""
     p, r = dist.get_world_size(group), dist.get_rank(group)
-    identity = isinstance(comp, NoCompression)
+    identity = comp.identity
     batch = batched(group)
     ctx = Ctx.of(work)
     up = parent(r)
@@ -101,6 +101,18 @@ def tree_broadcast(work: Tensor, comp: Compressor, group, stats: CommStats, raw_
         _count(stats, payload, work.numel(), raw_size)
 
 
+def tree_phases(nbytes: float, p: int, ratio: float = 1.0, per_node: int = 1) -> tuple[Phase, ...]:
+    """The tree's cost: binomial reduce to a root then binomial broadcast, L = ⌈log2 p⌉ rounds
+    each, every round moving the whole (compressed) gradient one hop: 2L steps of M/r, L·M added.
+    κ: the receiver of each reduce round decodes and its sender had encoded, the broadcast
+    encodes once at the root and decodes once at each leaf: (L+1)·M."""
+    if p == 1:
+        return ()
+    n = rounds(p)
+    return (Phase(2 * n, nbytes / ratio, n * nbytes, (n + 1) * nbytes),)
+
+
+@register("tree", cost=tree_phases)
 def tree_allreduce(tensor: Tensor, compressor: Compressor | str | None = None, group=None) -> CommStats:
     """Sum ``tensor`` in place across the ranks of ``group``, like ``dist.all_reduce(op=SUM)``.
 
@@ -115,7 +127,7 @@ def _tree(tensor: Tensor, comp: Compressor, group) -> CommStats:
     stats = CommStats()
     if dist.get_world_size(group) == 1 or tensor.numel() == 0:
         return stats
-    flat, work = work_buffer(tensor, isinstance(comp, NoCompression))
+    flat, work = work_buffer(tensor, comp.identity)
     tree_reduce(work, comp, group, stats, flat.element_size())
     tree_broadcast(work, comp, group, stats, flat.element_size())
     write_back(tensor, flat, work)

@@ -5,10 +5,9 @@ registers every module in it, so adding a compressor is one .py here plus one co
 import importlib
 import pkgutil
 
-from .base import Compressor, Ctx, available, get_compressor, register
+from .base import REGISTRY, Compressor, Ctx, available, get_compressor, register
 
-for _m in pkgutil.iter_modules(__path__):
-    if _m.name != "base":
-        importlib.import_module(f"{__name__}.{_m.name}")
+for _name in ["none", *sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in ("base", "none"))]:
+    importlib.import_module(f"{__name__}.{_name}")  # "none" first: the baseline leads every listing
 
-__all__ = ["Compressor", "Ctx", "available", "get_compressor", "register"]
+__all__ = ["REGISTRY", "Compressor", "Ctx", "available", "get_compressor", "register"]

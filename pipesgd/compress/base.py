@@ -11,7 +11,8 @@ for ``payload_like``): NCCL rejects host buffers, and a host temporary would cos
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from ..registry import Registry
 
-_REGISTRY: Registry[type[Compressor]] = Registry("compressor")
+REGISTRY: Registry[type[Compressor]] = Registry("compressor", facts=("identity", "payload_bytes"))
 
 
 @dataclass(frozen=True)
@@ -76,33 +77,26 @@ class Compressor(ABC):
         receive into."""
 
     def wire_bytes(self, ctx: Ctx) -> int:
-        """Bytes one payload for a chunk described by ``ctx`` puts on the wire (sized on the meta
-        device: nothing is allocated)."""
-        return self.payload_like(replace(ctx, device=torch.device("meta"))).nbytes
+        """Bytes one payload for a chunk described by ``ctx`` puts on the wire (the declared
+        ``payload_bytes``; tests/unit/test_plugins.py checks it against ``payload_like``)."""
+        return self.payload_bytes(ctx.numel, ctx.dtype.itemsize)
 
-    def state_dict(self) -> dict:
-        """This rank's state to checkpoint (error-feedback residuals, ...): tensors and plain
-        Python containers only, so it loads with ``torch.load(weights_only=True)``. Stateless
-        compressors have none."""
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what ``state_dict()`` returned on the same rank."""
-        if state:
-            raise ValueError(f"{self!r} is stateless but the checkpoint holds compressor state "
-                             f"{sorted(state)}; was it written with another compressor?")
+    def ddp_hook(self) -> Callable | None:
+        """The DDP communication hook that carries this compressor (``trainer.mode=ddp``), or None:
+        DDP's own allreduce, uncompressed."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
-def register(name: str):
+def register(name: str, **facts):
     """Class decorator: make a compressor constructible by ``name`` (library and Hydra alike)."""
-    return _REGISTRY.register(name)
+    return REGISTRY.register(name, **facts)
 
 
 def available() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(REGISTRY)
 
 
 def get_compressor(spec: str | Compressor | None, **kwargs) -> Compressor:
@@ -110,6 +104,6 @@ def get_compressor(spec: str | Compressor | None, **kwargs) -> Compressor:
     if isinstance(spec, Compressor):
         return spec
     name = "none" if spec is None else spec
-    if name not in _REGISTRY:
+    if name not in REGISTRY:
         raise ValueError(f"compressor={name!r} is not known; allowed: {', '.join(available())}")
-    return _REGISTRY[name](**kwargs)
+    return REGISTRY[name](**kwargs)

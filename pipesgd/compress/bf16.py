@@ -19,6 +19,15 @@ from .base import Compressor, Ctx, register
 class BF16Truncation(Compressor):
     # The backend's all_reduce can sum bfloat16 directly; that path casts (round-to-nearest).
     summable_dtype = torch.bfloat16
+    identity = False
+
+    def payload_bytes(self, numel: int, elem_size: int = 4) -> int:
+        return 2 * numel
+
+    def ddp_hook(self):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+        return bf16_compress_hook
 
     def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:
         bits = t.reshape(-1).to(torch.float32).view(torch.int32)

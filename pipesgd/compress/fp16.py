@@ -11,7 +11,16 @@ from .base import Compressor, Ctx, register
 
 @register("fp16")
 class FP16(Compressor):
+    identity = False
     summable_dtype = torch.float16
+
+    def payload_bytes(self, numel: int, elem_size: int = 4) -> int:
+        return 2 * numel
+
+    def ddp_hook(self):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+        return fp16_compress_hook
 
     def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:
         return t.reshape(-1).to(torch.float16), Ctx.of(t)

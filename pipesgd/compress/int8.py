@@ -19,6 +19,8 @@ from .base import Compressor, Ctx, register
 
 @register("int8")
 class Int8(Compressor):
+    identity = False
+
     def __init__(self, block_size: int = 2048, error_feedback: bool = False):
         super().__init__(error_feedback)
         if not isinstance(block_size, int) or block_size < 0:
@@ -56,9 +58,12 @@ class Int8(Compressor):
         out = (q.view(nblocks, size) * scale.unsqueeze(1)).view(-1)[: ctx.numel]
         return out.to(ctx.dtype).view(ctx.shape)
 
+    def payload_bytes(self, numel: int, elem_size: int = 4) -> int:
+        """One byte per value plus an fp32 scale per block."""
+        return 4 * self._blocks(numel)[0] + numel
+
     def payload_like(self, ctx: Ctx) -> Tensor:
-        nblocks, _ = self._blocks(ctx.numel)
-        return torch.empty(4 * nblocks + ctx.numel, dtype=torch.uint8, device=ctx.device)
+        return torch.empty(self.payload_bytes(ctx.numel), dtype=torch.uint8, device=ctx.device)
 
     def __repr__(self) -> str:
         return f"Int8(block_size={self.block_size}, error_feedback={self.error_feedback})"

@@ -10,6 +10,11 @@ from .base import Compressor, Ctx, register
 
 @register("none")
 class NoCompression(Compressor):
+    identity = True
+
+    def payload_bytes(self, numel: int, elem_size: int = 4) -> int:
+        return numel * elem_size
+
     def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:
         return t.reshape(-1), Ctx.of(t)
 

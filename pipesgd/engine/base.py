@@ -109,10 +109,18 @@ class Engine(ABC):
     summary.json. ``close()`` releases threads; the engine is also a context manager doing that.
     """
 
-    width: int = 1
+    width: int = 1  # Mode.width's default too: the modes of fixed width run at 1 (pipesgd.modes checks it)
     nonfinite: NonFinitePolicy | None = None
     steps: int = 0
     last: StepStats
+    #: keys of :meth:`state_dict` identical on every rank by construction (in-flight averages): a
+    #: checkpoint saves them once, from rank 0; the rest is per rank
+    shared_state: tuple[str, ...] = ("pending",)
+
+    def state_for_new_rank(self, state: dict) -> dict:
+        """The per-rank part of a surviving rank's :meth:`state_dict` as a rank that did not exist
+        before an elastic resume should load it (what is dropped; default: all of it is kept)."""
+        return state
 
     @abstractmethod
     def step(self) -> StepStats:

@@ -15,8 +15,6 @@ from ..reduction.powersgd import PowerSGD
 from .base import ModeArgs
 from .direct import DirectEngine
 
-CAST_HOOKS = {"fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook"}
-
 
 class PowerSGDHookState:
     """torch's ``PowerSGDState`` for ``compressor=powersgd`` under DDP, checkpointed with the engine.
@@ -156,7 +154,6 @@ class DDPEngine(DirectEngine):
 
 
 def build(a: ModeArgs) -> tuple[nn.Module, DirectEngine]:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     numel = sum(p.numel() for p in a.model.parameters() if p.requires_grad)
@@ -165,13 +162,15 @@ def build(a: ModeArgs) -> tuple[nn.Module, DirectEngine]:
     ids = [a.device.index] if a.device.type == "cuda" else None
     name = a.compressor.name
     model = DDP(a.model, device_ids=ids, **one_bucket_on_gloo(name, a.model))
-    hook_state = None
-    if name in CAST_HOOKS:
-        model.register_comm_hook(None, getattr(default_hooks, CAST_HOOKS[name]))
-    elif name == "powersgd":
+    hook_state, wire = None, 4
+    if name == "powersgd":
         hook_state = PowerSGDHookState(a.compressor, [p for p in a.model.parameters() if p.requires_grad])
         model.register_comm_hook(hook_state.state, hook_state.hook)
+    else:  # a compressor declares its hook (fp16 -> fp16_compress_hook, bf16 -> bf16_compress_hook, none: None)
+        hook = a.compressor.ddp_hook()
+        if hook is not None:
+            model.register_comm_hook(None, hook)
+        wire = a.compressor.payload_bytes(1)
     # Wire bytes: an ideal ring of the elements at the hook's width (PowerSGD's factors are fewer
     # bytes than this; DDP does not expose what it sent).
-    wire = 2 if name in CAST_HOOKS else 4
     return model, DDPEngine(a.optimizer, numel, wire, a.world_size, a.nonfinite, hook_state=hook_state)

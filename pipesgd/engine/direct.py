@@ -47,7 +47,7 @@ class DirectEngine(Engine):
         return StepStats()
 
     def state_dict(self) -> dict:
-        return {"width": 1, "steps": self.steps, "pending": [], "nonfinite": self.nonfinite.state_dict()}
+        return {"width": self.width, "steps": self.steps, "pending": [], "nonfinite": self.nonfinite.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.steps = int(state["steps"])

@@ -18,11 +18,9 @@ from torch import Tensor
 
 from .. import trace
 from ..comm import CommStats, CommThread, CompletedHandle, Handle, note
-from ..comm.native import check_native, native_allreduce
 from ..comm.streams import OrderedHandle, Streams, streams_for
-from ..compress import Compressor
 from ..flat import has_nonfinite
-from ..reduction import InRing, Spec, as_reduction, resolve
+from ..reduction import Spec, as_reduction, resolve
 
 T = TypeVar("T")
 
@@ -83,17 +81,15 @@ class GradientExchange:
         devices = {p.device for p in self.params}
         if len(devices) != 1:
             raise ValueError(f"params must live on one device, got {sorted(map(str, devices))}")
-        self.compressor = resolve(compressor)  # the one place a spec is resolved and checked
-        if allreduce is native_allreduce and isinstance(self.compressor, Compressor):
-            check_native(self.compressor)
+        self.compressor = resolve(compressor)  # the one place a spec is resolved
         self.allreduce = allreduce
         self.group = group
         self.numel = sum(p.numel() for p in self.params)
         self.flat_numel = self.numel + 1  # gradients + the non-finite flag slot
         self.reduction = as_reduction(self.compressor)
+        # Checks the pair once (an in-ring compressor against what the allreduce declares it carries).
         self.reduction.bind([p.shape for p in self.params], allreduce, self.params[0].device)
-        # The flag rides in the allreduce's own buffer only through a stateless dense reduction.
-        self._flag_rides = isinstance(self.reduction, InRing) and self.reduction.memory is None
+        self._flag_rides = self.reduction.carries_flag
         self._thread: CommThread | None = None
         self._free: list[Tensor] = []  # flat buffers for flatten() to reuse (release)
         # flat buffers handed out and not released, by storage; weak, so a caller that never

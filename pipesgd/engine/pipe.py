@@ -224,7 +224,7 @@ class PipeSGD(Engine):
         t1 = time.perf_counter()
         stats.wait_s += t1 - t0
         stats.comm += reduced.stats
-        comm_span, stall = getattr(handle, "spans", (None, None))  # device times (GPU), read later
+        comm_span, stall = handle.spans  # device times (GPU), read later
         if comm_span is not None:
             stats.comm.spans += (comm_span,)
         if stall is not None:
@@ -312,6 +312,14 @@ class PipeSGD(Engine):
         return {"width": self.width, "steps": self.steps, "pending": [r.flat.clone() for r in done],
                 "pending_nonfinite": [r.nonfinite for r in done], "nonfinite": self.nonfinite.state_dict(),
                 "staleness": self.staleness.state_dict(), "reduction": self._reducer.state_dict()}
+
+    shared_state = ("pending", "pending_nonfinite")
+
+    def state_for_new_rank(self, state: dict) -> dict:
+        """Without what the reduction declares only its own rank may keep (an error-feedback
+        residual: gradient mass that rank owes the average)."""
+        drop = self._reducer.reduction.elastic_drop
+        return {**state, "reduction": {k: v for k, v in state.get("reduction", {}).items() if k not in drop}}
 
     def _replace_pending(self, handles: Iterable[Handle[Reduced]]) -> None:
         """In place: the exit check (``_warn_unapplied``) holds this very deque."""

@@ -19,7 +19,6 @@ from torch import Tensor, nn
 from ..comm import CommStats, streams
 from ..comm.p2p import batched, post, uses_nccl
 from ..compress import Compressor, Ctx
-from ..compress.none import NoCompression
 from .base import Engine, ModeArgs, StepStats
 
 log = logging.getLogger(__name__)
@@ -73,8 +72,6 @@ class ParameterServerEngine(Engine):
     non-finite gradient together, so a non-finite loss stops its own rank.
     """
 
-    width = 1
-
     def __init__(self, optimizer: torch.optim.Optimizer, compressor: Compressor, group=None,
                  asynchronous: bool = False):
         self.params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
@@ -96,7 +93,7 @@ class ParameterServerEngine(Engine):
         # On a GPU a round's messages are only queued when wait() returns: time them on the stream
         self._clock = streams.device_clock(self.device)
         self.ctx = Ctx((self.numel,), torch.float32, self.device)
-        self.identity = isinstance(compressor, NoCompression)
+        self.identity = compressor.identity
         self.server = _Server(optimizer, self.params) if self.rank == SERVER else None
         self.steps = 0
         self.last = StepStats()
@@ -184,7 +181,7 @@ class ParameterServerEngine(Engine):
                 "staleness_histogram": hist, "server_updates": len(s)}
 
     def state_dict(self) -> dict:
-        state = {"width": 1, "steps": self.steps, "pending": []}
+        state = {"width": self.width, "steps": self.steps, "pending": []}
         if self.server is not None:
             with self.server.lock:
                 state["server"] = {"weights": self.server.flat.clone(), "version": self.server.version,

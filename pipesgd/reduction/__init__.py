@@ -7,12 +7,19 @@ one is a module here with ``@register("name")`` and a conf/compressor yaml.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from ..compress import Compressor, available, get_compressor
-from .base import Reduction, get_reduction, reductions, register
+from .base import REGISTRY, Reduction, get_reduction, reductions, register
 from .inring import InRing
 from .memory import ErrorFeedback
-from .powersgd import PowerSGD
-from .topk import TopK
+
+for _m in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_m.name}")
+
+from .powersgd import PowerSGD  # noqa: E402  (the library's names for two of them)
+from .topk import TopK  # noqa: E402
 
 Spec = str | Compressor | Reduction | None
 
@@ -34,5 +41,5 @@ def as_reduction(spec: Compressor | Reduction) -> Reduction:
     return spec if isinstance(spec, Reduction) else InRing(spec)
 
 
-__all__ = ["ErrorFeedback", "InRing", "PowerSGD", "Reduction", "TopK", "as_reduction", "reductions",
+__all__ = ["REGISTRY", "ErrorFeedback", "InRing", "PowerSGD", "Reduction", "TopK", "as_reduction", "reductions",
            "register", "resolve"]

@@ -20,7 +20,7 @@ from ..comm import CommStats
 from ..registry import Registry
 from .memory import ErrorFeedback
 
-_REGISTRY: Registry[type[Reduction]] = Registry("reduction")
+REGISTRY: Registry[type[Reduction]] = Registry("reduction", facts=("elastic_drop",))
 
 
 class Reduction(ABC):
@@ -33,8 +33,15 @@ class Reduction(ABC):
     """
 
     name: ClassVar[str]
+    #: keys of :meth:`state_dict` a rank that did not exist before an elastic resume starts without
+    #: (an error-feedback residual is gradient mass only its own rank owes the average)
+    elastic_drop: ClassVar[tuple[str, ...]] = ("residual",)
     memory: ErrorFeedback | None = None  # error-feedback residual, if the strategy keeps one
     _numel: int = 0
+
+    #: the non-finite flag slot may ride in the buffer :meth:`reduce` sums (a stateless dense sum);
+    #: otherwise the exchange zeroes a non-finite gradient first and reduces the flag on its own
+    carries_flag: bool = False
 
     def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats], device: torch.device) -> None:
         """Learn the parameter layout of the flat tensor, the allreduce to use for dense sums and the
@@ -57,18 +64,19 @@ class Reduction(ABC):
             raise ValueError(f"checkpoint has an error-feedback residual, compressor {self.name!r} keeps none")
 
 
-def register(name: str):
-    """Class decorator: make a reduction selectable as ``compressor=<name>``."""
+def register(name: str, **facts):
+    """Class decorator: make a reduction selectable as ``compressor=<name>``; the class declares
+    ``elastic_drop`` (below)."""
 
-    return _REGISTRY.register(name)
+    return REGISTRY.register(name, **facts)
 
 
 def reductions() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(REGISTRY)
 
 
 def get_reduction(name: str, **kwargs) -> Reduction:
-    return _REGISTRY[name](**kwargs)
+    return REGISTRY.get(name)(**kwargs)
 
 
 def check_fraction(key: str, value: float) -> float:

@@ -21,8 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..comm import CommStats
-from ..comm.native import native_allreduce
+from ..comm import CommStats, check_carries, declared
 from ..comm.ring import chunk_bounds
 from ..compress import Compressor
 from .base import Reduction
@@ -35,16 +34,24 @@ class InRing(Reduction):
         self.name = compressor.name  # type: ignore[misc]  # reported as the compressor it carries
         self.memory = ErrorFeedback() if compressor.error_feedback else None
         self._allreduce: Callable[..., CommStats] | None = None
+        self._casts = False
         self._numel = 0
 
     def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats], device: torch.device) -> None:
+        check_carries(allreduce, self.compressor)  # e.g. int8 cannot ride the backend's all_reduce
         self._allreduce = allreduce
+        self._casts = bool(declared(allreduce).get("casts"))
         self._numel = sum(s.numel() for s in shapes)
+
+    @property
+    def carries_flag(self) -> bool:
+        """Stateless: the non-finite flag slot rides in the allreduce's own buffer."""
+        return self.memory is None
 
     def local_decode(self, flat: Tensor, p: int) -> Tensor:
         """What this rank's own values become after one encode + decode, chunk by ring chunk
         (with the backend's all_reduce: the cast it carries)."""
-        if self._allreduce is native_allreduce and self.compressor.summable_dtype is not None:
+        if self._casts and self.compressor.summable_dtype is not None:
             return flat.to(self.compressor.summable_dtype).to(flat.dtype)
         out = torch.empty_like(flat)
         for a, b in chunk_bounds(flat.numel(), p):

@@ -20,7 +20,7 @@ from torch import Tensor
 from ..flat import flat_params, set_grads
 from ..registry import Registry
 
-_REGISTRY: Registry[type[Staleness]] = Registry("staleness")
+REGISTRY: Registry[type[Staleness]] = Registry("staleness", facts=("options", "uses_forward_context"))
 
 
 class Staleness(ABC):
@@ -94,19 +94,21 @@ class Staleness(ABC):
         return t.clone()
 
 
-def register(name: str):
-    return _REGISTRY.register(name)
+def register(name: str, **facts):
+    """Class decorator: make a rule selectable as ``staleness=<name>`` (its ``options`` and
+    ``uses_forward_context`` are class attributes, defaulting to the contract's)."""
+    return REGISTRY.register(name, **facts)
 
 
 def available() -> list[str]:
-    return list(_REGISTRY)
+    return list(REGISTRY)
 
 
 def rule_class(name: str) -> type[Staleness]:
     """The class registered as ``name``; ValueError naming the known rules."""
-    if name not in _REGISTRY:
-        raise ValueError(f"trainer.staleness={name!r} is not known; allowed: {', '.join(_REGISTRY)}")
-    return _REGISTRY[name]
+    if name not in REGISTRY:
+        raise ValueError(f"trainer.staleness={name!r} is not known; allowed: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
 
 
 def make_staleness(name: str | Staleness = "none", **options) -> Staleness:

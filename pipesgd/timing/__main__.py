@@ -1,6 +1,6 @@
 """``python -m pipesgd.timing predict ...``: predicted iteration time of every mode, no workers needed.
-``python -m pipesgd.timing calibrate ...``: measure the constants on a real process group
-(pipesgd/bench/calibrate.py, imported only for this subcommand; needs torch, starts workers).
+Measuring the constants is ``python -m pipesgd.bench.calibrate_cli`` (bench/ reads timing/, never
+the other way round).
 
 Values for ``predict`` come from, in order of precedence: an explicit flag, the ``--calibration``
 file, the defaults (10gbit, 50us, γ = 0, no compression cost, no CPU interference).
@@ -19,16 +19,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .calibration import DEFAULT_BANDWIDTH, DEFAULT_LATENCY, load_calibration
-from .model import (
-    COMPRESSORS,
-    DDP_BUCKET_CAP_BYTES,
-    DDP_FIRST_BUCKET_BYTES,
-    FP32_BYTES,
-    INT8_BLOCK_SIZE,
-    MODEL_PARAMS,
-    Link,
-    predict,
-)
+from ..registry import registry
+from .model import DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES, FP32_BYTES, MODEL_PARAMS, Link, predict
 from .presets import BACKWARD_SHARE, GPUS, LINKS, MODELS, compute_preset, link_preset
 from .scale import Scenario, arm_rows, summarize
 from .units import format_bandwidth, parse_bandwidth, parse_latency
@@ -75,8 +67,9 @@ def _float_at_least(low: float, high: float = float("inf")) -> Callable[[str], f
 
 def _kappa(text: str) -> tuple[str, float]:
     name, sep, value = text.partition("=")
-    if not sep or name not in COMPRESSORS:
-        raise ValueError(f"expected NAME=SECONDS with NAME in {list(COMPRESSORS)}, got {text!r}")
+    known = list(registry("compressor"))
+    if not sep or name not in known:
+        raise ValueError(f"expected NAME=SECONDS with NAME in {known}, got {text!r}")
     try:
         seconds = float(value)
     except ValueError:
@@ -84,6 +77,25 @@ def _kappa(text: str) -> tuple[str, float]:
     if not seconds >= 0:
         raise ValueError(f"seconds per byte must be >= 0, got {text!r}")
     return name, seconds
+
+
+def _compressor(text: str):
+    """``NAME`` or ``NAME:KEY=VALUE,...`` (integer values): a registered compressor built with
+    those options, e.g. ``int8:block_size=0``."""
+    name, _, options = text.partition(":")
+    kwargs = {}
+    for item in filter(None, options.split(",")):
+        key, sep, value = item.partition("=")
+        try:
+            kwargs[key] = int(value)
+        except ValueError:
+            raise ValueError(f"expected NAME:KEY=INTEGER,..., got {text!r}") from None
+        if not sep:
+            raise ValueError(f"expected NAME:KEY=INTEGER,..., got {text!r}")
+    try:
+        return registry("compressor").get(name)(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"compressor {text!r}: {e}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--compute-ms", type=_float_at_least(0), help="forward+backward per iteration")
     pr.add_argument("--update-ms", type=_float_at_least(0), help="optimizer step (default 0)")
     pr.add_argument("--width", type=_int_at_least(1), default=2, help="pipe width K (default 2)")
-    pr.add_argument("--compressor", choices=COMPRESSORS, action="append",
-                    help="repeat to pick several (default: all)")
+    pr.add_argument("--compressor", type=_arg(_compressor), action="append", metavar="NAME[:KEY=VALUE,...]",
+                    help=f"one of {', '.join(registry('compressor'))}, with options (int8:block_size=0); repeat "
+                         "to pick several (default: all, with their defaults)")
     pr.add_argument("--compress-s-per-byte", type=_arg(_kappa), action="append", default=[],
                     metavar="NAME=SECONDS", help="κ: compress+decompress cost per uncompressed byte")
     pr.add_argument("--calibration", metavar="FILE", help="JSON written by `calibrate`")
@@ -119,37 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--intra-latency", type=_arg(parse_latency), help="intra-node α (default: --latency)")
     pr.add_argument("--bucket-mb", type=_float_at_least(0), default=DDP_BUCKET_CAP_BYTES / 2**20,
                     help="DDP bucket_cap_mb (default 25; 0 = one bucket)")
-    pr.add_argument("--int8-block", type=_int_at_least(0), default=INT8_BLOCK_SIZE,
-                    help=f"values per int8 scale (default {INT8_BLOCK_SIZE}; 0 = one per chunk)")
     pr.add_argument("--json", action="store_true", help="print the rows as JSON")
     _add_map_parser(commands)
 
-    ca = commands.add_parser("calibrate", help="measure α, β, γ, κ, compute and overlap slowdown; write JSON",
-                             description="Measure the timing model's constants on a real Gloo group "
-                             "(docs/timing-model.md, 'Calibration'). Starts --workers local processes, "
-                             "or joins the job under torchrun / pipesgd.emulate.")
-    ca.add_argument("--workers", type=_int_at_least(2), default=2,
-                    help="local worker processes (default 2; ignored under torchrun/emulate)")
-    ca.add_argument("--model", default="resnet20", help="a conf/model name (default resnet20)")
-    ca.add_argument("--model-override", action="append", default=[], metavar="KEY=VALUE",
-                    help="model config override, e.g. 'hidden=[1024,256]' for mlp (repeatable)")
-    ca.add_argument("--data", help="conf/data name for the input shape (default: mnist for mlp/cnn, else cifar10)")
-    ca.add_argument("--batch-size", type=_int_at_least(1), default=32, help="per-worker batch (default 32)")
-    ca.add_argument("--threads", type=_int_at_least(1), default=1, help="torch threads per worker (default 1)")
-    ca.add_argument("--sizes", type=_arg(_sizes), help="ping-pong sizes in bytes, e.g. 4,1k,64k,1m,4m")
-    ca.add_argument("--repeats", type=_int_at_least(1), help="timed repetitions per measurement (default 10)")
-    ca.add_argument("--overlap-steps", type=_int_at_least(1), help="compute steps timed under comm (default 10)")
-    ca.add_argument("--quick", action="store_true", help="small sizes, few repeats: seconds, for tests")
-    ca.add_argument("--out", help="output JSON (default: calibration.json, or in hydra.run.dir)")
-    ca.add_argument("run_dir", nargs="*", metavar="hydra.run.dir=DIR",
-                    help="where to write calibration.json when run by pipesgd.emulate")
     return parser
-
-
-def _sizes(text: str) -> list[int]:
-    from pipesgd.bench.calibrate import parse_size
-
-    return [parse_size(part) for part in text.split(",") if part.strip()]
 
 
 def _resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
@@ -177,12 +163,11 @@ def _resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     slowdown = args.overlap_slowdown if args.overlap_slowdown is not None else cal.get("overlap_slowdown", 1.0)
     return dict(numel=args.params if args.params is not None else MODEL_PARAMS[args.model], p=args.workers,
                 link=link, compute_s=compute_ms / 1e3, update_s=update_ms / 1e3, width=args.width,
-                compressors=tuple(dict.fromkeys(args.compressor or COMPRESSORS)), compress_s_per_byte=kappas,
+                compressors=args.compressor, compress_s_per_byte=kappas,
                 forward_fraction=args.forward_fraction, overlap_slowdown=slowdown, iterations=args.iterations,
                 per_node=args.per_node, intra=intra,
                 bucket_cap_bytes=args.bucket_mb * 2**20 if args.bucket_mb > 0 else None,
-                first_bucket_bytes=min(DDP_FIRST_BUCKET_BYTES, args.bucket_mb * 2**20 or DDP_FIRST_BUCKET_BYTES),
-                int8_block_size=args.int8_block)
+                first_bucket_bytes=min(DDP_FIRST_BUCKET_BYTES, args.bucket_mb * 2**20 or DDP_FIRST_BUCKET_BYTES))
 
 
 def report(inputs: dict, rows: list[dict]) -> None:
@@ -343,48 +328,9 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """The ``calibrate`` subcommand: options -> CalibrationSpec, run it, print the file written."""
-    from pipesgd import launch
-
-    from pipesgd.bench.calibrate import DEFAULT_SIZES, QUICK_SIZES, CalibrationSpec, calibrate
-
-    run_dir = None
-    for extra in args.run_dir:
-        key, sep, value = extra.lstrip("+").partition("=")
-        if key != "hydra.run.dir" or not sep:
-            parser.error(f"unexpected argument {extra!r}: calibrate takes options, and hydra.run.dir=DIR "
-                         "(as pipesgd.emulate passes it) for where to write calibration.json")
-        run_dir = value
-    out = args.out or (os.path.join(run_dir, "calibration.json") if run_dir else "calibration.json")
-    try:
-        spec = CalibrationSpec(
-            model=args.model, data=args.data, model_overrides=tuple(args.model_override),
-            batch_size=args.batch_size, threads=args.threads,
-            sizes=tuple(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else DEFAULT_SIZES),
-            repeats=args.repeats or (6 if args.quick else 12), warmup=2 if args.quick else 3,
-            overlap_steps=args.overlap_steps or (4 if args.quick else 12), rounds=2 if args.quick else 3,
-            command=tuple(sys.argv))
-    except ValueError as e:
-        parser.error(str(e))
-    workers = int(os.environ["WORLD_SIZE"]) if launch.under_torchrun() else args.workers
-    if workers < 2:
-        parser.error(f"argument --workers: calibrate needs at least 2 workers, got {workers}")
-    try:
-        calibrate(spec, out, workers)
-    except launch.WorkerFailed as e:
-        logging.getLogger("pipesgd.timing.calibrate").error("%s", e)
-        return 1
-    if not launch.under_torchrun() or os.environ.get("RANK") == "0":
-        print(out)
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "calibrate":
-        return _calibrate(args, parser)
     if args.command == "map":
         return _map(parser, args)
     inputs = _resolve(parser, args)

@@ -1,6 +1,6 @@
 """Measured constants for the cost model, and the object training runs use to predict.
 
-``python -m pipesgd.timing calibrate`` writes a JSON file with exactly these
+``python -m pipesgd.bench.calibrate_cli`` writes a JSON file with exactly these
 keys; ``predict --calibration FILE`` and ``conf/timing`` (``calibration: FILE``) read it::
 
     {"alpha_s": 5e-05, "beta_s_per_byte": 8e-08, "gamma_s_per_byte": 1e-10,
@@ -117,7 +117,7 @@ class TimingModel:
         ``ratio`` should be the ratio the run measured (wire bytes / raw bytes from its comm stats);
         ``options`` go to :func:`predict_iter_ms` (``per_node``, ``server_on_worker``, ...).
         """
-        kappa = 0.0 if compressor == "none" else self.compress_s_per_byte.get(compressor, 0.0)
+        kappa = self.compress_s_per_byte.get(compressor, 0.0)  # the model ignores κ when nothing is compressed
         return predict_iter_ms(mode, algorithm, nbytes, p, self.link, compute_s, update_s, width, ratio, kappa,
                                overlap_slowdown=self.overlap_slowdown, **options)
 

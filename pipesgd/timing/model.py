@@ -1,4 +1,7 @@
-"""The α–β–γ cost model of one data-parallel iteration. Pure arithmetic: no torch, no I/O.
+"""The α–β–γ cost model of one data-parallel iteration: arithmetic on what the plugins declare
+(a mode's overlap and server, an allreduce's phases, a compressor's payload size), read through
+:mod:`pipesgd.registry`; no I/O. The arithmetic itself needs no torch; looking up an allreduce or
+a compressor imports its package (torch).
 
 Symbols (docs/timing-model.md derives every formula):
 α  seconds per message (latency + per-message software cost),
@@ -17,17 +20,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..modes import MODES as TRAINER_MODES
+from ..modes import get_mode
+from ..registry import registry
+from .cost import Phase
 from .units import parse_bandwidth, parse_latency
 
-ALGORITHMS = ("ring", "tree", "ps")
-"""Algorithms :func:`allreduce_time` accepts."""
-COMM_ALGORITHMS = ("ring", "tree", "hierarchical", "ps")
-"""Everything :func:`comm_time` and :func:`predict_iter_ms` accept."""
 MODES = tuple(TRAINER_MODES)
 """``local`` is the trainer's compute-only baseline (no gradient exchange): compute + update."""
-COMPRESSORS = ("none", "fp16", "bf16", "int8")
-DDP_MODE_COMPRESSORS = TRAINER_MODES["ddp"].compressors
-"""DDP ships comm hooks for fp16 and bf16 only; int8 has no DDP row."""
+SERVER = "ps"
+"""The exchange of the modes whose row declares ``server=True``: pushes to and pulls from one
+parameter server (:func:`ps_phases`). Every other algorithm is a registered allreduce, priced by
+the ``cost`` it declares (``pipesgd/comm/``)."""
 
 DDP_BUCKET_CAP_BYTES = 25 * 2**20
 """torch DistributedDataParallel's default ``bucket_cap_mb=25``."""
@@ -35,8 +38,6 @@ DDP_FIRST_BUCKET_BYTES = 2**20
 """torch's ``dist._DEFAULT_FIRST_BUCKET_BYTES``: the first bucket (the LAST layers) is capped at 1 MiB."""
 
 FP32_BYTES = 4
-INT8_BLOCK_SIZE = 2048
-"""pipesgd.compress.int8's default: one fp32 scale per 2048 values (~3.99x on fp32)."""
 
 MODEL_PARAMS = {
     "resnet20": 269_722,
@@ -72,11 +73,6 @@ def _check_ratio(ratio: float) -> None:
         raise ValueError(f"ratio must be a finite number > 0, got {ratio!r}")
 
 
-def _rounds(p: int) -> int:
-    """⌈log2 p⌉ computed exactly on integers."""
-    return (p - 1).bit_length()
-
-
 @dataclass(frozen=True)
 class Link:
     """One full-duplex link: α s/message, β s/byte, γ s/byte of reduction on its endpoints."""
@@ -109,42 +105,7 @@ class Link:
 # --- collectives ------------------------------------------------------------------------------
 
 
-def ring_time(nbytes: float, p: int, alpha: float, beta: float, gamma: float = 0.0, ratio: float = 1.0,
-              compress_s_per_byte: float = 0.0) -> float:
-    """Ring allreduce: reduce-scatter then allgather, 2(p−1) steps of one M/(r·p) chunk each.
-
-    2(p−1)·(α + M/(r·p)·β) + (p−1)/p·M·γ + (1 + (p−1)/(2p))·M·κ. The κ term follows
-    pipesgd.comm.ring: each of the p−1 reduce-scatter hops compresses the chunk it sends and
-    decompresses the one it receives (p−1 round trips on M/p), the owner encodes and decodes its
-    finished chunk (one more), and the allgather decodes the p−1 chunks it receives (half trips).
-    """
-    if p == 1:
-        return 0.0
-    t = 2 * (p - 1) * (alpha + nbytes / (ratio * p) * beta) + (p - 1) / p * nbytes * gamma
-    if ratio != 1:
-        t += (1 + (p - 1) / (2 * p)) * nbytes * compress_s_per_byte
-    return t
-
-
-def tree_time(nbytes: float, p: int, alpha: float, beta: float, gamma: float = 0.0, ratio: float = 1.0,
-              compress_s_per_byte: float = 0.0) -> float:
-    """Binomial reduce to a root then binomial broadcast (FireCaffe), L = ⌈log2 p⌉ rounds each.
-
-    2L·(α + M/r·β) + L·M·γ + (L+1)·M·κ: every reduce round moves the whole (compressed) gradient one
-    hop and the receiver decompresses, adds, and its sender had compressed; the broadcast compresses
-    once at the root and decompresses once at each leaf.
-    """
-    if p == 1:
-        return 0.0
-    rounds = _rounds(p)
-    t = 2 * rounds * (alpha + nbytes / ratio * beta) + rounds * nbytes * gamma
-    if ratio != 1:
-        t += (rounds + 1) * nbytes * compress_s_per_byte
-    return t
-
-
-def ps_time(nbytes: float, p: int, alpha: float, beta: float, gamma: float = 0.0, ratio: float = 1.0,
-            compress_s_per_byte: float = 0.0, *, server_on_worker: bool = False) -> float:
+def ps_phases(nbytes: float, p: int, ratio: float = 1.0, *, server_on_worker: bool = False) -> tuple[Phase, ...]:
     """One synchronous parameter-server exchange for p workers through ONE server link.
 
     q·(α + M/r·β) + (p−1)·M·γ + q·(α + M·β) + (q+1)/2·M·κ with q = p remote workers: the q
@@ -155,120 +116,98 @@ def ps_time(nbytes: float, p: int, alpha: float, beta: float, gamma: float = 0.0
     pipesgd.engine.ps runs it), so q = p−1: that worker's gradient and weights never cross the link.
     """
     if p == 1:
-        return 0.0
+        return ()
     remote = p - 1 if server_on_worker else p
-    t = remote * (alpha + nbytes / ratio * beta) + (p - 1) * nbytes * gamma + remote * (alpha + nbytes * beta)
-    if ratio != 1:
-        t += (remote + 1) / 2 * nbytes * compress_s_per_byte
+    return (Phase(remote, nbytes / ratio, (p - 1) * nbytes, (remote + 1) / 2 * nbytes), Phase(remote, nbytes))
+
+
+def _cost(algorithm: str):
+    """``fn(nbytes, p, ratio, per_node)``: the phases ``algorithm`` declares (a registered
+    allreduce's ``cost``, or the server's); ValueError naming the known algorithms."""
+    if algorithm == SERVER:
+        return None
+    allreduces = registry("allreduce")
+    if algorithm not in allreduces:
+        raise ValueError(f"algorithm must be one of {[*allreduces, SERVER]}, got {algorithm!r}")
+    return allreduces.facts(algorithm)["cost"]
+
+
+def phases_time(phases: Sequence[Phase], link: Link, intra: Link | None = None, ratio: float = 1.0,
+                compress_s_per_byte: float = 0.0) -> float:
+    """Seconds of ``phases`` on ``link`` (``intra`` for the node-local ones, default ``link``);
+    κ counts only when the payload is compressed (``ratio != 1``)."""
+    t = 0.0
+    for ph in phases:
+        on = intra if ph.link == "intra" and intra is not None else link
+        t += ph.steps * (on.alpha + ph.step_bytes * on.beta) + ph.reduce_bytes * on.gamma
+        if ratio != 1:
+            t += ph.codec_bytes * compress_s_per_byte
     return t
-
-
-def hierarchical_time(nbytes: float, nodes: int, per_node: int, intra: Link, inter: Link,
-                      ratio: float = 1.0, compress_s_per_byte: float = 0.0) -> float:
-    """S-Caffe style: binomial reduce inside each node, ring among the node leaders, binomial
-    broadcast inside each node. Compression is applied on the inter-node ring only (intra-node
-    traffic is fp32: compressing over shared memory or a fast local fabric costs more than it saves).
-
-    2·⌈log2 g⌉·(α_i + M·β_i) + ⌈log2 g⌉·M·γ_i + ring(M, n, α_e, β_e, γ_e, r, κ)
-    with g = per_node, n = nodes.
-    """
-    _check_nonneg("nbytes", nbytes)
-    _check_workers("nodes", nodes)
-    _check_workers("per_node", per_node)
-    _check_ratio(ratio)
-    _check_nonneg("compress_s_per_byte", compress_s_per_byte)
-    rounds = _rounds(per_node)
-    local = 2 * rounds * (intra.alpha + nbytes * intra.beta) + rounds * nbytes * intra.gamma
-    return local + ring_time(nbytes, nodes, inter.alpha, inter.beta, inter.gamma, ratio, compress_s_per_byte)
-
-
-_ALLREDUCE = {"ring": ring_time, "tree": tree_time, "ps": ps_time}
-
-
-def allreduce_time(algorithm: str, nbytes: float, p: int, alpha: float, beta: float, gamma: float = 0.0,
-                   ratio: float = 1.0, *, compress_s_per_byte: float = 0.0,
-                   server_on_worker: bool = False) -> float:
-    """Seconds to sum an ``nbytes`` fp32 gradient over ``p`` workers with ``algorithm``.
-
-    ``ratio`` is uncompressed/wire bytes; ``compress_s_per_byte`` (κ) is ignored when ratio == 1;
-    ``server_on_worker`` applies to ``"ps"`` only (see :func:`ps_time`).
-    Raises ValueError for an unknown algorithm, p < 1, a negative or non-finite value, ratio <= 0.
-    """
-    if algorithm not in _ALLREDUCE:
-        raise ValueError(f"algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}"
-                         + (" (use hierarchical_time for it)" if algorithm == "hierarchical" else ""))
-    _check_workers("p", p)
-    for name, value in (("nbytes", nbytes), ("alpha", alpha), ("beta", beta), ("gamma", gamma),
-                        ("compress_s_per_byte", compress_s_per_byte)):
-        _check_nonneg(name, value)
-    _check_ratio(ratio)
-    if algorithm == "ps":
-        return ps_time(nbytes, p, alpha, beta, gamma, ratio, compress_s_per_byte, server_on_worker=server_on_worker)
-    return _ALLREDUCE[algorithm](nbytes, p, alpha, beta, gamma, ratio, compress_s_per_byte)
 
 
 def comm_time(algorithm: str, nbytes: float, p: int, link: Link, ratio: float = 1.0,
               compress_s_per_byte: float = 0.0, *, per_node: int = 1, intra: Link | None = None,
               server_on_worker: bool = False) -> float:
-    """:func:`allreduce_time` on a :class:`Link`, plus ``"hierarchical"`` (p = nodes × per_node;
-    ``intra`` defaults to ``link``)."""
-    if algorithm != "hierarchical":
-        if algorithm not in _ALLREDUCE:
-            raise ValueError(f"algorithm must be one of {list(COMM_ALGORITHMS)}, got {algorithm!r}")
-        return allreduce_time(algorithm, nbytes, p, link.alpha, link.beta, link.gamma, ratio,
-                              compress_s_per_byte=compress_s_per_byte, server_on_worker=server_on_worker)
+    """Seconds to sum an ``nbytes`` fp32 gradient over ``p`` workers with ``algorithm`` (a
+    registered allreduce, or ``"ps"``) on ``link``: the algorithm's declared phases, priced.
+
+    ``ratio`` is uncompressed/wire bytes; ``compress_s_per_byte`` (κ) is ignored when ratio == 1;
+    ``per_node`` ranks per node group (hierarchical; ``intra`` is their link, default ``link``);
+    ``server_on_worker`` applies to ``"ps"`` only (see :func:`ps_phases`).
+    Raises ValueError for an unknown algorithm, p < 1, a negative or non-finite value, ratio <= 0.
+    """
+    cost = _cost(algorithm)
     _check_workers("p", p)
     _check_workers("per_node", per_node)
-    if p % per_node:
-        raise ValueError(f"per_node must divide p for hierarchical, got p={p}, per_node={per_node}")
-    return hierarchical_time(nbytes, p // per_node, per_node, intra or link, link, ratio, compress_s_per_byte)
+    for name, value in (("nbytes", nbytes), ("compress_s_per_byte", compress_s_per_byte)):
+        _check_nonneg(name, value)
+    _check_ratio(ratio)
+    phases = (ps_phases(nbytes, p, ratio, server_on_worker=server_on_worker) if cost is None
+              else cost(nbytes, p, ratio, per_node))
+    return phases_time(phases, link, intra, ratio, compress_s_per_byte)
+
+
+def allreduce_time(algorithm: str, nbytes: float, p: int, alpha: float, beta: float, gamma: float = 0.0,
+                   ratio: float = 1.0, *, compress_s_per_byte: float = 0.0,
+                   server_on_worker: bool = False, per_node: int = 1) -> float:
+    """:func:`comm_time` on a link given as α, β, γ."""
+    return comm_time(algorithm, nbytes, p, Link(alpha, beta, gamma), ratio, compress_s_per_byte,
+                     per_node=per_node, server_on_worker=server_on_worker)
 
 
 # --- compression --------------------------------------------------------------------------------
 
 
-def int8_scales(numel: int, chunks: int = 1, block_size: int = 0) -> int:
-    """fp32 scales int8 puts on the wire for ``numel`` values cut into ``chunks`` nearly equal
-    pieces (as pipesgd.comm.ring cuts them), one scale per ``block_size`` values of each piece
-    (``0``: one per non-empty piece)."""
-    base, extra = divmod(numel, chunks)
-    scales = 0
-    for i in range(chunks):
-        n = base + (1 if i < extra else 0)
-        if n:
-            scales += 1 if block_size == 0 else -(-n // block_size)
-    return scales
+def _compressor(compressor):
+    """A compressor instance: ``compressor`` itself, or the one registered under that name with
+    its defaults."""
+    return registry("compressor").get(compressor)() if isinstance(compressor, str) else compressor
 
 
-def compression_ratio(name: str, numel: int, chunks: int = 1, *, block_size: int = 0) -> float:
-    """Uncompressed fp32 bytes / wire bytes for a built-in compressor on ``numel`` values sent as
-    ``chunks`` separately compressed pieces (the ring sends p chunks, a tree or a server one).
-
-    none 1; fp16 and bf16 2 (2 bytes per value); int8 4·n / (n + 4·s): 1 byte per value plus s fp32
-    scales, s = chunks (one scale per chunk) or, with ``block_size`` > 0, one per block of each
-    chunk as pipesgd.compress.int8 does (its default block is :data:`INT8_BLOCK_SIZE`).
+def compression_ratio(compressor, numel: int, chunks: int = 1) -> float:
+    """Uncompressed fp32 bytes / wire bytes for a compressor (a registered name, built with its
+    defaults, or an instance) on ``numel`` values sent as ``chunks`` separately compressed pieces
+    (the ring sends p chunks, a tree or a server one, cut as pipesgd.comm.ring cuts them): the
+    payload sizes the compressor declares (``payload_bytes``, block scales included).
     ``numel == 0`` gives 1.0 (nothing is sent either way).
     """
-    if name not in COMPRESSORS:
-        raise ValueError(f"compressor must be one of {list(COMPRESSORS)}, got {name!r}")
+    comp = _compressor(compressor)
     _check_workers("chunks", chunks)
-    for arg, value in (("numel", numel), ("block_size", block_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{arg} must be an integer >= 0, got {value!r}")
-    if numel == 0 or name == "none":
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        raise ValueError(f"numel must be an integer >= 0, got {numel!r}")
+    if numel == 0 or comp.identity:
         return 1.0
-    if name in ("fp16", "bf16"):
-        return 2.0
-    return FP32_BYTES * numel / (numel + FP32_BYTES * int8_scales(numel, chunks, block_size))
+    base, extra = divmod(numel, chunks)
+    wire = sum(comp.payload_bytes(base + (1 if i < extra else 0), FP32_BYTES) for i in range(chunks)
+               if base + (1 if i < extra else 0))
+    return FP32_BYTES * numel / wire
 
 
 def chunks_for(algorithm: str, p: int, per_node: int = 1) -> int:
-    """How many separately compressed pieces one gradient travels as, for the int8 scale overhead."""
-    if algorithm == "ring":
-        return p
-    if algorithm == "hierarchical":
-        return max(p // per_node, 1)
-    return 1
+    """How many separately compressed pieces one gradient travels as (the phases' declared
+    ``chunks``: p over a flat ring, one per node leader in a hierarchy, else one)."""
+    phases = () if algorithm == SERVER else _cost(algorithm)(FP32_BYTES, p, 1.0, per_node)
+    return max((ph.chunks for ph in phases), default=1)
 
 
 # --- iteration time per mode --------------------------------------------------------------------
@@ -296,35 +235,41 @@ def _check_mode_args(mode: str, compute_s: float, comm_s: float, update_s: float
         raise ValueError(f"overlap_slowdown must be >= 1 (1 = no interference), got {overlap_slowdown!r}")
 
 
+def _width(mode: str, width: int) -> int:
+    """The width ``mode`` runs at: its own fixed width, else ``width``."""
+    return get_mode(mode).width or width
+
+
 def iteration_time(mode: str, compute_s: float, comm_s: float, update_s: float = 0.0, width: int = 2,
                    forward_fraction: float = 1 / 3, *, p: int | None = None,
                    overlap_slowdown: float = 1.0) -> float:
-    """Steady-state seconds per iteration.
+    """Steady-state seconds per iteration, by what the mode's row says a reduction overlaps with.
 
-    sync, ps_sync        compute + comm + update
-    pipe, width K >= 2   max(compute' + update, comm); width 1 is sync
-    ddp                  forward + max(backward', comm) + update   (ideal overlap: a lower bound;
-                         :func:`ddp_iteration_time` models the buckets)
-    ps_async             max(compute + comm/p + update, comm + p·update)  (needs ``p``)
-    local                compute + update (no communication; ``comm_s`` is ignored)
+    pipeline, width 1    compute + comm + update                   (sync, ps_sync, pipe at K = 1)
+    pipeline, K >= 2     max(compute' + update, comm)              (pipe)
+    backward             forward + max(backward', comm) + update   (ddp; ideal overlap: a lower
+                         bound, :func:`ddp_iteration_time` models the buckets)
+    async                max(compute + comm/p + update, comm + p·update)  (ps_async; needs ``p``)
+    none                 compute + update (no communication; ``comm_s`` is ignored)   (local)
 
     ``compute'`` is compute stretched by ``overlap_slowdown`` for as long as communication runs
-    beside it; ``comm_s`` for the ps modes is :func:`ps_time` (one round of p push/pull pairs
-    through the server link). The one-off pipeline fill is in :func:`total_time`, not here.
+    beside it; ``comm_s`` for the server modes is one round of p push/pull pairs through the
+    server link (:func:`ps_phases`). The one-off pipeline fill is in :func:`total_time`, not here.
     """
     _check_mode_args(mode, compute_s, comm_s, update_s, width, forward_fraction, overlap_slowdown)
-    if mode == "local":
+    overlap = get_mode(mode).overlap
+    if overlap == "none":
         return compute_s + update_s
-    if mode in ("sync", "ps_sync") or (mode == "pipe" and width == 1):
-        return compute_s + comm_s + update_s
-    if mode == "pipe":
+    if overlap == "pipeline":
+        if _width(mode, width) == 1:
+            return compute_s + comm_s + update_s
         return max(_overlapped(compute_s, comm_s, overlap_slowdown) + update_s, comm_s)
-    if mode == "ddp":
+    if overlap == "backward":
         forward = forward_fraction * compute_s
         backward = compute_s - forward
         return forward + max(_overlapped(backward, comm_s, overlap_slowdown), comm_s) + update_s
     if p is None:
-        raise ValueError("iteration_time('ps_async', ...) needs p, the number of workers")
+        raise ValueError(f"iteration_time({mode!r}, ...) needs p, the number of workers")
     _check_workers("p", p)
     return max(compute_s + comm_s / p + update_s, comm_s + p * update_s)
 
@@ -334,7 +279,7 @@ def total_time(mode: str, iterations: int, compute_s: float, comm_s: float, upda
                overlap_slowdown: float = 1.0) -> float:
     """Seconds for ``iterations`` steps plus the final flush (every gradient applied once).
 
-    Pipe with K >= 2: the first compute has no reduction beside it and the last reduction no
+    A pipeline with K >= 2: the first compute has no reduction beside it and the last reduction no
     compute beside it, so T iterations cost (T−1)·P + (compute + comm + update), P the steady state.
     Exact when communication-bound, at most min(comm, K·update) pessimistic otherwise, and the same
     for every K: more width adds staleness, not speed (:func:`pipeline_schedule` checks it).
@@ -344,7 +289,7 @@ def total_time(mode: str, iterations: int, compute_s: float, comm_s: float, upda
                               overlap_slowdown=overlap_slowdown)
     if iterations == 0:
         return 0.0
-    if mode == "pipe" and width >= 2:
+    if get_mode(mode).overlap == "pipeline" and _width(mode, width) >= 2:
         return (iterations - 1) * per_iter + compute_s + comm_s + update_s
     return iterations * per_iter
 
@@ -440,13 +385,22 @@ def ddp_iteration_time(compute_s: float, bucket_bytes: Sequence[float], bucket_c
 # --- one call for training runs, and the table --------------------------------------------------
 
 
+def algorithm_for(mode: str, comm: str) -> str:
+    """What carries ``mode``'s gradients when the config's allreduce is ``comm``: that allreduce
+    when the mode runs the configured one, the server's exchange (``"ps"``) when it has a server,
+    else the allreduce it always runs (its row's ``fixed_comm``)."""
+    row = get_mode(mode)
+    if row.allreduce:
+        return comm
+    return SERVER if row.server else row.fixed_comm or comm
+
+
 def _mode_algorithm(mode: str, algorithm: str) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-    if algorithm not in COMM_ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {list(COMM_ALGORITHMS)}, got {algorithm!r}")
-    if mode.startswith("ps") != (algorithm == "ps"):
-        allowed = ["ps"] if mode.startswith("ps") else [a for a in COMM_ALGORITHMS if a != "ps"]
+    _cost(algorithm)
+    if get_mode(mode).server != (algorithm == SERVER):
+        allowed = [SERVER] if get_mode(mode).server else list(registry("allreduce"))
         raise ValueError(f"mode {mode!r} needs algorithm in {allowed}, got {algorithm!r}")
 
 
@@ -457,12 +411,13 @@ def _predict_s(mode: str, algorithm: str, nbytes: float, p: int, link: Link, com
     """(comm seconds, iteration seconds)."""
     _mode_algorithm(mode, algorithm)
     _check_nonneg("compress_s_per_byte", kappa)
-    if mode == "local":
+    overlap = get_mode(mode).overlap
+    if overlap == "none":
         return 0.0, iteration_time(mode, compute_s, 0.0, update_s)
-    if mode != "ddp":
+    if overlap != "backward":
         # A server sharing a worker's rank (pipesgd.engine.ps) serves p-1 remote pushes and pulls.
         comm = comm_time(algorithm, nbytes, p, link, ratio, kappa, per_node=per_node, intra=intra,
-                         server_on_worker=server_on_worker and algorithm == "ps")
+                         server_on_worker=server_on_worker)
         return comm, iteration_time(mode, compute_s, comm, update_s, width, forward_fraction, p=p,
                                     overlap_slowdown=overlap_slowdown)
     # DDP compresses with a cast hook around the native allreduce: one compress + one decompress
@@ -480,10 +435,10 @@ def predict_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link
                     first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES, per_node: int = 1,
                     intra: Link | None = None, server_on_worker: bool = False) -> float:
     """Predicted milliseconds per steady-state iteration: the one call a training run makes to log
-    ``predicted_iter_ms`` next to its measured time. ddp uses DDP's bucketing
-    (``bucket_cap_bytes=None``: one bucket); ps modes need ``algorithm="ps"``; with
-    ``server_on_worker`` the server shares a worker's rank (p workers, p-1 remote push/pull pairs
-    through its link: ``ps`` with p-1 in the link terms; iteration formulas keep p)."""
+    ``predicted_iter_ms`` next to its measured time. A mode whose reductions overlap backward
+    (ddp) uses DDP's bucketing (``bucket_cap_bytes=None``: one bucket); server modes need
+    ``algorithm="ps"`` (:func:`algorithm_for`); with ``server_on_worker`` the server shares a
+    worker's rank (p workers, p-1 remote push/pull pairs through its link)."""
     _, iter_s = _predict_s(mode, algorithm, nbytes, p, link, compute_s, update_s, width, ratio,
                            compress_s_per_byte, forward_fraction=forward_fraction,
                            overlap_slowdown=overlap_slowdown, bucket_cap_bytes=bucket_cap_bytes,
@@ -492,28 +447,62 @@ def predict_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link
     return iter_s * 1e3
 
 
+def step_time(mode: str, params: int, compute_s: float, link: Link, p: int, *, compressor="none",
+              comm: str = "ring", width: int = 2, backward_fraction: float = 2 / 3, update_s: float = 0.0,
+              compress_s_per_byte: float = 0.0, overlap_slowdown: float = 1.0, per_node: int = 1,
+              intra: Link | None = None, server_on_worker: bool = True,
+              bucket_cap_bytes: float | None = DDP_BUCKET_CAP_BYTES) -> float:
+    """Predicted seconds per steady-state step of ``mode`` training an fp32 model of ``params``
+    parameters whose forward+backward takes ``compute_s`` (``backward_fraction`` of it backward),
+    over ``p`` workers on ``link``, with ``compressor`` (a registered name or an instance) inside
+    the allreduce ``comm`` (modes that do not run ``comm`` use what their row declares). Everything
+    a scheme contributes comes from what its plugins declare: the mode's overlap and server, the
+    allreduce's phases, the compressor's payload size."""
+    algorithm = algorithm_for(mode, comm)
+    ratio = compression_ratio(compressor, params, chunks_for(algorithm, p, per_node))
+    return predict_iter_ms(mode, algorithm, FP32_BYTES * params, p, link, compute_s, update_s, width, ratio,
+                           compress_s_per_byte, forward_fraction=1 - backward_fraction,
+                           overlap_slowdown=overlap_slowdown, bucket_cap_bytes=bucket_cap_bytes,
+                           per_node=per_node, intra=intra, server_on_worker=server_on_worker) / 1e3
+
+
 def _plan(width: int, per_node: int, p: int) -> list[tuple[str, str, int]]:
-    """(mode, algorithm, width) of every table row; DDP runs the backend's (ring) allreduce."""
-    collectives = ["ring", "tree"] + (["hierarchical"] if 1 < per_node < p else [])
-    rows = [("sync", a, 1) for a in collectives] + [("pipe", a, width) for a in collectives]
-    return rows + [("ddp", "ring", 1), ("ps_sync", "ps", 1), ("ps_async", "ps", 1)]
+    """(mode, algorithm, width) of every table row: the modes that reduce, each over every
+    registered allreduce whose price differs (one that declares another's cost, as native does the
+    ring's, would repeat its rows; a node-grouped one only when 1 < per_node < p) or what its row
+    runs instead."""
+    allreduces = registry("allreduce")
+    costs, collectives = set(), []
+    for name in allreduces:
+        cost = allreduces.facts(name)["cost"]
+        if cost in costs or (allreduces.facts(name).get("node_groups") and not 1 < per_node < p):
+            continue
+        costs.add(cost)
+        collectives.append(name)
+    rows = []
+    for mode, row in TRAINER_MODES.items():
+        if row.overlap == "none":
+            continue
+        algorithms = collectives if row.allreduce else [algorithm_for(mode, collectives[0])]
+        rows += [(mode, a, _width(mode, width)) for a in algorithms]
+    return rows
 
 
 def predict(numel: int, p: int, link: Link, compute_s: float, update_s: float = 0.0, width: int = 2,
-            compressors: Sequence[str] = COMPRESSORS, compress_s_per_byte: Mapping[str, float] | None = None,
+            compressors: Sequence | None = None, compress_s_per_byte: Mapping[str, float] | None = None,
             *, forward_fraction: float = 1 / 3, overlap_slowdown: float = 1.0, iterations: int | None = None,
             per_node: int = 1, intra: Link | None = None,
             bucket_cap_bytes: float | None = DDP_BUCKET_CAP_BYTES,
-            first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES,
-            int8_block_size: int = INT8_BLOCK_SIZE) -> list[dict]:
+            first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES) -> list[dict]:
     """One row per (mode, algorithm, compressor) for an fp32 model of ``numel`` parameters.
 
+    ``compressors``: names or instances (default: every registered compressor, with its defaults).
     Row keys: mode, width, algorithm, compressor, ratio, comm_ms, exposed_ms (iteration − compute −
     update), iter_ms, speedup_vs_sync (against sync/ring/none, the blocking fp32 ring) and, when
-    ``iterations`` is given, total_s. ddp appears for ring with none/fp16/bf16 (DDP's own hooks).
+    ``iterations`` is given, total_s. A mode whose row lists its compressors (ddp: DDP's own
+    hooks) gets rows for those only.
     """
-    for name in compressors:
-        compression_ratio(name, 0)
+    comps = [_compressor(c) for c in (registry("compressor") if compressors is None else compressors)]
     kappas = dict(compress_s_per_byte or {})
     nbytes = FP32_BYTES * numel
     options = dict(forward_fraction=forward_fraction, overlap_slowdown=overlap_slowdown,
@@ -522,21 +511,20 @@ def predict(numel: int, p: int, link: Link, compute_s: float, update_s: float = 
     _, baseline = _predict_s("sync", "ring", nbytes, p, link, compute_s, update_s, 1, 1.0, 0.0, **options)
     rows = []
     for mode, algorithm, row_width in _plan(width, per_node, p):
-        for name in compressors:
-            if mode == "ddp" and name not in DDP_MODE_COMPRESSORS:
+        carried = TRAINER_MODES[mode].compressors
+        for comp in comps:
+            if carried is not None and comp.name not in carried:
                 continue
-            ratio = compression_ratio(name, numel, chunks_for(algorithm, p, per_node),
-                                      block_size=int8_block_size)
-            kappa = kappas.get(name, 0.0) if name != "none" else 0.0
+            ratio = compression_ratio(comp, numel, chunks_for(algorithm, p, per_node))
             comm, iter_s = _predict_s(mode, algorithm, nbytes, p, link, compute_s, update_s, row_width,
-                                      ratio, kappa, **options)
-            row = {"mode": mode, "width": row_width, "algorithm": algorithm, "compressor": name,
+                                      ratio, kappas.get(comp.name, 0.0), **options)
+            row = {"mode": mode, "width": row_width, "algorithm": algorithm, "compressor": comp.name,
                    "ratio": ratio, "comm_ms": comm * 1e3,
                    "exposed_ms": max(iter_s - compute_s - update_s, 0.0) * 1e3,
                    "iter_ms": iter_s * 1e3, "speedup_vs_sync": baseline / iter_s if iter_s else math.inf}
             if iterations is not None:
                 row["total_s"] = (total_time(mode, iterations, compute_s, comm, update_s, row_width,
                                              forward_fraction, p=p, overlap_slowdown=overlap_slowdown)
-                                  if mode != "ddp" else iterations * iter_s)
+                                  if TRAINER_MODES[mode].overlap != "backward" else iterations * iter_s)
             rows.append(row)
     return rows

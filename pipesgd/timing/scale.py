@@ -20,7 +20,6 @@ from .model import (
     DDP_BUCKET_CAP_BYTES,
     DDP_FIRST_BUCKET_BYTES,
     FP32_BYTES,
-    INT8_BLOCK_SIZE,
     Link,
     chunks_for,
     comm_time,
@@ -87,8 +86,7 @@ class Scenario:
         if self.intra is not None and not 1 < self.per_node < self.p:
             raise ValueError(f"an intra-node link needs 1 < per_node < p (several nodes of several GPUs), got "
                              f"per_node={self.per_node}, p={self.p}; one node's fabric is the link itself")
-        for name in ("compute_s", "update_s"):
-            value = getattr(self, name)
+        for name, value in (("compute_s", self.compute_s), ("update_s", self.update_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -124,8 +122,7 @@ def _arm_ms(s: Scenario, mode: str, width: int, compressor: str, algorithm: str)
     if compressor == "powersgd":
         return _ddp_powersgd_ms(s, algorithm)
     options = _options(s, algorithm)
-    ratio = compression_ratio(compressor, s.params, chunks_for(algorithm, s.p, options["per_node"]),
-                              block_size=INT8_BLOCK_SIZE)
+    ratio = compression_ratio(compressor, s.params, chunks_for(algorithm, s.p, options["per_node"]))
     kappa = s.compress_s_per_byte.get(compressor, 0.0) if compressor != "none" else 0.0
     return predict_iter_ms(mode, algorithm, s.nbytes, s.p, s.link, s.compute_s, s.update_s, width, ratio, kappa,
                            **options), ratio

@@ -133,3 +133,17 @@ def test_an_experiment_files_staleness_rule_is_pipes_default_not_a_conflict():
     assert resnet().trainer.staleness == "lookahead"
     with pytest.raises(ConfigError, match="staleness=lookahead is not used by trainer.mode=ddp"):
         resnet("trainer.mode=ddp", "staleness=lookahead")
+
+
+def test_a_comm_that_is_not_a_registered_allreduce_fails_validation():
+    """Every run's timing prediction reads the allreduce's declared cost: an unknown comm stops in
+    the launcher, naming the registered ones, not at the trainer's first log point."""
+    cfg = composed("comm.name=butterfly")
+    with pytest.raises(ConfigError, match=r"comm.name: allreduce='butterfly' is not known; allowed: ring, native, "
+                                          r"tree, hierarchical"):
+        validate(cfg)
+
+
+def test_a_compressor_the_allreduce_cannot_carry_fails_validation():
+    with pytest.raises(ConfigError, match="compressor='int8' cannot ride the backend's all_reduce"):
+        validate(composed("comm=native", "compressor=int8"))

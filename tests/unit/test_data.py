@@ -1,6 +1,8 @@
 """pipesgd.data: finding / verifying / extracting datasets, the restricted unpickler, and the
-per-rank loaders. Real-data tests use the offline copies in ../shared/data and skip without them;
-everything else runs on tiny synthetic data."""
+per-rank loaders. Real-data tests read the offline copies in ../shared/data through a read-only
+view of their own (``shared``), so neither that directory's permission bits nor what a run
+extracted next to its archive changes what they see; they skip without the copies. Everything
+else runs on tiny synthetic data."""
 
 from __future__ import annotations
 
@@ -60,6 +62,19 @@ needs_fashion = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory):
+    """A read-only root holding only the shared archive and MNIST files (symlinks): what a fresh
+    ../shared/data holds, whatever was extracted into the real one and whoever may write there."""
+    view = tmp_path_factory.mktemp("shared-view")
+    for name in ("cifar-10-python.tar.gz", "mnist"):
+        if (SHARED / name).exists():
+            (view / name).symlink_to(SHARED / name)
+    view.chmod(0o555)
+    yield view
+    view.chmod(0o755)
+
+
 def _listing(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
 
@@ -68,18 +83,18 @@ def _listing(folder: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def cifar_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def cifar_cache(tmp_path_factory: pytest.TempPathFactory, shared: Path) -> Path:
     """The shared archive (read-only root) prepared once into a temporary cache directory."""
     if not CIFAR_ARCHIVE.is_file():
         pytest.skip(f"offline CIFAR-10 copy not found at {CIFAR_ARCHIVE}")
     cache = tmp_path_factory.mktemp("cifar-cache")
-    CIFAR10(str(SHARED), cache_dir=str(cache), download=False).prepare()
+    CIFAR10(str(shared), cache_dir=str(cache), download=False).prepare()
     return cache
 
 
 @pytest.fixture(scope="module")
-def cifar_splits(cifar_cache: Path) -> tuple[Split, Split]:
-    return CIFAR10(str(SHARED), cache_dir=str(cifar_cache), download=False).load()
+def cifar_splits(cifar_cache: Path, shared: Path) -> tuple[Split, Split]:
+    return CIFAR10(str(shared), cache_dir=str(cifar_cache), download=False).load()
 
 
 def _pickled_member(name: str) -> dict:
@@ -92,7 +107,7 @@ def _pickled_member(name: str) -> dict:
 
 
 @needs_cifar
-def test_cifar_from_shared_archive(cifar_cache: Path, cifar_splits: tuple[Split, Split]) -> None:
+def test_cifar_from_shared_archive(cifar_cache: Path, cifar_splits: tuple[Split, Split], shared: Path) -> None:
     train, test = cifar_splits
     assert train.images.shape == (50_000, 3, 32, 32) and train.images.dtype == torch.uint8
     assert test.images.shape == (10_000, 3, 32, 32) and test.labels.dtype == torch.int64
@@ -106,16 +121,16 @@ def test_cifar_from_shared_archive(cifar_cache: Path, cifar_splits: tuple[Split,
     mean = train.images.numpy().mean(axis=(0, 2, 3))  # numpy: no float copy, 10x faster here
     assert np.allclose(mean, [125.27, 122.93, 113.86], atol=0.01)
     # the read-only root was not written to; the cache holds exactly the extracted tree
-    assert not (SHARED / "cifar-10-batches-py").exists()
+    assert _listing(shared) == sorted(p.name for p in shared.iterdir() if p.is_symlink())
     assert _listing(cifar_cache) == ["cifar-10-batches-py"]
 
 
 @needs_cifar
-def test_cifar_prepare_is_idempotent(cifar_cache: Path) -> None:
+def test_cifar_prepare_is_idempotent(cifar_cache: Path, shared: Path) -> None:
     tree = cifar_cache / "cifar-10-batches-py"
     before = {p.name: p.stat().st_mtime_ns for p in tree.iterdir()}
     start = time.perf_counter()
-    CIFAR10(str(SHARED), cache_dir=str(cifar_cache), download=False).prepare()
+    CIFAR10(str(shared), cache_dir=str(cifar_cache), download=False).prepare()
     assert time.perf_counter() - start < 0.5
     assert {p.name: p.stat().st_mtime_ns for p in tree.iterdir()} == before
 
@@ -139,19 +154,19 @@ def test_cifar_file_url_into_tmp_cache_with_md5(
 
 
 @needs_cifar
-def test_cifar_strict_md5_mismatch(tmp_path: Path) -> None:
+def test_cifar_strict_md5_mismatch(tmp_path: Path, shared: Path) -> None:
     cache = tmp_path / "cache"
     wrong = "0" * 32
     with pytest.raises(DatasetError) as err:
-        CIFAR10(str(SHARED), md5=wrong, cache_dir=str(cache)).prepare()
+        CIFAR10(str(shared), md5=wrong, cache_dir=str(cache)).prepare()
     msg = str(err.value)
-    assert str(CIFAR_ARCHIVE) in msg and wrong in msg and SHARED_CIFAR_MD5 in msg
+    assert str(shared / CIFAR_ARCHIVE.name) in msg and wrong in msg and SHARED_CIFAR_MD5 in msg
     assert "\n" not in msg
     assert _listing(cache) == []
 
 
 @needs_cifar
-def test_cifar_extraction_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cifar_extraction_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: Path) -> None:
     """A failure (here Ctrl-C) after two members were written leaves the cache empty."""
     real_copy, calls = cifar_mod._copy, []
 
@@ -164,7 +179,7 @@ def test_cifar_extraction_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(cifar_mod, "_copy", failing_copy)
     cache = tmp_path / "cache"
     with pytest.raises(KeyboardInterrupt):
-        CIFAR10(str(SHARED), cache_dir=str(cache)).prepare()
+        CIFAR10(str(shared), cache_dir=str(cache)).prepare()
     assert len(calls) == 3
     assert _listing(cache) == []
 
@@ -368,10 +383,10 @@ def test_concurrent_prepare_extracts_once(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 @pytest.fixture(scope="module")
-def mnist_splits() -> tuple[Split, Split]:
+def mnist_splits(shared: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Split, Split]:
     if not MNIST_DIR.is_dir():
         pytest.skip(f"offline MNIST copy not found at {MNIST_DIR}")
-    ds = MNIST(str(SHARED), download=False)
+    ds = MNIST(str(shared), download=False, cache_dir=str(tmp_path_factory.mktemp("mnist-cache")))
     ds.prepare()
     return ds.load()
 
@@ -608,8 +623,8 @@ def test_loader_arguments_are_validated() -> None:
 
 
 @needs_cifar
-def test_dataset_loader_conveniences(cifar_splits: tuple[Split, Split]) -> None:
-    ds = CIFAR10(str(SHARED), batch_size=100, eval_batch_size=500)
+def test_dataset_loader_conveniences(cifar_splits: tuple[Split, Split], shared: Path) -> None:
+    ds = CIFAR10(str(shared), batch_size=100, eval_batch_size=500)
     train_loader = ds.train_loader(cifar_splits[0], rank=1, world_size=2, seed=0)
     assert len(train_loader) == 250 and train_loader.augment
     x, _ = next(iter(train_loader))

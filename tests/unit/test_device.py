@@ -25,7 +25,7 @@ from torch import nn
 from pipesgd.comm import native_allreduce, ring_allreduce, tree_allreduce
 from pipesgd.comm.hierarchical import HierarchicalAllreduce
 from pipesgd.compress import available, get_compressor
-from pipesgd.compress.base import _REGISTRY as COMPRESSORS
+from pipesgd.compress.base import REGISTRY as COMPRESSORS
 from pipesgd.engine.exchange import GradientExchange
 from pipesgd.engine.pipe import PipeSGD
 from pipesgd.engine.ps import ParameterServerEngine
@@ -302,12 +302,12 @@ def test_checkpoint_gathers_every_ranks_state_on_the_cpu(monkeypatch, tmp_path):
     model = meta_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     # What a GPU engine's state_dict() holds (a meta engine cannot read its flags to produce one).
-    engine = SimpleNamespace(state_dict=lambda: {
+    engine = SimpleNamespace(shared_state=("pending", "pending_nonfinite"), state_dict=lambda: {
         "width": 2, "steps": 2, "pending": [on_meta(NUMEL)], "pending_nonfinite": [False],
         "staleness": {"w_then": [on_meta(NUMEL)]}, "reduction": {"residual": on_meta(NUMEL), "q": [on_meta(6, 2)]}})
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     hooks = Reliability(model=model, optimizer=opt, scheduler=scheduler, engine=engine,
-                        compressor=get_compressor("int8"), rank=1, world_size=2, device=META, run_dir=tmp_path,
+                        rank=1, world_size=2, device=META, run_dir=tmp_path,
                         config={})
     monkeypatch.setattr("pipesgd.reliability.to_device", _to_cpu_as_if_copied)
     hooks.save(SimpleNamespace(step=2, last_losses=[1.0]), epoch=0, consumed=0)

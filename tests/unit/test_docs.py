@@ -1,4 +1,4 @@
-"""The compressor in docs/adding-a-compressor.md is real code: run it against its documented
+"""The compressor in docs/adding-a-plugin.md is real code: run it against its documented
 bound, wire size and registration, so the guide cannot drift from the contract."""
 
 import re
@@ -12,12 +12,12 @@ from pipesgd.compress import base, get_compressor
 
 @pytest.fixture
 def doc_compressor():
-    text = (ROOT / "docs" / "adding-a-compressor.md").read_text()
+    text = (ROOT / "docs" / "adding-a-plugin.md").read_text()
     code = re.search(r"```python\n(# pipesgd/compress/fp16_scaled.py\n.*?)```", text, re.S).group(1)
     namespace = {"__name__": "doc_fp16_scaled"}
     exec(compile(code.replace("from .base import", "from pipesgd.compress.base import"), "doc", "exec"), namespace)
     yield namespace["ScaledFP16"]
-    base._REGISTRY.unregister("fp16_scaled")
+    base.REGISTRY.unregister("fp16_scaled")
 
 
 @pytest.mark.timeout(60)
@@ -36,6 +36,24 @@ def test_documented_compressor_meets_its_bound(doc_compressor, shape, magnitude)
     scale = max(a.max().item() / 2.0 ** comp.headroom if a.numel() else 0.0, torch.finfo(torch.float32).tiny)
     assert torch.all((y - x).abs() <= a * 2.0 ** -11 + scale * 2.0 ** -25)
     assert payload.dim() == 1 and payload.nbytes == comp.wire_bytes(ctx) == 4 + 2 * x.numel()
+
+
+def test_every_worked_example_is_the_code_it_names():
+    """docs/adding-a-plugin.md shows one plugin of each kind; an excerpt headed ``# pipesgd/...`` or
+    ``# conf/...`` that names a real file is that file's text, line for line (``...`` elides), so
+    the guide cannot drift from what tests/distributed/test_plugins.py checks."""
+    text = (ROOT / "docs" / "adding-a-plugin.md").read_text()
+    blocks = re.findall(r"```(?:python|yaml)\n# ((?:pipesgd|conf)/\S+)\n(.*?)```", text, re.S)
+    kinds = {"compress", "reduction", "comm", "staleness", "modes.py", "engine"}
+    assert {path.split("/")[1].split(".")[0] if path.startswith("pipesgd/") else "" for path, _ in blocks} >= \
+        {k.split(".")[0] for k in kinds}, "one worked example per plugin kind"
+    for path, body in blocks:
+        if not (ROOT / path).exists():
+            continue  # the guide's own new compressor (run above)
+        source = [line.strip() for line in (ROOT / path).read_text().splitlines()]
+        for line in body.splitlines():
+            if line.strip() and not line.strip().startswith("#") and "..." not in line:
+                assert line.strip() in source, f"{path}: the guide shows {line.strip()!r}, the file does not have it"
 
 
 @pytest.mark.timeout(60)

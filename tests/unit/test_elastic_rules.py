@@ -60,9 +60,17 @@ def _rank(i: int) -> dict:
 
 
 def test_surviving_ranks_keep_their_state_and_new_ranks_take_a_donors_without_its_residual():
+    from pipesgd import PipeSGD
+    from pipesgd.compress import get_compressor
+
+    model = torch.nn.Linear(3, 1)
+    # The engine says what a new rank drops: its reduction's declared elastic_drop (the residual).
+    with PipeSGD(torch.optim.SGD(model.parameters(), lr=0.1), model.parameters(),
+                 compressor=get_compressor("int8", error_feedback=True)) as engine:
+        migrate = engine.state_for_new_rank
     ranks = [_rank(i) for i in range(3)]
-    assert [elastic.rank_state(ranks, r) is ranks[r] for r in range(2)] == [True, True], "shrink: own state"
-    new = elastic.rank_state(ranks, 4)  # grow to 5: rank 4 takes old rank 1's (4 mod 3)
+    assert [elastic.rank_state(ranks, r, migrate) is ranks[r] for r in range(2)] == [True, True], "shrink: own state"
+    new = elastic.rank_state(ranks, 4, migrate)  # grow to 5: rank 4 takes old rank 1's (4 mod 3)
     assert new["buffers"]["bn"][0] == 1 and new["engine"]["staleness"]["local"][0][0] == 1 and new["new_rank"]
     assert "residual" not in new["engine"]["reduction"], "a residual is owed by its own rank only"
     assert new["engine"]["reduction"]["q"][0].sum() == 2, "shared warm starts are kept"

@@ -203,3 +203,21 @@ def test_a_scheduler_stepped_on_applied_updates_gives_each_update_its_own_rate(m
         engine.flush()
     engine.close()
     assert used == pytest.approx([0.1 / (1 + k) for k in range(6)])
+
+
+@pytest.mark.timeout(60)
+def test_the_mode_table_imports_without_torch():
+    """pipesgd.modes is pure data: config tooling can read it on a machine without torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch' or name.startswith('torch.'):\n"
+            "            raise ImportError('torch is blocked')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import pipesgd.modes\n"
+            "print(pipesgd.modes.REGISTRY.facts('ps_sync')['server'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr

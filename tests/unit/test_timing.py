@@ -19,8 +19,7 @@ from pipesgd.timing import (
     compression_ratio,
     ddp_buckets,
     ddp_iteration_time,
-    hierarchical_time,
-    int8_scales,
+    comm_time,
     iteration_time,
     load_calibration,
     load_timing_model,
@@ -95,9 +94,11 @@ def test_hierarchical_by_hand():
     intra, inter = Link(1e-6, 1e-10), Link(A, B, G)
     # 2 nodes x 4 ranks: intra tree L=2 rounds each way, 4·(1e-6 + 1e-4) = 404e-6; ring of 2
     # leaders: 2·(α + M/2·β) + 1/2·M·γ = 2·(1e-4 + 5e-3) + 0.5e-3 = 10.7e-3.
-    t = hierarchical_time(M, nodes=2, per_node=4, intra=intra, inter=inter)
+    t = comm_time("hierarchical", M, 8, inter, per_node=4, intra=intra)
     assert t == pytest.approx(404e-6 + 10.7e-3, rel=1e-12)
-    assert hierarchical_time(M, 4, 1, intra, inter) == allreduce_time("ring", M, 4, A, B, G)
+    assert comm_time("hierarchical", M, 4, inter, per_node=1, intra=intra) == allreduce_time("ring", M, 4, A, B, G)
+    with pytest.raises(ValueError, match="per_node=3"):
+        comm_time("hierarchical", M, 8, inter, per_node=3)
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "tree", "ps"])
@@ -133,7 +134,7 @@ def test_validation_names_the_argument(call, needle):
 def test_unknown_algorithm_lists_allowed():
     with pytest.raises(ValueError) as e:
         allreduce_time("butterfly", M, 2, A, B)
-    assert "'butterfly'" in str(e.value) and "['ring', 'tree', 'ps']" in str(e.value)
+    assert "'butterfly'" in str(e.value) and "['ring', 'native', 'tree', 'hierarchical', 'ps']" in str(e.value)
 
 
 # --- units ---------------------------------------------------------------------------------------
@@ -172,15 +173,16 @@ def test_bad_latency_names_the_string(text):
 
 
 def test_compression_ratio_arithmetic():
+    compress = pytest.importorskip("pipesgd.compress")
+    per_chunk = compress.get_compressor("int8", block_size=0)
     assert compression_ratio("none", 1000) == 1.0
     assert compression_ratio("fp16", 1000) == compression_ratio("bf16", 1000) == 2.0
     # int8, one scale per chunk: 4·1000 B raw / (1000 B of values + 2 chunks·4 B scales).
-    assert compression_ratio("int8", 1000, chunks=2) == 4000 / 1008
-    # blocks of 2048 in 2 chunks of 5000 values: ceil(5000/2048) = 3 scales each, 6 in all.
-    assert int8_scales(10_000, 2, 2048) == 6
-    assert compression_ratio("int8", 10_000, 2, block_size=2048) == 40_000 / (10_000 + 24)
+    assert compression_ratio(per_chunk, 1000, chunks=2) == 4000 / 1008
+    # blocks of 2048 (int8's default) in 2 chunks of 5000 values: ceil(5000/2048) = 3 scales each, 6 in all.
+    assert compression_ratio("int8", 10_000, 2) == 40_000 / (10_000 + 24)
     # 3 values in 4 chunks: one chunk is empty and carries no scale.
-    assert int8_scales(3, 4) == 3
+    assert compression_ratio(per_chunk, 3, 4) == 12 / (3 + 12)
     assert compression_ratio("int8", 0, 4) == 1.0
 
 
@@ -191,7 +193,7 @@ def test_compression_ratio_matches_the_real_compressors():
         comp = compress.get_compressor(name)
         for numel in (1, 2047, 5000):
             payload, _ = comp.compress(torch.randn(numel))
-            assert compression_ratio(name, numel, 1, block_size=2048) == pytest.approx(
+            assert compression_ratio(name, numel, 1) == pytest.approx(
                 4 * numel / payload.nbytes, rel=1e-12), (name, numel)
 
 
@@ -273,14 +275,14 @@ def test_predict_rows():
     assert all(keys <= set(r) for r in rows)
     index = {(r["mode"], r["algorithm"], r["compressor"]): r for r in rows}
     assert index["sync", "ring", "none"]["speedup_vs_sync"] == 1.0
-    assert ("ddp", "ring", "int8") not in index and ("ddp", "ring", "fp16") in index
+    # ddp runs the backend's allreduce (its row's fixed_comm), with DDP's own hooks only
+    assert ("ddp", "native", "int8") not in index and ("ddp", "native", "fp16") in index
     assert {r["mode"] for r in rows} == {"sync", "pipe", "ddp", "ps_sync", "ps_async"}
     pipe = index["pipe", "ring", "none"]
     assert pipe["iter_ms"] == pytest.approx(174.0)
     assert pipe["iter_ms"] == predict_iter_ms("pipe", "ring", 4 * MODEL_PARAMS["resnet20"], 2, link, 0.172,
                                               0.002, 2)
-    assert index["pipe", "ring", "int8"]["ratio"] == compression_ratio("int8", MODEL_PARAMS["resnet20"], 2,
-                                                                       block_size=2048)
+    assert index["pipe", "ring", "int8"]["ratio"] == compression_ratio("int8", MODEL_PARAMS["resnet20"], 2)
     hier = predict(1000, 4, link, 0.1, per_node=2)
     assert any(r["algorithm"] == "hierarchical" for r in hier)
 
