@@ -17,7 +17,6 @@ from torch import nn
 import pipesgd.checkpoint as ckpt
 from pipesgd.checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, config_digest, param_checksum,
                                 rng_state, set_rng_state)
-from pipesgd.compress import get_compressor
 from pipesgd.faults import parse
 from pipesgd.reliability import describe_mismatch
 
@@ -205,9 +204,10 @@ def _hooks(tmp_path, device: torch.device):
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     engine = SimpleNamespace(state_dict=lambda: {"width": 1, "steps": 3, "pending": []},
-                             load_state_dict=lambda state: None)
+                             load_state_dict=lambda state: None, shared_state=("pending",),
+                             state_for_new_rank=lambda state: state)
     return Reliability(model=model, optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
-                       engine=engine, compressor=get_compressor("none"), rank=0, world_size=1, device=device,
+                       engine=engine, rank=0, world_size=1, device=device,
                        run_dir=tmp_path, config={})
 
 
