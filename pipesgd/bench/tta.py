@@ -289,18 +289,12 @@ def run_validation(a: argparse.Namespace) -> bool:
                 if a.validate_steps is not None:  # a shorter schedule: compared at its last evaluation
                     extra += [f"trainer.max_steps={a.validate_steps}", "trainer.checkpoint_every=null"]
                 cmd = train_command(a, arm, link, run_dir, extra)
-                start = _now()
-                if not _run(cmd, run_dir.parent / f"{run_dir.name}.log", a.timeout_s):
+                if not _run_segment(cmd, run_dir, a.timeout_s):
                     ok = False
                     continue
-                segment = {"commit": git_commit(), "start": start, "end": _now(), "ok": True, "command": recorded(cmd)}
-            else:
-                segment = None
             path = records.record_path(a.records, arm, a.seeds[0], "validate", _validate_suffix(a, link))
-            old = json.loads(path.read_text()) if path.exists() else {}
             record = records.curve_record(arm, a.seeds[0], ARMS[arm], a.recipe,
-                                          json.loads((run_dir / "summary.json").read_text()),
-                                          [segment] if segment else old.get("segments", []))
+                                          json.loads((run_dir / "summary.json").read_text()), _segments(run_dir))
             a.records.mkdir(parents=True, exist_ok=True)
             write_json_atomic(path, record | {"kind": "validate", "link": link, "steps_limit": a.validate_steps})
     return ok
