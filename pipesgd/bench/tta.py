@@ -424,7 +424,7 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
                                "ceiling": compose.ceiling(t["step_ms"]), "timing_commits": t["commits"],
                                "timing_measured": t["measured"], "link_mtu": t["mtu"]}
     reference = next((r for r in used if r["arm"] == "sync"), used[0] if used else None)
-    return {
+    result = {
         "recipe": {"experiment": a.recipe, "arms": {arm: list(ARMS[arm]) for arm in a.arms},
                    "overrides": list(a.overrides),
                    "config": None if reference is None else records.recipe_config(
@@ -437,6 +437,7 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
         "timing_config": {"steps": a.steps, "skip": a.skip, "repeats": a.repeats, "workers": a.workers},
         "commit": git_commit(), "date": _now(),
     }
+    return result | {"goals": compose.goals(result)}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -481,6 +482,7 @@ def report(a: argparse.Namespace) -> dict:
     if str(a.plot) not in ("", ".") and result["links"]:
         plot(result, a.plot)
     print(compose.table(result))
+    print(compose.goals_table(result["goals"]))
     return result
 
 

@@ -240,3 +240,116 @@ def sweep_table(result: dict) -> str:
     if not rows:
         return ""
     return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows]) + "\n"
+
+
+SPEED_GOALS = {"100mbit": 1.15, "50mbit": 1.35}
+"""Issue #25's goal per link: the best pipe arm reaches every target of the sweep this many times
+sooner than the best DDP arm, or, where compute alone is not that much faster than the best DDP arm
+(physics caps the speedup), captures :data:`CAPTURE_GOAL` of the per-step gain compute alone allows."""
+CAPTURE_GOAL = 0.8
+COMPRESSED_PIPE_ARMS = ("pipe+lookahead-int8", "pipe+lookahead-fp16")
+"""Arms that must end within :data:`SAME_ACCURACY_PP` of ``sync`` (mean over seeds)."""
+VALIDATION_GOAL = 0.05
+"""Composed against measured time, for ``sync`` and the headline arm on every validated link."""
+
+
+def _final_means(arms: Sequence[dict]) -> dict[str, float]:
+    by_arm: dict[str, list[float]] = {}
+    for r in arms:
+        if r.get("complete", True) and r.get("final_test_accuracy") is not None:
+            by_arm.setdefault(r["name"], []).append(r["final_test_accuracy"])
+    return {arm: statistics.fmean(v) for arm, v in by_arm.items()}
+
+
+def _speed_goal(link: str, block: dict, threshold: float, eligible: list[str], slacks: list[str]) -> dict:
+    row = {"goal": f"speed {link}", "link": link, "threshold": threshold, "eligible_arms": eligible}
+    cap = block.get("ceiling")
+    if not cap or cap.get("ceiling_speedup") is None:
+        return row | {"met": None, "why": "no compute-alone or DDP step time on this link"}
+    row["ceiling_speedup"] = cap["ceiling_speedup"]
+    if cap["ceiling_speedup"] < threshold:
+        captured = {arm: cap["captured"].get(arm) for arm in eligible if cap["captured"].get(arm) is not None}
+        best = max(captured, key=captured.get) if captured else None
+        return row | {"applies": "capture", "capture_threshold": CAPTURE_GOAL, "arm": best,
+                      "value": captured.get(best), "met": None if best is None else captured[best] >= CAPTURE_GOAL,
+                      "why": f"compute alone is only {cap['ceiling_speedup']:.2f}x faster per step than "
+                             f"{cap['best_ddp']}, below {threshold:.2f}x"}
+    per_slack = {}
+    for name in slacks:
+        ups = {arm: block["targets"][name]["speedup"].get("best ddp", {}).get(arm) for arm in eligible}
+        ups = {arm: u for arm, u in ups.items() if u is not None}
+        per_slack[name] = None if not ups else {"arm": max(ups, key=ups.get), "speedup": max(ups.values()),
+                                                "best_ddp": block["targets"][name]["best_ddp"]}
+    worst = None if any(v is None for v in per_slack.values()) or not per_slack else \
+        min(v["speedup"] for v in per_slack.values())
+    return row | {"applies": "speedup", "per_slack": per_slack, "value": worst,
+                  "met": None if worst is None else worst >= threshold,
+                  "why": "" if worst is not None else "some target of the sweep has no priced pipe or DDP arm"}
+
+
+def _goal_arm(goal: dict) -> str | None:
+    """The pipe arm a speed goal rests on: the best capturer, or the best arm at the headline slack."""
+    if goal.get("applies") == "capture":
+        return goal.get("arm")
+    at = (goal.get("per_slack") or {}).get(f"slack {SAME_ACCURACY_PP:g}")
+    return at["arm"] if at else None
+
+
+def goals(result: dict, speed_goals: dict[str, float] | None = None) -> list[dict]:
+    """The study's goals, each ``met`` True/False, or None where the result cannot tell (``why``).
+
+    Speed: on each link of ``speed_goals`` (default :data:`SPEED_GOALS`), among pipe arms that end
+    within :data:`SAME_ACCURACY_PP` of ``sync``, the best one's speedup over the best DDP arm at
+    every slack target, worst case over the sweep; or the per-step share of compute alone's gain
+    where the ceiling is below the threshold. Accuracy: each compressed pipe arm's mean final
+    accuracy against ``sync``'s. Validation: every validation row of ``sync`` and the headline arm
+    (the speed goal's arm on the first link) within :data:`VALIDATION_GOAL`."""
+    speed_goals = SPEED_GOALS if speed_goals is None else speed_goals
+    means = _final_means(result.get("arms", []))
+    sync = means.get("sync")
+    eligible = [arm for arm in means if arm.startswith("pipe") and sync is not None
+                and means[arm] >= sync - SAME_ACCURACY_PP]
+    slacks = [n for n in result.get("targets", {}) if n.startswith("slack")]
+    out = []
+    for link, threshold in speed_goals.items():
+        block = result.get("links", {}).get(link)
+        out.append({"goal": f"speed {link}", "link": link, "threshold": threshold, "met": None,
+                    "why": "link not timed"} if block is None else _speed_goal(link, block, threshold, eligible, slacks))
+    for arm in COMPRESSED_PIPE_ARMS:
+        diff = None if sync is None or arm not in means else means[arm] - sync
+        out.append({"goal": f"accuracy {arm}", "arm": arm, "threshold_pp": -SAME_ACCURACY_PP, "value": diff,
+                    "met": None if diff is None else diff >= -SAME_ACCURACY_PP,
+                    "why": "" if diff is not None else "no finished run of it and sync"})
+    headline = next((_goal_arm(g) for g in out if g["goal"].startswith("speed") and _goal_arm(g)), None)
+    for arm in ("sync", headline):
+        rows = [v for v in result.get("validation", []) if arm is not None and v["arm"] == arm]
+        errors = [v["rel_error"] for v in rows if v.get("rel_error") is not None]
+        out.append({"goal": f"validation {arm or 'headline arm'}", "arm": arm, "threshold": VALIDATION_GOAL,
+                    "value": max(errors, key=abs) if errors else None,
+                    "met": None if not errors else all(abs(e) <= VALIDATION_GOAL for e in errors),
+                    "why": "" if errors else "no validation record of it on a timed link"})
+    return out
+
+
+def goals_table(rows: Sequence[dict]) -> str:
+    """Markdown: each goal, the value that decides it, and met / missed / not measured."""
+    lines = ["| goal | value | needed | result |", "|---|---|---|---|"]
+    for g in rows:
+        verdict = {True: "met", False: "**missed**", None: "not measured"}[g["met"]]
+        if g["goal"].startswith("speed"):
+            if g.get("applies") == "capture":
+                value = "–" if g.get("value") is None else f"{100 * g['value']:.0f} % of compute alone's gain ({g['arm']})"
+                needed = (f"≥ {100 * g['capture_threshold']:.0f} % (ceiling {g['ceiling_speedup']:.2f}× "
+                          f"< {g['threshold']:.2f}×)")
+            else:
+                value = "–" if g.get("value") is None else f"{g['value']:.2f}× (worst slack)"
+                needed = f"≥ {g['threshold']:.2f}× vs best DDP at every slack"
+        elif g["goal"].startswith("accuracy"):
+            value = "–" if g["value"] is None else f"{g['value']:+.2f} pp vs sync"
+            needed = f"≥ {g['threshold_pp']:+.1f} pp"
+        else:
+            value = "–" if g["value"] is None else f"{100 * g['value']:+.1f} %"
+            needed = f"within ±{100 * g['threshold']:.0f} %"
+        why = f" ({g['why']})" if g.get("why") and g["met"] is None else ""
+        lines.append(f"| {g['goal']} | {value} | {needed} | {verdict}{why} |")
+    return "\n".join(lines) + "\n"

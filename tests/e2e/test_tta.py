@@ -100,6 +100,51 @@ def test_table_has_a_row_per_arm_with_speedups():
     assert len(lines) == 4 and lines[3].startswith("| pipe | 1 | 90.10 | 100 | 200 | 0.3 min | 1.50× / – |")
 
 
+def _goal_result(step_ms: dict, validation=()) -> dict:
+    """sync ends at 90.4 %, int8 at 90.35 % (same accuracy), plain pipe at 89.0 % (not eligible)."""
+    curves = {"sync": [[100, 89.0], [200, 90.4]], "ddp-fp16": [[100, 89.0], [200, 90.4]],
+              "pipe+lookahead-int8": [[100, 89.0], [200, 90.35]], "pipe": [[100, 90.2], [200, 89.0]]}
+    arms = [{"name": n, "seed": 0, "complete": True, "final_test_accuracy": cv[-1][1], "curve": cv}
+            for n, cv in curves.items()]
+    targets = c.targets_from([90.4])
+    runs = [{"name": r["name"], "seed": 0, "curve": r["curve"]} for r in arms]
+    block = c.compose_link(runs, step_ms, 0.0, {}, targets) | {"ceiling": c.ceiling(step_ms)}
+    return {"arms": arms, "targets": targets, "links": {"100mbit": block}, "validation": list(validation)}
+
+
+def test_speed_goal_takes_the_worst_slack_and_only_arms_at_sync_accuracy():
+    # compute alone 100 ms against ddp-fp16's 300: the ceiling (3x) is above 1.15x, so speedup applies
+    result = _goal_result({"sync": 400.0, "ddp-fp16": 300.0, "pipe+lookahead-int8": 250.0, "pipe": 10.0,
+                           "compute": 100.0})
+    speed = c.goals(result, {"100mbit": 1.15})[0]
+    assert speed["applies"] == "speedup" and speed["eligible_arms"] == ["pipe+lookahead-int8"]
+    # slack 0.1 (90.3): int8 reaches it at step 200, ddp-fp16 at 200 -> 1.2x; the 1000x-faster pipe arm ends 1.4 pp low
+    assert speed["value"] == pytest.approx(300 / 250) and speed["met"] is True
+    assert c.goals(result, {"100mbit": 1.25})[0]["met"] is False
+
+
+def test_speed_goal_becomes_capture_under_a_low_ceiling():
+    result = _goal_result({"sync": 400.0, "ddp-fp16": 110.0, "pipe+lookahead-int8": 102.0, "compute": 100.0})
+    speed = c.goals(result, {"100mbit": 1.15})[0]
+    assert speed["applies"] == "capture" and speed["value"] == pytest.approx(0.8) and speed["met"] is True
+    result = _goal_result({"sync": 400.0, "ddp-fp16": 110.0, "pipe+lookahead-int8": 103.0, "compute": 100.0})
+    assert c.goals(result, {"100mbit": 1.15})[0]["met"] is False
+    assert "missed" in c.goals_table(c.goals(result, {"100mbit": 1.15}))
+
+
+def test_accuracy_and_validation_goals_say_what_they_lack():
+    ms = {"sync": 400.0, "ddp-fp16": 300.0, "pipe+lookahead-int8": 250.0, "compute": 100.0}
+    rows = {g["goal"]: g for g in c.goals(_goal_result(ms), {"100mbit": 1.15})}
+    assert rows["accuracy pipe+lookahead-int8"]["value"] == pytest.approx(-0.05)
+    assert rows["accuracy pipe+lookahead-int8"]["met"] is True
+    assert rows["accuracy pipe+lookahead-fp16"]["met"] is None
+    assert rows["validation sync"]["met"] is None and "no validation record" in rows["validation sync"]["why"]
+    validated = _goal_result(ms, [{"arm": "sync", "rel_error": 0.02}, {"arm": "pipe+lookahead-int8", "rel_error": -0.07}])
+    rows = {g["goal"]: g for g in c.goals(validated, {"100mbit": 1.15})}
+    assert rows["validation sync"]["met"] is True
+    assert rows["validation pipe+lookahead-int8"]["met"] is False, "the headline arm is the speed goal's arm"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--arms", "sync,nope"], "nope is not one of"),
     (["--seeds", "a"], "not a comma-separated list of integers"),
