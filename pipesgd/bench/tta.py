@@ -54,6 +54,10 @@ ARMS: dict[str, tuple[str, ...]] = {
     compose.COMPUTE_ARM: ("trainer.mode=local", *_K1, "compressor=none"),
 }
 """Arm name (as in the bench grid) -> its overrides on the recipe. Spelled here only."""
+TIMING_OVERRIDES = {"ddp-powersgd": ("compressor.ddp_start_iter=2",)}
+"""What a timing run adds to an arm so that it times the arm's own step: torch's PowerSGD hook
+compresses from its third step (not its 1001st); the composition charges the curve's plain steps
+at the ``ddp`` arm's rate."""
 TIMING_ONLY = (compose.COMPUTE_ARM,)
 """Arms that are timed but never trained to a curve: ``compute`` (every worker trains alone, no
 communication) is the ceiling, the step time no scheme can beat on this machine."""
@@ -244,7 +248,7 @@ def run_timing(a: argparse.Namespace) -> bool:
                 run_dir = (a.dir / "timing" / link / f"{arm}-r{rep}").resolve()
                 extra = [f"trainer.max_steps={a.skip + a.steps}", "trainer.warmup_sync_steps=0",
                          "trainer.eval_every_steps=null", f"trainer.log_every={a.skip + a.steps}",
-                         "trainer.checkpoint_every=null", "trainer.resume=never"]
+                         "trainer.checkpoint_every=null", "trainer.resume=never", *TIMING_OVERRIDES.get(arm, ())]
                 cmd = train_command(a, arm, link, run_dir, extra)
                 load = list(os.getloadavg())
                 start = _now()
@@ -371,9 +375,22 @@ def _one_mtu(link: str, mtus: set[int | None]) -> int | None:
     return next(iter(mtus))
 
 
-def _warmup(run: dict) -> int:
-    trainer = (run.get("config") or {}).get("trainer", {})
-    return int(trainer.get("warmup_sync_steps") or 0) if trainer.get("mode") == "pipe" else 0
+POWERSGD = "pipesgd.reduction.powersgd.PowerSGD"
+TORCH_START_POWERSGD_ITER = 1000
+"""torch's ``start_powerSGD_iter`` default: what a record from before ``compressor.ddp_start_iter`` ran."""
+
+
+def _warmup(run: dict) -> tuple[int, str | None]:
+    """(steps, arm whose step time they run at) before the arm's own step time applies: a pipe
+    arm's synchronous warm-up (``sync``), or the plain allreduce steps torch's PowerSGD hook takes
+    before it compresses (``ddp``)."""
+    config = run.get("config") or {}
+    trainer, compressor = config.get("trainer", {}), config.get("compressor", {})
+    if trainer.get("mode") == "pipe":
+        return int(trainer.get("warmup_sync_steps") or 0), "sync"
+    if trainer.get("mode") == "ddp" and compressor.get("_target_") == POWERSGD:
+        return int(compressor.get("ddp_start_iter", TORCH_START_POWERSGD_ITER)), "ddp"
+    return 0, None
 
 
 def _run_row(r: dict, targets: dict[str, float]) -> dict:
@@ -391,7 +408,7 @@ def _run_row(r: dict, targets: dict[str, float]) -> dict:
 
 
 def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[str, int],
-                used: list[dict]) -> list[dict]:
+                warmup_at: dict[str, str], used: list[dict]) -> list[dict]:
     """Composed against measured, from the validation records of the arms and links timed."""
     rows = []
     for path in sorted(a.records.glob("validate-*.json")) if a.records.is_dir() else []:
@@ -400,11 +417,12 @@ def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[
         block = links.get(link)
         if block is None or arm not in block["step_ms"] or v["recipe"] != a.recipe:
             continue
-        sync_ms = block["step_ms"].get("sync")
+        if arm in block["unpriced"]:
+            continue
+        warm_ms = block["step_ms"].get(warmup_at.get(arm, "sync"))
         limit = v.get("steps_limit")
         row = compose.validation_row(arm, link, v["curve"], v["eval_elapsed_s"], None if limit else target,
-                                     block["step_ms"][arm], block["eval_s"], warmup.get(arm, 0) if sync_ms else 0,
-                                     sync_ms)
+                                     block["step_ms"][arm], block["eval_s"], warmup.get(arm, 0), warm_ms)
         loop = next((r for r in used if r["arm"] == arm and r["seed"] == v["seed"]), None)
         # a shortened run has its own (shorter) schedule, so its curve is not the loopback run's
         row["same_curve_as_loopback"] = None if loop is None or limit else loop["curve"] == v["curve"]
@@ -416,10 +434,12 @@ def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[
 def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict], timing: dict[str, dict]) -> dict:
     finished = [{"name": r["arm"], "seed": r["seed"], "curve": r["curve"]} for r in used]
     targets = compose.targets_from([r["final_test_accuracy"] for r in used if r["arm"] == "sync"])
-    warmup = {r["arm"]: _warmup(r) for r in used}
+    warm = {r["arm"]: _warmup(r) for r in used}
+    warmup = {arm: steps for arm, (steps, _) in warm.items()}
+    warmup_at = {arm: at for arm, (_, at) in warm.items() if at}
     links = {}
     for link, t in timing.items():
-        block = compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, targets)
+        block = compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, targets, warmup_at)
         links[link] = block | {"repeat_median_ms": t["repeat_median_ms"], "cpu": t["cpu"],
                                "ceiling": compose.ceiling(t["step_ms"]), "timing_commits": t["commits"],
                                "timing_measured": t["measured"], "link_mtu": t["mtu"]}
@@ -431,9 +451,10 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
                        reference["config"], {k for arm in a.arms for k in records.override_keys(ARMS[arm])},
                        reference.get("world_size"))},
         "target_accuracy": targets["target"], "same_accuracy_pp": compose.SAME_ACCURACY_PP,
-        "targets": targets, "warmup_sync_steps": warmup,
+        "targets": targets, "warmup_sync_steps": {arm: n for arm, n in warmup.items() if warmup_at.get(arm) != "ddp"},
+        "warmup": {arm: {"steps": n, "at": warmup_at.get(arm)} for arm, n in warmup.items()},
         "arms": [_run_row(r, targets) for r in used] + [_run_row(r, targets) for r in unfinished],
-        "links": links, "validation": _validation(a, links, targets["target"], warmup, used),
+        "links": links, "validation": _validation(a, links, targets["target"], warmup, warmup_at, used),
         "timing_config": {"steps": a.steps, "skip": a.skip, "repeats": a.repeats, "workers": a.workers},
         "commit": git_commit(), "date": _now(),
     }
@@ -451,12 +472,12 @@ def plot(result: dict, path: Path) -> None:
     seen = set()
     for run in result["arms"]:
         arm = run["name"]
-        if arm in seen or not run["complete"] or arm not in block["step_ms"]:
+        if arm in seen or not run["complete"] or arm not in block["step_ms"] or arm in block["unpriced"]:
             continue
         seen.add(arm)
-        sync_ms = block["step_ms"].get("sync")
-        warm = result["warmup_sync_steps"].get(arm, 0) if sync_ms is not None else 0
-        pts = compose.wall_curve(run["curve"], block["step_ms"][arm], block["eval_s"], warm, sync_ms)
+        warm = result["warmup"].get(arm, {"steps": 0, "at": None})
+        pts = compose.wall_curve(run["curve"], block["step_ms"][arm], block["eval_s"], warm["steps"],
+                                 block["step_ms"].get(warm["at"] or "sync"))
         ax.plot([p[0] / 60 for p in pts], [p[1] for p in pts], label=f"{arm} ({block['step_ms'][arm]:.0f} ms/step)",
                 lw=1.6 if arm.startswith("pipe") else 1.1)
     ax.axhline(result["target_accuracy"], color="0.4", ls="--", lw=0.8)

@@ -7,7 +7,9 @@ evaluation after step ``s`` (the ``i``-th evaluation of the run) is::
 
     t(s) = min(s, w) * sync_ms[l] + max(0, s - w) * step_ms[a, l] + i * eval_s[l]
 
-with ``w`` the arm's synchronous warm-up steps (charged at the ``sync`` arm's step time).
+with ``w`` the arm's warm-up steps, charged at the step time of the arm that runs them: ``sync``
+for a pipe arm's synchronous warm-up, ``ddp`` for the plain allreduce steps torch's PowerSGD hook
+takes before it compresses (``sync_ms`` above stands for either).
 Accuracies here are in percent.
 """
 
@@ -83,18 +85,19 @@ def targets_from(finals: Sequence[float], slacks: Sequence[float] = SLACKS_PP,
 
 
 def compose_link(runs: Sequence[dict], step_ms: dict[str, float], eval_s: float, warmup: dict[str, int],
-                 targets: dict[str, float] | float) -> dict:
+                 targets: dict[str, float] | float, warmup_at: dict[str, str] | None = None) -> dict:
     """One link's block of the result: per target (a float is ``{"target": it}``), each arm's time
     (the mean over its seeds) and the speedups against every baseline arm that has one, including
     the fastest DDP arm (``best ddp``).
 
     ``runs`` are finished runs ``{"name", "seed", "curve"}``; arms without a step time are left out.
-    ``warmup[arm]`` synchronous steps are charged at ``step_ms["sync"]``; without a ``sync`` step
-    time such an arm is not priced at all (``unpriced`` says why) rather than charged at its own rate.
+    ``warmup[arm]`` warm-up steps are charged at ``step_ms[warmup_at.get(arm, "sync")]``; without
+    that step time such an arm is not priced at all (``unpriced`` says why) rather than charged at
+    its own rate.
     """
     if not isinstance(targets, dict):
         targets = {"target": float(targets)}
-    sync_ms = step_ms.get("sync")
+    warmup_at = warmup_at or {}
     out: dict = {"step_ms": dict(step_ms), "eval_s": eval_s, "unpriced": {}, "targets": {}}
     by_arm: dict[str, list[dict]] = {}
     for r in runs:
@@ -103,14 +106,16 @@ def compose_link(runs: Sequence[dict], step_ms: dict[str, float], eval_s: float,
     for arm, rs in by_arm.items():
         if arm not in step_ms:
             continue
-        if warmup.get(arm, 0) and sync_ms is None:
-            out["unpriced"][arm] = (f"its {warmup[arm]} synchronous warm-up steps need the sync arm's step time, "
+        at = warmup_at.get(arm, "sync")
+        if warmup.get(arm, 0) and at not in step_ms:
+            out["unpriced"][arm] = (f"its {warmup[arm]} warm-up steps need the {at} arm's step time, "
                                     "which this link has not measured")
             continue
         priced[arm] = rs
     for name, accuracy in targets.items():
-        times = {arm: _mean_or_none([time_to(r["curve"], accuracy, step_ms[arm], eval_s, warmup.get(arm, 0), sync_ms)
-                                     for r in rs]) for arm, rs in priced.items()}
+        times = {arm: _mean_or_none([time_to(r["curve"], accuracy, step_ms[arm], eval_s, warmup.get(arm, 0),
+                                             step_ms.get(warmup_at.get(arm, "sync"))) for r in rs])
+                 for arm, rs in priced.items()}
         ddp = {arm: t for arm, t in times.items() if arm in DDP_ARMS and t}
         block = {"accuracy": accuracy, "time_s": times, "best_ddp": min(ddp, key=ddp.get) if ddp else None}
         bases = {base: times[base] for base in BASELINES if times.get(base)}

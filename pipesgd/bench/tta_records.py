@@ -27,8 +27,10 @@ SUMMARY_FACTS = {"trainer.mode": "mode", "trainer.width": "width", "trainer.stal
 """Arm override key -> the summary.json field that states what ran."""
 TIMING_PHASE_KEYS = ("trainer.max_steps", "trainer.warmup_sync_steps", "trainer.eval_every_steps",
                      "trainer.log_every", "trainer.checkpoint_every", "trainer.resume", "hydra.run.dir",
-                     "dist.nproc", "seed")
-"""Overrides the timing and validation phases set themselves (not the recipe's identity)."""
+                     "dist.nproc", "seed", "compressor.ddp_start_iter")
+"""Overrides the timing and validation phases set themselves (not the recipe's identity). The
+warm-ups (a pipe arm's synchronous steps, the PowerSGD hook's plain allreduce steps) are priced at
+the rate of the arm that runs them, so a timing run turns them off to time the arm's own step."""
 
 
 class Refused(ValueError):

@@ -58,6 +58,16 @@ def test_warmup_without_a_sync_step_time_is_not_priced_at_the_arms_rate():
     assert block["time_to_target_s"]["ddp-fp16"] == pytest.approx(15.0)
 
 
+def test_powersgd_plain_steps_are_charged_at_ddps_rate_or_not_priced():
+    runs = [{"name": "ddp-powersgd", "seed": 0, "curve": [[300, 90.0]]}]
+    block = c.compose_link(runs, {"ddp-powersgd": 100.0, "ddp": 250.0, "sync": 1000.0}, 0.0,
+                           {"ddp-powersgd": 200}, 90.0, {"ddp-powersgd": "ddp"})
+    assert block["time_to_target_s"]["ddp-powersgd"] == pytest.approx((200 * 250 + 100 * 100) / 1e3)
+    block = c.compose_link(runs, {"ddp-powersgd": 100.0, "sync": 1000.0}, 0.0, {"ddp-powersgd": 200}, 90.0,
+                           {"ddp-powersgd": "ddp"})
+    assert "ddp-powersgd" not in block["time_to_target_s"] and "ddp arm's step time" in block["unpriced"]["ddp-powersgd"]
+
+
 def test_speedups_against_the_fastest_ddp_arm_and_the_ceiling():
     runs = [{"name": n, "seed": 0, "curve": [[100, 90.0]]} for n in ("ddp-fp16", "ddp-powersgd", "pipe+lookahead")]
     ms = {"ddp-fp16": 200.0, "ddp-powersgd": 160.0, "pipe+lookahead": 120.0, "compute": 100.0}

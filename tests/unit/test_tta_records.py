@@ -105,6 +105,17 @@ def test_timing_records_of_another_recipe_are_refused():
         r.check_timing([stale], "resnet_cifar_tta", tta.ARMS, [])
 
 
+def test_a_powersgd_timing_run_times_the_hook_and_its_curve_charges_the_plain_steps_at_ddps_rate():
+    timed = _timing("ddp-powersgd")
+    timed["command"] += " " + " ".join(tta.TIMING_OVERRIDES["ddp-powersgd"])
+    assert r.check_timing([timed], "resnet_cifar_tta", tta.ARMS, []) == [timed]
+    hook = {"_target_": tta.POWERSGD, "rank": 2}
+    assert tta._warmup({"config": {"trainer": {"mode": "ddp"}, "compressor": hook}}) == (1000, "ddp")
+    assert tta._warmup({"config": {"trainer": {"mode": "ddp"}, "compressor": hook | {"ddp_start_iter": 7}}}) == (7, "ddp")
+    assert tta._warmup({"config": {"trainer": {"mode": "pipe", "warmup_sync_steps": 200}, "compressor": {}}}) == (200, "sync")
+    assert tta._warmup({"config": {"trainer": {"mode": "ddp"}, "compressor": {"_target_": "x.FP16"}}}) == (0, None)
+
+
 def test_the_report_uses_records_and_lists_what_it_did_not_use(tmp_path):
     records = tmp_path / "records"
     records.mkdir()
