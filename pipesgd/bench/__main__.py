@@ -1,8 +1,9 @@
 """``python -m pipesgd.bench [options] [Hydra overrides for every training run]``.
 
 Writes docs/benchmarks.json (a list of cells; a subset run replaces only its own cells) and
-regenerates the tables of docs/benchmarks.md. Emulated-link cells need root (pipesgd.emulate);
-without it they are skipped with a warning. Exit status 1 if any cell failed.
+regenerates the tables of docs/benchmarks.md (``--grid ring-scaling``: docs/ring-scaling.json and
+.md). Emulated-link cells need root (pipesgd.emulate); without it they are skipped with a warning.
+Exit status 1 if any cell failed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from pipesgd.emulate.netns import DEFAULT_MTU
 
-from .grid import full_grid, quick_grid, select
+from .grid import GRIDS, quick_grid, select
 from .render import write_markdown
 from .runner import Settings, merge, run_cells, save
 
@@ -29,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipesgd.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every training run, e.g. data.root=PATH")
+    p.add_argument("--grid", choices=sorted(GRIDS), default="full",
+                   help="which cells: the suite (full, default; docs/benchmarks.md) or the allreduce algorithms "
+                   "at p = 4, 8, 16 (ring-scaling; docs/ring-scaling.md)")
     p.add_argument("--only", help="comma-separated shell patterns over cell names, e.g. 'resnet20/p2/*,allreduce/*'")
     p.add_argument("--quick", action="store_true",
                    help="10 steps after 3 skipped, 1 repeat, 5 collectives, quick calibration; without "
@@ -38,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip", type=int, help="warm-up steps left out of the medians (default 10; quick 3)")
     p.add_argument("--repeats", type=int, help="runs per training cell, each a new process (default 2; quick 1)")
     p.add_argument("--allreduce-repeats", type=int, help="timed collectives per allreduce cell (default 20; quick 5)")
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.json", help="JSON list of cells")
-    p.add_argument("--md", type=Path, default=ROOT / "docs" / "benchmarks.md", help="markdown to regenerate")
+    p.add_argument("--out", type=Path, help="JSON list of cells (default docs/benchmarks.json; another --grid: "
+                   "docs/<grid>.json)")
+    p.add_argument("--md", type=Path, help="markdown to regenerate (default docs/benchmarks.md, or docs/<grid>.md)")
     p.add_argument("--fresh", action="store_true", help="start a new JSON instead of merging into --out")
     p.add_argument("--dir", type=Path, help="run dirs, logs, calibrations (default outputs/bench/<time>)")
     p.add_argument("--calibrations", type=Path, help="reuse <workload>-p<p>-<link>.json files from this dir")
@@ -58,6 +63,8 @@ def _at_least(parser: argparse.ArgumentParser, name: str, value: int | None, low
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    stem = "benchmarks" if args.grid == "full" else args.grid
+    args.out, args.md = args.out or ROOT / "docs" / f"{stem}.json", args.md or ROOT / "docs" / f"{stem}.md"
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     existing = json.loads(args.out.read_text()) if args.out.exists() and not args.fresh else []
     if args.render_only:
@@ -70,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bad:
         parser.error(f"unexpected argument(s) {bad}: positional arguments are Hydra overrides key=value")
     try:
-        cells = select(full_grid(), args.only) if args.only else (quick_grid() if args.quick else full_grid())
+        grid = GRIDS[args.grid]()
+        quick_slice = args.quick and args.grid == "full"  # the other grids are slices already
+        cells = select(grid, args.only) if args.only else (quick_grid() if quick_slice else grid)
     except ValueError as e:
         parser.error(str(e))
     if args.list:
@@ -86,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mtu=args.mtu)
     log.info("%d cells, run dirs under %s", len(cells), settings.bench_dir)
     started, new, failed = time.perf_counter(), [], 0
-    order = [c.name for c in full_grid()]
+    order = [c.name for c in grid]
     for record in run_cells(cells, settings):
         new.append(record)
         failed += "error" in record

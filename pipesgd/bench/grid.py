@@ -4,7 +4,8 @@ A cell is one measured configuration. ``train`` cells run ``python -m pipesgd.tr
 ``python -m pipesgd.emulate`` on a shaped link) and measure iteration time; ``allreduce`` cells
 time one collective of a fixed size (pipesgd/bench/allreduce.py). Names are
 ``<model>/p<workers>/<link>/<mode>[-<compressor>]`` and ``allreduce/p<workers>/<link>/<algo>-<size>``,
-so ``--only 'resnet20/p2/*'`` or ``--only '*/100mbit/*'`` select slices.
+so ``--only 'resnet20/p2/*'`` or ``--only '*/100mbit/*'`` select slices. :data:`GRIDS` names the
+grids the bench can run (``--grid``): the suite, and the ring at larger p (docs/ring-scaling.md).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ WORKLOADS = {w.label: w for w in (RESNET20, MLP1M, MLP)}
 @dataclass(frozen=True)
 class Cell:
     kind: str  # "train" | "allreduce"
-    mode: str  # train: sync | pipe | ddp | local; allreduce: ring | native
+    mode: str  # train: sync | pipe | ddp | local; allreduce: a registered pipesgd.comm allreduce (ring, tree, native)
     world_size: int
     link: str  # "loopback" or a tc rate such as "100mbit"
     compressor: str = "none"
@@ -57,6 +58,7 @@ class Cell:
     nbytes: int = 0  # allreduce cells: tensor bytes (fp32)
     comm: str = "ring"  # train cells: conf/comm (ring, tree, hierarchical); the ps modes ignore it
     group_size: int | None = None  # comm=hierarchical: ranks per node group
+    calibrated_at: int | None = None  # allreduce cells: the p whose calibration gives α, β, γ (None: the cell's)
 
     @property
     def train_overrides(self) -> list[str]:
@@ -81,8 +83,11 @@ class Cell:
     @property
     def calibration_key(self) -> tuple[str, int, str]:
         """(workload, p, link) whose calibration predicts this cell; allreduce cells only need the
-        link constants, taken from the ResNet-20 calibration of the same p and link."""
-        return (self.workload if self.kind == "train" else RESNET20.label, self.world_size, self.link)
+        link constants, taken from the ResNet-20 calibration of the same link at ``calibrated_at``
+        workers (default the cell's own p)."""
+        if self.kind == "train":
+            return (self.workload, self.world_size, self.link)
+        return (RESNET20.label, self.calibrated_at or self.world_size, self.link)
 
 
 def _size(nbytes: int) -> str:
@@ -140,6 +145,30 @@ def quick_grid() -> list[Cell]:
             "resnet20/p2/100mbit/ddp", f"allreduce/p2/100mbit/ring-{_size(4 * RESNET20.params)}",
             f"allreduce/p2/100mbit/native-{_size(4 * RESNET20.params)}"}
     return [c for c in full_grid() if c.name in keep]
+
+
+RING_SCALING_ALGOS = ("ring", "tree", "native")
+"""pipesgd's ring, FireCaffe's binomial tree, Gloo's own allreduce: each priced by the cost it declares."""
+RING_SCALING_WORLD_SIZES = (4, 8, 16)
+RING_SCALING_LINKS = ("100mbit", "1gbit")
+RING_SCALING_BYTES = (1_000_000, 3_000_000, 10_000_000, 30_000_000, 100_000_000)
+"""1 MB to 100 MB in half-decade steps: the small ones show α (2(p−1) messages), the large ones β."""
+
+
+def ring_scaling_grid() -> list[Cell]:
+    """Communication alone at larger p (docs/ring-scaling.md): every algorithm of
+    :data:`RING_SCALING_ALGOS` at every p, link and size, slow link first, small sizes first.
+
+    Every cell predicts from the p=2 calibration of its link: α and β are measured between ranks 0
+    and 1 whatever p is, and a calibration at p=16 would time sixteen ResNet-20s on this machine's
+    cores for constants these cells do not read."""
+    return [Cell("allreduce", algo, p, link, nbytes=nbytes, calibrated_at=2)
+            for link in RING_SCALING_LINKS for p in RING_SCALING_WORLD_SIZES for nbytes in RING_SCALING_BYTES
+            for algo in RING_SCALING_ALGOS]
+
+
+GRIDS = {"full": full_grid, "ring-scaling": ring_scaling_grid}
+"""``--grid`` name -> the cells it holds, in run order."""
 
 
 def select(cells: list[Cell], only: str | None) -> list[Cell]:

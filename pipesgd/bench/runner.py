@@ -304,7 +304,8 @@ def run_allreduce_cell(cell: Cell, cal: Path, s: Settings) -> dict:
     it = _spread(ms)
     cal_values = load_calibration(cal)
     p, nbytes = cell.world_size, result["bytes"]
-    pred = allreduce_time("ring", nbytes, p, cal_values["alpha_s"], cal_values["beta_s_per_byte"],
+    # The cost the cell's algorithm declares (pipesgd/comm/): the tree's is not the ring's.
+    pred = allreduce_time(cell.mode, nbytes, p, cal_values["alpha_s"], cal_values["beta_s_per_byte"],
                           cal_values["gamma_s_per_byte"]) * 1e3
     moved = ring_bytes(nbytes, p, 1)  # bytes each rank sends in a bandwidth-optimal allreduce
     rate = parse_bandwidth(cell.link) if cell.emulated else None
