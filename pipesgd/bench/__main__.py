@@ -78,8 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unexpected argument(s) {bad}: positional arguments are Hydra overrides key=value")
     try:
         grid = GRIDS[args.grid]()
-        quick_slice = args.quick and args.grid == "full"  # the other grids are slices already
-        cells = select(grid, args.only) if args.only else (quick_grid() if quick_slice else grid)
+        cells = select(grid, args.only) if args.only else (
+            quick_grid() if args.quick and args.grid == "full" else grid)
     except ValueError as e:
         parser.error(str(e))
     if args.list:
