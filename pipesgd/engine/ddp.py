@@ -20,9 +20,11 @@ class PowerSGDHookState:
     """torch's ``PowerSGDState`` for ``compressor=powersgd`` under DDP, checkpointed with the engine.
 
     Settings: ``matrix_approximation_rank`` = ``compressor.rank``, ``use_error_feedback`` =
-    ``compressor.error_feedback``, ``random_seed`` = ``compressor.seed``; everything else is torch's
-    default (warm start on, ``start_powerSGD_iter=1000`` plain allreduce steps first, which torch
-    recommends to let the early, large gradients through uncompressed; ``min_compression_rate=2``).
+    ``compressor.error_feedback``, ``random_seed`` = ``compressor.seed``, ``start_powerSGD_iter`` =
+    ``compressor.ddp_start_iter`` (default torch's 1000 plain allreduce steps first, which torch
+    recommends to let the early, large gradients through uncompressed; a timing run of a few dozen
+    steps sets it low, or it times plain DDP); everything else is torch's default (warm start on,
+    ``min_compression_rate=2``).
 
     Resume: the hook keeps its state per DDP bucket, laid out in the bucket's parameter order, and a
     fresh DDP's first iteration buckets the parameters in model order before it re-buckets them in
@@ -38,7 +40,8 @@ class PowerSGDHookState:
         self._torch_hook = powerSGD_hook.powerSGD_hook
         self.state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=compressor.rank,
-            use_error_feedback=compressor.memory is not None, random_seed=compressor.seed)
+            use_error_feedback=compressor.memory is not None, random_seed=compressor.seed,
+            start_powerSGD_iter=compressor.ddp_start_iter)
         self._index = {id(p): i for i, p in enumerate(parameters)}
         self._shapes = [p.shape for p in parameters]
         self._layout: dict[int, list[int]] = {}  # bucket index -> the parameters its state is laid out for

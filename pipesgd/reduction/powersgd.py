@@ -47,10 +47,14 @@ class _Block:
 
 @register("powersgd")
 class PowerSGD(Reduction):
-    def __init__(self, rank: int = 4, error_feedback: bool = True, seed: int = 0):
+    def __init__(self, rank: int = 4, error_feedback: bool = True, seed: int = 0, ddp_start_iter: int = 1000):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"compressor.rank={rank!r} is invalid: must be an integer >= 1")
+        if isinstance(ddp_start_iter, bool) or not isinstance(ddp_start_iter, int) or ddp_start_iter < 2:
+            raise ValueError(f"compressor.ddp_start_iter={ddp_start_iter!r} is invalid: must be an integer >= 2 "
+                             "(torch's powerSGD_hook compresses from the third DDP step at the earliest)")
         self.rank = rank
+        self.ddp_start_iter = ddp_start_iter  # trainer.mode=ddp only: torch's start_powerSGD_iter
         self.seed = seed
         self.memory = ErrorFeedback() if error_feedback else None
         self._blocks: list[_Block] = []
