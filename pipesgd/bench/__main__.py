@@ -31,8 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every training run, e.g. data.root=PATH")
     p.add_argument("--grid", choices=sorted(GRIDS), default="full",
-                   help="which cells: the suite (full, default; docs/benchmarks.md) or the allreduce algorithms "
-                   "at p = 4, 8, 16 (ring-scaling; docs/ring-scaling.md)")
+                   help="which cells: the suite (full, default; docs/benchmarks.md), the allreduce algorithms "
+                   "at p = 4, 8, 16 (ring-scaling; docs/ring-scaling.md) or ResNet-20's link-rate sweep (crossover: "
+                   "6 rates x p = 2, 4 x 8 arms in interleaved rounds, 3 by default; docs/crossover.md)")
     p.add_argument("--only", help="comma-separated shell patterns over cell names, e.g. 'resnet20/p2/*,allreduce/*'")
     p.add_argument("--quick", action="store_true",
                    help="10 steps after 3 skipped, 1 repeat, 5 collectives, quick calibration; without "
@@ -40,7 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="print the selected cells' names and exit")
     p.add_argument("--steps", type=int, help="measured steps per run (default 40; quick 10)")
     p.add_argument("--skip", type=int, help="warm-up steps left out of the medians (default 10; quick 3)")
-    p.add_argument("--repeats", type=int, help="runs per training cell, each a new process (default 2; quick 1)")
+    p.add_argument("--repeats", type=int, help="runs per training cell, each a new process (default 2; quick 1; "
+                   "--grid crossover 3)")
+    p.add_argument("--interleave", action="store_true",
+                   help="run the repeats as rounds: every selected cell once before the next round "
+                   "(always on with --grid crossover)")
     p.add_argument("--allreduce-repeats", type=int, help="timed collectives per allreduce cell (default 20; quick 5)")
     p.add_argument("--out", type=Path, help="JSON list of cells (default docs/benchmarks.json; another --grid: "
                    "docs/<grid>.json)")
@@ -86,22 +91,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(c.name for c in cells))
         return 0
     cells = _runnable(cells)
-    q = args.quick
+    q, crossover = args.quick, args.grid == "crossover"
     settings = Settings(
         bench_dir=(args.dir or ROOT / "outputs" / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve(),
         steps=args.steps or (10 if q else 40), skip=args.skip if args.skip is not None else (3 if q else 10),
-        repeats=args.repeats or (1 if q else 2), allreduce_repeats=args.allreduce_repeats or (5 if q else 20),
+        repeats=args.repeats or (1 if q else 3 if crossover else 2), interleave=args.interleave or crossover,
+        allreduce_repeats=args.allreduce_repeats or (5 if q else 20),
         quick=q, calibration_dir=args.calibrations, overrides=args.overrides, timeout_s=args.timeout_s,
         mtu=args.mtu)
     log.info("%d cells, run dirs under %s", len(cells), settings.bench_dir)
-    started, new, failed = time.perf_counter(), [], 0
+    started, latest = time.perf_counter(), {}
     order = [c.name for c in grid]
     for record in run_cells(cells, settings):
-        new.append(record)
-        failed += "error" in record
-        # Written after every cell, so an interrupted suite keeps what it measured.
+        latest[record["name"]] = record  # interleaved rounds yield a cell again after each of its runs
+        new = list(latest.values())
+        # Written after every run, so an interrupted suite keeps what it measured.
         save(args.out, merge(existing, new, order))
         write_markdown(args.md, merge(existing, new, order))
+    new = list(latest.values())
+    failed = sum("error" in r for r in new)
     log.info("%d cells in %.0f s (%d failed): %s, %s", len(new), time.perf_counter() - started, failed, args.out,
              args.md)
     return 1 if failed else 0

@@ -59,6 +59,7 @@ class Cell:
     comm: str = "ring"  # train cells: conf/comm (ring, tree, hierarchical); the ps modes ignore it
     group_size: int | None = None  # comm=hierarchical: ranks per node group
     calibrated_at: int | None = None  # allreduce cells: the p whose calibration gives α, β, γ (None: the cell's)
+    extra: tuple[str, ...] = ()  # train cells: further overrides, not in the name (e.g. the compressor's settings)
 
     @property
     def train_overrides(self) -> list[str]:
@@ -66,7 +67,7 @@ class Cell:
         out = [f"trainer.mode={self.mode}", f"trainer.width={max(self.width, 1)}", f"compressor={self.compressor}",
                f"comm={self.comm}", f"dist.nproc={self.world_size}",
                "staleness=none"]  # the paper's rule, whatever the experiment file's (resnet_cifar: lookahead)
-        return out + ([f"comm.group_size={self.group_size}"] if self.group_size else [])
+        return out + ([f"comm.group_size={self.group_size}"] if self.group_size else []) + list(self.extra)
 
     @property
     def name(self) -> str:
@@ -109,9 +110,9 @@ SEED_LINK = "100mbit"
 
 
 def _train(mode: str, compressor: str, p: int, link: str, workload: str = "resnet20", comm: str = "ring",
-           group_size: int | None = None) -> Cell:
+           group_size: int | None = None, extra: tuple[str, ...] = ()) -> Cell:
     return Cell("train", mode, p, link, compressor, MODES[mode].width or 2, workload, comm=comm,
-                group_size=group_size)  # width 2 for the pipelined mode, the mode's own for the others
+                group_size=group_size, extra=extra)  # width 2 for the pipelined mode, the mode's own for the others
 
 
 def full_grid() -> list[Cell]:
@@ -167,7 +168,24 @@ def ring_scaling_grid() -> list[Cell]:
             for algo in RING_SCALING_ALGOS]
 
 
-GRIDS = {"full": full_grid, "ring-scaling": ring_scaling_grid}
+CROSSOVER_RATES = ("25mbit", "50mbit", "100mbit", "200mbit", "500mbit", "1gbit")
+CROSSOVER_ARMS = (("local", "none"), ("sync", "none"), ("ddp", "none"), ("ddp", "fp16"), ("ddp", "powersgd"),
+                  ("pipe", "none"), ("pipe", "fp16"), ("pipe", "int8"))
+"""Compute alone, the blocking ring, DDP with no hook / torch's fp16 hook / torch's PowerSGD hook,
+and Pipe-SGD (K = 2) with no, fp16 or int8 compression: the arms of pipesgd.timing.scale.ARMS plus local."""
+POWERSGD_DDP = ("compressor.rank=2", "compressor.ddp_start_iter=2")
+"""ddp-powersgd as the map prices it (rank 2), compressing from the third step: with torch's default
+1000 plain steps first, a timing run of a few dozen steps would time plain DDP."""
+
+
+def crossover_grid() -> list[Cell]:
+    """Issue 28 part 1 (docs/crossover.md): ResNet-20 at p = 2 and 4, every arm at every rate, in
+    run order (p, then rate, then arm); run with interleaved rounds."""
+    return [_train(mode, comp, p, rate, extra=POWERSGD_DDP if comp == "powersgd" else ())
+            for p in WORLD_SIZES for rate in CROSSOVER_RATES for mode, comp in CROSSOVER_ARMS]
+
+
+GRIDS = {"full": full_grid, "ring-scaling": ring_scaling_grid, "crossover": crossover_grid}
 """``--grid`` name -> the cells it holds, in run order."""
 
 

@@ -57,6 +57,7 @@ class Settings:
     python: str = sys.executable
     timeout_s: float = 1800.0
     mtu: int = DEFAULT_MTU  # emulated links' MTU, passed to every pipesgd.emulate command (so its record says it)
+    interleave: bool = False  # repeats as rounds: every cell once per round (run_rounds)
     commit: str = field(default_factory=git_commit)
     root: Path = Path(__file__).resolve().parents[2]
 
@@ -247,36 +248,41 @@ def train_command(cell: Cell, run_dir: Path, cal: Path, s: Settings) -> list[str
     return [s.python, "-m", "pipesgd.train", *overrides]
 
 
-def run_train_cell(cell: Cell, cal: Path, s: Settings) -> dict:
-    """``repeats`` training runs; medians over the pooled per-step data after ``skip`` steps."""
+def run_train_repeat(cell: Cell, cal: Path, s: Settings, r: int) -> dict:
+    """One training run (repeat ``r``, a new process): its steps after ``skip``, median, prediction,
+    CPU split and command, for :func:`train_record` to pool."""
+    run_dir = (s.bench_dir / "cells" / _slug(cell.name) / f"r{r}").resolve()
+    cmd = train_command(cell, run_dir, cal, s)
+    load = list(os.getloadavg())
+    with CpuSampler() as sampler:
+        run_logged(cmd, run_dir.parent / f"r{r}.log", s.timeout_s)
+    history = json.loads((run_dir / "history.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = len(history["iter_ms"])
+    if steps <= s.skip:
+        raise CellFailed(f"{cell.name}: the run recorded {steps} steps, not more than skip={s.skip}")
+    start = history["wall_time"][s.skip - 1] if s.skip else history["wall_time"][0] - history["iter_ms"][0] / 1e3
+    return {"steps": {k: history[k][s.skip:] for k in STEP_FIELDS},
+            "median": statistics.median(history["iter_ms"][s.skip:]),
+            "predicted": summary.get("predicted_iter_ms"), "summary": summary,
+            "cpu": sampler.between(start, history["wall_time"][-1]), "run_dir": str(run_dir),
+            "command": recorded(cmd, s), "loadavg_before": load}
+
+
+def train_record(cell: Cell, repeats: Sequence[dict]) -> dict:
+    """A train cell's record from its runs (:func:`run_train_repeat`): medians over the pooled steps."""
     pooled: dict[str, list[float]] = {k: [] for k in STEP_FIELDS}
-    repeat_medians, predicted, cpu, run_dirs, commands = [], [], [], [], []
-    summary: dict = {}
-    for r in range(s.repeats):
-        run_dir = (s.bench_dir / "cells" / _slug(cell.name) / f"r{r}").resolve()
-        cmd = train_command(cell, run_dir, cal, s)
-        with CpuSampler() as sampler:
-            run_logged(cmd, run_dir.parent / f"r{r}.log", s.timeout_s)
-        history = json.loads((run_dir / "history.json").read_text())
-        summary = json.loads((run_dir / "summary.json").read_text())
-        steps = len(history["iter_ms"])
-        if steps <= s.skip:
-            raise CellFailed(f"{cell.name}: the run recorded {steps} steps, not more than skip={s.skip}")
+    for rep in repeats:
         for k in STEP_FIELDS:
-            pooled[k] += history[k][s.skip:]
-        repeat_medians.append(statistics.median(history["iter_ms"][s.skip:]))
-        start = history["wall_time"][s.skip - 1] if s.skip else history["wall_time"][0] - history["iter_ms"][0] / 1e3
-        cpu.append(sampler.between(start, history["wall_time"][-1]))
-        if summary.get("predicted_iter_ms") is not None:
-            predicted.append(summary["predicted_iter_ms"])
-        run_dirs.append(str(run_dir))
-        commands.append(recorded(cmd, s))
+            pooled[k] += rep["steps"][k]
+    predicted = [rep["predicted"] for rep in repeats if rep["predicted"] is not None]
+    summary = repeats[-1]["summary"]
     it = _spread(pooled["iter_ms"])
     pred = statistics.median(predicted) if predicted else None
     comm = [c for c in pooled["comm_ms"] if c > 0]  # steps that applied a reduction
     return {
         "n": it["n"], "median_iter_ms": it["median"], "min_iter_ms": it["min"], "max_iter_ms": it["max"],
-        "repeat_median_iter_ms": repeat_medians,
+        "repeat_median_iter_ms": [rep["median"] for rep in repeats],
         "predicted_iter_ms": pred, "predicted_from": summary.get("predicted_from"),
         "rel_error": None if pred is None else (pred - it["median"]) / it["median"],
         "median_compute_ms": statistics.median(pooled["compute_ms"]),
@@ -285,9 +291,14 @@ def run_train_cell(cell: Cell, cal: Path, s: Settings) -> dict:
         "median_update_ms": statistics.median(pooled["update_ms"]),
         "bytes_per_step": summary.get("bytes_per_step"), "compression_ratio": summary.get("compression_ratio"),
         "params": WORKLOADS[cell.workload].params, "batch_size": WORKLOADS[cell.workload].batch_size,
-        "model": WORKLOADS[cell.workload].model, "cpu": cpu_split([c for c in cpu if c]),
-        "command": commands[0], "run_dirs": run_dirs,
+        "model": WORKLOADS[cell.workload].model, "cpu": cpu_split([rep["cpu"] for rep in repeats if rep["cpu"]]),
+        "command": repeats[0]["command"], "run_dirs": [rep["run_dir"] for rep in repeats],
     }
+
+
+def run_train_cell(cell: Cell, cal: Path, s: Settings) -> dict:
+    """``repeats`` training runs one after another; medians over the pooled per-step data after ``skip`` steps."""
+    return train_record(cell, [run_train_repeat(cell, cal, s, r) for r in range(s.repeats)])
 
 
 def run_allreduce_cell(cell: Cell, cal: Path, s: Settings) -> dict:
@@ -332,12 +343,17 @@ def base_record(cell: Cell, s: Settings) -> dict:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "loadavg_before": list(os.getloadavg()),
         "config": {"steps": s.steps, "skip": s.skip, "repeats": s.repeats if cell.kind == "train" else 1,
                    "allreduce_repeats": s.allreduce_repeats, "quick": s.quick, "threads_per_worker": 1,
+                   "interleaved": s.interleave, "mtu": s.mtu,
                    "overrides": list(s.overrides), "cpus": os.cpu_count()},
     }
 
 
 def run_cells(cells: Sequence[Cell], s: Settings) -> Iterator[dict]:
-    """Yield one record per cell, in order; a failed cell yields a record with ``error`` set."""
+    """Yield one record per cell; a failed cell yields a record with ``error`` set. With
+    ``s.interleave`` the train cells' repeats run in rounds (:func:`run_rounds`)."""
+    if s.interleave:
+        yield from run_rounds(cells, s)
+        return
     calibrations: dict[tuple, Path] = {}
     for i, cell in enumerate(cells, 1):
         log.info("[%d/%d] %s", i, len(cells), cell.name)
@@ -352,13 +368,52 @@ def run_cells(cells: Sequence[Cell], s: Settings) -> Iterator[dict]:
             log.error("%s failed: %s", cell.name, e)
             record["error"] = str(e)
         record["wall_s"] = time.perf_counter() - t0
-        if "error" not in record:
-            err = record["rel_error"]
-            log.info("    median %.1f ms (min %.1f, max %.1f, n=%d), predicted %s%s, %.0fs", record["median_iter_ms"],
-                     record["min_iter_ms"], record["max_iter_ms"], record["n"],
-                     "-" if record["predicted_iter_ms"] is None else f"{record['predicted_iter_ms']:.1f} ms",
-                     "" if err is None else f" ({100 * err:+.1f} %)", record["wall_s"])
+        _log_record(record)
         yield record
+
+
+def run_rounds(cells: Sequence[Cell], s: Settings) -> Iterator[dict]:
+    """Interleaved repeats: round r runs every train cell once before round r + 1 starts, so a slow
+    drift of the machine (another job, thermal state) spreads over every cell instead of landing on
+    the cells that happened to run during it. Yields the cell's record, pooled over the rounds done
+    so far, after each of its runs (a sweep stopped early keeps complete rounds). Allreduce cells
+    run whole in round 0. A cell whose run fails yields a record with ``error`` and sits out the
+    rounds after."""
+    calibrations: dict[tuple, Path] = {}
+    runs: dict[str, list[dict]] = {c.name: [] for c in cells}
+    records: dict[str, dict] = {}  # made at a cell's first run: its date and load are that run's
+    for r in range(s.repeats):
+        todo = [c for c in cells if "error" not in records.get(c.name, {}) and (c.kind == "train" or r == 0)]
+        for i, cell in enumerate(todo, 1):
+            log.info("round %d/%d [%d/%d] %s", r + 1, s.repeats, i, len(todo), cell.name)
+            record = records.setdefault(cell.name, base_record(cell, s))
+            t0 = time.perf_counter()
+            try:
+                cal = calibration_for(cell, s, calibrations)
+                record["calibration"] = _calibration_summary(cal)
+                if cell.kind == "train":
+                    runs[cell.name].append(run_train_repeat(cell, cal, s, r))
+                    record |= train_record(cell, runs[cell.name])
+                    record["round_loadavg_before"] = [rep["loadavg_before"] for rep in runs[cell.name]]
+                else:
+                    record |= run_allreduce_cell(cell, cal, s)
+            except (CellFailed, OSError, ValueError, KeyError) as e:
+                log.error("%s failed in round %d: %s", cell.name, r + 1, e)
+                record["error"] = f"round {r + 1}: {e}"
+            record["wall_s"] = record.get("wall_s", 0.0) + time.perf_counter() - t0
+            record["config"]["rounds_done"] = len(runs[cell.name]) if cell.kind == "train" else 1
+            _log_record(record)
+            yield dict(record)
+
+
+def _log_record(record: dict) -> None:
+    if "error" in record:
+        return
+    err = record["rel_error"]
+    log.info("    median %.1f ms (min %.1f, max %.1f, n=%d), predicted %s%s, %.0fs", record["median_iter_ms"],
+             record["min_iter_ms"], record["max_iter_ms"], record["n"],
+             "-" if record["predicted_iter_ms"] is None else f"{record['predicted_iter_ms']:.1f} ms",
+             "" if err is None else f" ({100 * err:+.1f} %)", record["wall_s"])
 
 
 def merge(existing: list[dict], new: list[dict], order: Sequence[str]) -> list[dict]:

@@ -75,6 +75,9 @@ class Scenario:
     overlap_slowdown: float = 1.0
     compress_s_per_byte: Mapping[str, float] = field(default_factory=dict)
     bucket_cap_bytes: float = DDP_BUCKET_CAP_BYTES
+    first_bucket_bytes: float | None = None
+    """DDP's first bucket (None: torch's default, 1 MiB or the cap if smaller; torch lifts it to the
+    cap when ``bucket_cap_mb`` is given, as pipesgd's DDP does for PowerSGD on Gloo)."""
 
     def __post_init__(self) -> None:
         _positive_int("params", self.params, 1)
@@ -112,7 +115,8 @@ class Scenario:
 
 def _options(s: Scenario, algorithm: str) -> dict:
     return dict(forward_fraction=1 - s.backward_share, overlap_slowdown=s.overlap_slowdown,
-                bucket_cap_bytes=s.bucket_cap_bytes, first_bucket_bytes=min(DDP_FIRST_BUCKET_BYTES, s.bucket_cap_bytes),
+                bucket_cap_bytes=s.bucket_cap_bytes, first_bucket_bytes=(min(DDP_FIRST_BUCKET_BYTES, s.bucket_cap_bytes) if s.first_bucket_bytes is None
+                                    else s.first_bucket_bytes),
                 per_node=s.per_node if algorithm == "hierarchical" else 1,
                 intra=s.intra if algorithm == "hierarchical" else None)
 

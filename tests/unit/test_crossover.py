@@ -1,0 +1,277 @@
+"""The crossover sweep of issue 28 (docs/crossover.md): its grid, the interleaved rounds it runs in,
+and the analysis of its bench JSON (best DDP arm, crossover, prediction error, refusals, partial
+sweeps), on synthetic records: no processes, no timing."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipesgd.bench import runner
+from pipesgd.bench.__main__ import main as bench_main
+from pipesgd.bench.crossover import (
+    ARMS,
+    BEGIN,
+    DDP_ARMS,
+    END,
+    PIPE_ARMS,
+    CrossoverError,
+    analyse,
+    crossover,
+    main,
+    predict_arms,
+    resnet20_shapes,
+)
+from pipesgd.bench.grid import CROSSOVER_RATES, RESNET20, Cell, crossover_grid
+from pipesgd.timing import Link, ddp_buckets, parse_bandwidth
+from pipesgd.timing.scale import Scenario, arm_rows
+
+COMMIT = "c" * 40
+CONFIG = {"steps": 40, "skip": 10, "repeats": 3, "allreduce_repeats": 20, "quick": False, "threads_per_worker": 1,
+          "overrides": [], "cpus": 2, "interleaved": True, "mtu": 9000}
+
+
+def _calibration(p: int, rate: str) -> dict:
+    """A calibration as the bench records it: the link at its nominal rate, ResNet-20's compute here."""
+    return {"file": f"/cal/resnet20-p{p}-{rate}.json", "alpha_s": 2e-4, "beta_s_per_byte": 8 / parse_bandwidth(rate),
+            "gamma_s_per_byte": 3e-11, "compress_s_per_byte": {"fp16": 1e-10, "int8": 1.2e-9},
+            "compute_ms": 100.0 * (p / 2), "update_ms": 1.5, "overlap_slowdown": 1.1}
+
+
+def _record(p: int, rate: str, arm: str, ms: float, **changes) -> dict:
+    mode, _, comp = arm.partition("-")
+    return {"name": f"resnet20/p{p}/{rate}/{arm}", "kind": "train", "mode": mode, "compressor": comp or "none",
+            "world_size": p, "link": rate, "workload": "resnet20", "commit": COMMIT, "config": dict(CONFIG),
+            "date": "2026-11-25T10:00:00+00:00", "loadavg_before": [0.1, 0.1, 0.1], "median_iter_ms": ms,
+            "params": RESNET20.params, "calibration": _calibration(p, rate), **changes}
+
+
+def _sweep(times, ps=(2,)) -> list[dict]:
+    """Every cell of the sweep at ``ps``, its median from ``times(p, rate, arm)``."""
+    return [_record(p, rate, arm, times(p, rate, arm)) for p in ps for rate in CROSSOVER_RATES for arm in ARMS]
+
+
+def _predicted(p, rate, arm, factor=1.0):
+    return factor * predict_arms(_calibration(p, rate), RESNET20.params, p, SHAPES)[arm]
+
+
+SHAPES = resnet20_shapes()
+
+
+# --- the grid -------------------------------------------------------------------------------------------
+
+
+def test_grid_is_six_rates_by_two_p_by_eight_arms_with_each_arms_overrides():
+    cells = crossover_grid()
+    assert len(cells) == 6 * 2 * 8 == len({c.name for c in cells})
+    assert {c.link for c in cells} == {"25mbit", "50mbit", "100mbit", "200mbit", "500mbit", "1gbit"}
+    assert [parse_bandwidth(r) / 1e6 for r in CROSSOVER_RATES] == [25, 50, 100, 200, 500, 1000]
+    assert {c.world_size for c in cells} == {2, 4}
+    by_name = {c.name: c for c in cells}
+    for p in (2, 4):
+        for rate in CROSSOVER_RATES:
+            assert {n.rsplit("/", 1)[1] for n in by_name if n.startswith(f"resnet20/p{p}/{rate}/")} == set(ARMS)
+    ov = by_name["resnet20/p2/100mbit/ddp-powersgd"].train_overrides
+    assert {"trainer.mode=ddp", "compressor=powersgd", "compressor.rank=2", "compressor.ddp_start_iter=2",
+            "trainer.width=1", "dist.nproc=2"} <= set(ov), ov
+    assert {"trainer.mode=ddp", "compressor=fp16"} <= set(by_name["resnet20/p4/25mbit/ddp-fp16"].train_overrides)
+    assert {"trainer.mode=pipe", "trainer.width=2", "compressor=int8"} <= set(
+        by_name["resnet20/p2/1gbit/pipe-int8"].train_overrides)
+    assert "trainer.mode=local" in by_name["resnet20/p4/500mbit/local"].train_overrides
+    assert all(c.kind == "train" and c.emulated and c.workload == "resnet20" for c in cells)
+    assert not any("compressor.rank" in o for c in cells if c.compressor != "powersgd" for o in c.train_overrides)
+
+
+def test_bench_cli_lists_the_crossover_grid_and_selects_from_it(capsys):
+    assert bench_main(["--grid", "crossover", "--list"]) == 0
+    assert len(capsys.readouterr().out.split()) == 96
+    assert bench_main(["--grid", "crossover", "--list", "--only", "resnet20/p2/*"]) == 0
+    names = capsys.readouterr().out.split()
+    assert len(names) == 48 and names[0] == "resnet20/p2/25mbit/local" and "resnet20/p2/1gbit/ddp-powersgd" in names
+
+
+# --- interleaved rounds ------------------------------------------------------------------------------------
+
+
+def test_rounds_run_every_cell_once_before_the_next_round(tmp_path, monkeypatch):
+    """Round-major order, records pooled over the rounds done so far, a failed cell sits out the rest."""
+    order = []
+
+    def fake_repeat(cell, cal, s, r):
+        order.append((r, cell.name))
+        if cell.name.endswith("/sync") and r == 1:
+            raise runner.CellFailed("boom")
+        ms = 100.0 + r
+        return {"steps": {k: [ms, ms] for k in runner.STEP_FIELDS}, "median": ms, "predicted": 90.0,
+                "summary": {"predicted_from": "calibration"}, "cpu": None, "run_dir": f"/r{r}", "command": "cmd",
+                "loadavg_before": [float(r), 0.0, 0.0]}
+
+    monkeypatch.setattr(runner, "run_train_repeat", fake_repeat)
+    monkeypatch.setattr(runner, "calibration_for", lambda cell, s, cache: Path("/cal.json"))
+    monkeypatch.setattr(runner, "_calibration_summary", lambda path: {"file": str(path)})
+    cells = [Cell("train", m, 2, "100mbit", "none", 1) for m in ("local", "sync", "ddp")]
+    s = runner.Settings(bench_dir=tmp_path, repeats=3, interleave=True, commit=COMMIT)
+    records = list(runner.run_cells(cells, s))
+    names = [c.name for c in cells]
+    assert order == [(0, n) for n in names] + [(1, n) for n in names] + [(2, names[0]), (2, names[2])]
+    last = {r["name"]: r for r in records}
+    assert last[names[0]]["repeat_median_iter_ms"] == [100.0, 101.0, 102.0]
+    assert last[names[0]]["median_iter_ms"] == 101.0 and last[names[0]]["config"]["rounds_done"] == 3
+    assert last[names[0]]["round_loadavg_before"] == [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [2.0, 0.0, 0.0]]
+    assert last[names[0]]["config"]["interleaved"] is True
+    assert "round 2: boom" in last[names[1]]["error"]
+    order.clear()
+    list(runner.run_cells(cells[:2], runner.Settings(bench_dir=tmp_path, repeats=2, commit=COMMIT)))
+    assert order == [(0, names[0]), (1, names[0]), (0, names[1]), (1, names[1])]  # without: cell-major
+
+
+# --- the analysis -------------------------------------------------------------------------------------------
+
+
+def test_predictions_are_the_maps_and_ddp_powersgd_is_one_gloo_bucket():
+    cal = _calibration(2, "100mbit")
+    got = predict_arms(cal, RESNET20.params, 2, SHAPES)
+    assert set(got) == set(ARMS)
+    assert got["local"] == cal["compute_ms"] + cal["update_ms"]
+    link = Link(cal["alpha_s"], cal["beta_s_per_byte"], cal["gamma_s_per_byte"])
+    base = Scenario(RESNET20.params, 2, link, cal["compute_ms"] / 1e3, update_s=cal["update_ms"] / 1e3, shapes=SHAPES,
+                    overlap_slowdown=cal["overlap_slowdown"], compress_s_per_byte=cal["compress_s_per_byte"])
+    rows = {r["arm"]: r["iter_ms"] for r in arm_rows(base)}
+    for arm in ("sync", "ddp", "ddp-fp16", *PIPE_ARMS):
+        assert got[arm] == rows[arm]
+    # ResNet-20 (1.08 MB) is over DDP's 1 MiB first bucket: the default map prices two buckets of
+    # three allreduces; the mode puts everything in one bucket on Gloo, which the prediction follows.
+    assert ddp_buckets(4 * RESNET20.params) == [2**20, 4 * RESNET20.params - 2**20]
+    one = 4 * RESNET20.params + 2**20
+    one_bucket = arm_rows(replace(base, bucket_cap_bytes=one, first_bucket_bytes=one), ["ddp-powersgd"])[0]
+    assert got["ddp-powersgd"] == one_bucket["iter_ms"] != rows["ddp-powersgd"]
+    assert got["ddp-powersgd"] < got["ddp"]  # PowerSGD sends far fewer bytes than fp32 at 100 Mbit/s
+
+
+def test_best_ddp_arm_is_the_fastest_measured_one_per_rate():
+    fast = {"25mbit": "ddp-powersgd", "1gbit": "ddp", "100mbit": "ddp-fp16"}
+
+    def times(p, rate, arm):
+        if arm in DDP_ARMS:
+            return 150.0 if fast.get(rate, "ddp") == arm else 200.0
+        return 300.0
+
+    result = analyse(_sweep(times), SHAPES)
+    best = {r["link"]: r["measured"]["best_ddp"] for r in result["rows"]}
+    for rate, arm in fast.items():
+        assert best[rate] == {"arm": arm, "ms": 150.0}
+    row = next(r for r in result["rows"] if r["link"] == "25mbit")
+    assert row["measured"]["speedup"] == {a: 0.5 for a in PIPE_ARMS}
+    assert row["predicted"]["best_ddp"]["arm"] in DDP_ARMS
+
+
+def test_crossover_is_the_first_winning_rate_from_the_fastest_link_down():
+    # pipe-int8 wins by 10 % at 100 Mbit/s and below, by 3 % (not enough) at 200, ties above.
+    gain = {"25mbit": 1.3, "50mbit": 1.2, "100mbit": 1.1, "200mbit": 1.03, "500mbit": 1.0, "1gbit": 1.0}
+
+    def times(p, rate, arm):
+        return 200.0 / gain[rate] if arm == "pipe-int8" else 200.0
+
+    result = analyse(_sweep(times), SHAPES)
+    c = result["crossover"]["2"]["measured"]
+    assert (c["rate"], c["arm"], c["index"], c["uncertain"]) == ("100mbit", "pipe-int8", 2, False)
+    assert [r["measured"]["winner"] for r in result["rows"]] == ["pipe-int8"] * 3 + [None] * 3
+
+
+def test_no_crossover_when_no_pipe_arm_wins_by_five_percent():
+    result = analyse(_sweep(lambda p, rate, arm: 200.0 if arm in PIPE_ARMS else 205.0), SHAPES)
+    assert result["crossover"]["2"]["measured"] == {"rate": None, "arm": None, "index": None, "uncertain": False}
+
+
+def test_crossover_agreement_is_same_rate_or_one_sweep_step():
+    def rows(meas_from: int, pred_from: int) -> list[dict]:
+        out = []
+        for i, rate in enumerate(CROSSOVER_RATES):
+            def side(won):
+                return {"best_ddp": {"arm": "ddp", "ms": 1.0}, "speedup": {a: 1.0 for a in PIPE_ARMS},
+                        "winner": "pipe" if won else None}
+            out.append({"link": rate, "rate_mbit": parse_bandwidth(rate) / 1e6,
+                        "measured": side(i <= meas_from), "predicted": side(i <= pred_from)})
+        return out
+
+    assert crossover(rows(2, 3), "measured")["rate"] == "100mbit"
+    assert crossover(rows(2, 3), "predicted")["rate"] == "200mbit"
+    assert crossover(rows(-1, 0), "measured")["rate"] is None
+
+
+def test_prediction_error_is_the_median_over_every_measured_cell():
+    result = analyse(_sweep(lambda p, rate, arm: _predicted(p, rate, arm, 1 / 1.25)), SHAPES)
+    assert result["cells_predicted"] == 48
+    assert result["median_abs_error"] == pytest.approx(0.25)
+    exact = analyse(_sweep(_predicted), SHAPES)
+    assert exact["median_abs_error"] == pytest.approx(0.0, abs=1e-12)
+    c = exact["crossover"]["2"]
+    assert c["measured"] == c["predicted"] and c["agree"] and c["steps_apart"] == 0
+
+
+def test_partial_sweep_reports_missing_cells_and_strict_refuses_them():
+    records = [r for r in _sweep(_predicted, ps=(2, 4)) if r["name"] not in
+               ("resnet20/p2/500mbit/ddp-powersgd", "resnet20/p4/25mbit/local")]
+    records.append({**_record(4, "50mbit", "pipe", 1.0), "error": "exit status 1", "median_iter_ms": None})
+    records = [r for r in records if not (r["name"] == "resnet20/p4/50mbit/pipe" and "error" not in r)]
+    result = analyse(records, SHAPES)
+    assert set(result["missing"]) == {"resnet20/p2/500mbit/ddp-powersgd", "resnet20/p4/25mbit/local",
+                                      "resnet20/p4/50mbit/pipe"}
+    assert result["missing"]["resnet20/p4/50mbit/pipe"] == "exit status 1"
+    assert result["missing"]["resnet20/p2/500mbit/ddp-powersgd"] == "not run"
+    row = next(r for r in result["rows"] if (r["p"], r["link"]) == (2, "500mbit"))
+    assert row["missing"] == ["ddp-powersgd"] and row["measured"]["best_ddp"] is None
+    assert row["predicted"]["best_ddp"] is not None  # the calibration still predicts the row
+    row = next(r for r in result["rows"] if (r["p"], r["link"]) == (4, "25mbit"))
+    assert row["compute_from"].startswith("calibration")
+    with pytest.raises(CrossoverError, match="resnet20/p2/500mbit/ddp-powersgd: not run"):
+        analyse(records, SHAPES, strict=True)
+    only_p2 = analyse([r for r in records if r["world_size"] == 2], SHAPES)
+    assert only_p2["world_sizes"] == [2] and list(only_p2["missing"]) == ["resnet20/p2/500mbit/ddp-powersgd"]
+
+
+def test_a_missing_faster_rate_makes_the_crossover_uncertain():
+    gain = {"25mbit": 1.3, "50mbit": 1.2, "100mbit": 1.1}
+    records = [r for r in _sweep(lambda p, rate, arm: 200.0 / gain.get(rate, 1.0) if arm == "pipe" else 200.0)
+               if r["name"] != "resnet20/p2/200mbit/ddp"]
+    result = analyse(records, SHAPES)
+    c = result["crossover"]["2"]
+    assert c["measured"]["rate"] == "100mbit" and c["measured"]["uncertain"] and not c["agree"]
+
+
+def test_mixed_commits_or_settings_are_refused_naming_them():
+    records = _sweep(_predicted)
+    records[3] = {**records[3], "commit": "d" * 40}
+    with pytest.raises(CrossoverError, match=f"2 commits.*{'d' * 40}: 1 cells \\({records[3]['name']}"):
+        analyse(records, SHAPES)
+    records = _sweep(_predicted)
+    records[5] = {**records[5], "config": {**CONFIG, "steps": 20}}
+    with pytest.raises(CrossoverError, match="2 different bench settings.*\"steps\": 20"):
+        analyse(records, SHAPES)
+    with pytest.raises(CrossoverError, match="no crossover cells"):
+        analyse([{**_record(2, "100mbit", "pipe", 1.0), "name": "resnet20/p2/loopback/pipe"}], SHAPES)
+
+
+def test_cli_writes_plot_markdown_and_json_and_refuses_bad_input(tmp_path, capsys):
+    gain = {"25mbit": 1.3, "50mbit": 1.2, "100mbit": 1.1}
+    records = [r for r in _sweep(lambda p, rate, arm: _predicted(p, rate, arm) / (gain.get(rate, 1.0)
+                                                                               if arm == "pipe-int8" else 1.0),
+                                 ps=(2, 4)) if r["name"] != "resnet20/p4/1gbit/sync"]
+    data, md, png, out = tmp_path / "crossover.json", tmp_path / "crossover.md", tmp_path / "img/c.png", tmp_path / "a.json"
+    data.write_text(json.dumps(records))
+    md.write_text("# Crossover\n\nbefore\n\n" + BEGIN + "\nold\n" + END + "\n\nafter\n")
+    assert main(["--in", str(data), "--plot", str(png), "--md", str(md), "--json", str(out)]) == 0
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    text = md.read_text()
+    assert "before" in text and "after" in text and "\nold\n" not in text and text.count(BEGIN) == 1
+    assert "](img/c.png)" in text and "| resnet20/p4/1gbit/sync | not run |" in text
+    result = json.loads(out.read_text())
+    assert result["crossover"]["2"]["measured"]["rate"] == "100mbit"
+    assert math.isfinite(result["median_abs_error"])
+    assert "1 cells missing" in capsys.readouterr().out
+    assert main(["--in", str(data), "--strict"]) == 2
+    assert "resnet20/p4/1gbit/sync: not run" in capsys.readouterr().err
