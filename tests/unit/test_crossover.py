@@ -296,3 +296,23 @@ def test_every_cells_overrides_validate_and_run_the_papers_rule():
             cfg = compose("config", overrides=overrides)
         validate(cfg, command_line_keys(overrides))
         assert cfg.trainer.staleness == "none" and instantiate(cfg.staleness).name == "none", cell.name
+
+
+def test_the_documented_commands_select_the_sweep_and_parse(capsys):
+    """docs/crossover.md's commands for the lead: the two bench invocations select p = 2 and p = 4
+    (48 cells each) and the analysis' flags exist."""
+    import shlex
+
+    from pipesgd.bench.crossover import build_parser
+
+    text = (Path(__file__).resolve().parents[2] / "docs/crossover.md").read_text()
+    commands = [shlex.split(line) for line in text.splitlines() if line.startswith("python -m pipesgd.bench")]
+    bench = [c[3:] for c in commands if c[2] == "pipesgd.bench"]
+    assert len(bench) == 2
+    for argv, p in zip(bench, (2, 4)):
+        assert bench_main([*argv, "--list"]) == 0
+        names = capsys.readouterr().out.split()
+        assert len(names) == 48 and all(n.startswith(f"resnet20/p{p}/") for n in names)
+    (analysis,) = [c[3:] for c in commands if c[2] == "pipesgd.bench.crossover"]
+    args = build_parser().parse_args(analysis)
+    assert args.strict and args.plot == Path("docs/img/crossover.png") and args.md == Path("docs/crossover.md")
