@@ -181,7 +181,7 @@ POWERSGD_DDP = ("compressor.rank=2", "compressor.ddp_start_iter=2")
 
 
 def crossover_grid() -> list[Cell]:
-    """Issue 28 part 1 (docs/crossover.md): ResNet-20 at p = 2 and 4, every arm at every rate, in
+    """The crossover sweep (docs/crossover.md): ResNet-20 at p = 2 and 4, every arm at every rate, in
     run order (p, then rate, then arm); run with interleaved rounds."""
     return [_train(mode, comp, p, rate, extra=POWERSGD_DDP if comp == "powersgd" else ())
             for p in WORLD_SIZES for rate in CROSSOVER_RATES for mode, comp in CROSSOVER_ARMS]

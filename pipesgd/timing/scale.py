@@ -114,9 +114,9 @@ class Scenario:
 
 
 def _options(s: Scenario, algorithm: str) -> dict:
+    first = min(DDP_FIRST_BUCKET_BYTES, s.bucket_cap_bytes) if s.first_bucket_bytes is None else s.first_bucket_bytes
     return dict(forward_fraction=1 - s.backward_share, overlap_slowdown=s.overlap_slowdown,
-                bucket_cap_bytes=s.bucket_cap_bytes, first_bucket_bytes=(min(DDP_FIRST_BUCKET_BYTES, s.bucket_cap_bytes) if s.first_bucket_bytes is None
-                                    else s.first_bucket_bytes),
+                bucket_cap_bytes=s.bucket_cap_bytes, first_bucket_bytes=first,
                 per_node=s.per_node if algorithm == "hierarchical" else 1,
                 intra=s.intra if algorithm == "hierarchical" else None)
 

@@ -261,7 +261,8 @@ def test_cli_writes_plot_markdown_and_json_and_refuses_bad_input(tmp_path, capsy
     records = [r for r in _sweep(lambda p, rate, arm: _predicted(p, rate, arm) / (gain.get(rate, 1.0)
                                                                                if arm == "pipe-int8" else 1.0),
                                  ps=(2, 4)) if r["name"] != "resnet20/p4/1gbit/sync"]
-    data, md, png, out = tmp_path / "crossover.json", tmp_path / "crossover.md", tmp_path / "img/c.png", tmp_path / "a.json"
+    data, md, png = tmp_path / "crossover.json", tmp_path / "crossover.md", tmp_path / "img/c.png"
+    out = tmp_path / "a.json"
     data.write_text(json.dumps(records))
     md.write_text("# Crossover\n\nbefore\n\n" + BEGIN + "\nold\n" + END + "\n\nafter\n")
     assert main(["--in", str(data), "--plot", str(png), "--md", str(md), "--json", str(out)]) == 0
