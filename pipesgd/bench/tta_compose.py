@@ -248,7 +248,7 @@ def sweep_table(result: dict) -> str:
 
 
 SPEED_GOALS = {"100mbit": 1.15, "50mbit": 1.35}
-"""Issue #25's goal per link: the best pipe arm reaches every target of the sweep this many times
+"""The study's speed goal per link: the best pipe arm reaches every target of the sweep this many times
 sooner than the best DDP arm, or, where compute alone is not that much faster than the best DDP arm
 (physics caps the speedup), captures :data:`CAPTURE_GOAL` of the per-step gain compute alone allows."""
 CAPTURE_GOAL = 0.8
