@@ -272,6 +272,9 @@ def _speed_goal(link: str, block: dict, threshold: float, eligible: list[str], s
     if not cap or cap.get("ceiling_speedup") is None:
         return row | {"met": None, "why": "no compute-alone or DDP step time on this link"}
     row["ceiling_speedup"] = cap["ceiling_speedup"]
+    if cap["best_ddp"] not in block.get("time_to_target_s", {}):
+        row["provisional"] = (f"{cap['best_ddp']}, the fastest DDP arm per step, has no curve yet: "
+                              "its time to accuracy is not known")
     if cap["ceiling_speedup"] < threshold:
         captured = {arm: cap["captured"].get(arm) for arm in eligible if cap["captured"].get(arm) is not None}
         best = max(captured, key=captured.get) if captured else None
@@ -356,5 +359,6 @@ def goals_table(rows: Sequence[dict]) -> str:
             value = "–" if g["value"] is None else f"{100 * g['value']:+.1f} %"
             needed = f"within ±{100 * g['threshold']:.0f} %"
         why = f" ({g['why']})" if g.get("why") and g["met"] is None else ""
+        why += f" (provisional: {g['provisional']})" if g.get("provisional") else ""
         lines.append(f"| {g['goal']} | {value} | {needed} | {verdict}{why} |")
     return "\n".join(lines) + "\n"

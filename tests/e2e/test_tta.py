@@ -140,6 +140,11 @@ def test_speed_goal_becomes_capture_under_a_low_ceiling():
     result = _goal_result({"sync": 400.0, "ddp-fp16": 110.0, "pipe+lookahead-int8": 103.0, "compute": 100.0})
     assert c.goals(result, {"100mbit": 1.15})[0]["met"] is False
     assert "missed" in c.goals_table(c.goals(result, {"100mbit": 1.15}))
+    assert "provisional" not in c.goals(result, {"100mbit": 1.15})[0]
+    result["links"]["100mbit"]["ceiling"] = c.ceiling({"ddp-fp16": 110.0, "ddp-powersgd": 101.0,
+                                                       "pipe+lookahead-int8": 103.0, "compute": 100.0})
+    speed = c.goals(result, {"100mbit": 1.15})[0]
+    assert speed["met"] is False and "ddp-powersgd, the fastest DDP arm per step, has no curve" in speed["provisional"]
 
 
 def test_accuracy_and_validation_goals_say_what_they_lack():
