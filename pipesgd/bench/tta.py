@@ -233,6 +233,22 @@ def timing_arms(a: argparse.Namespace) -> list[str]:
     return list(a.arms) + [arm for arm in TIMING_ONLY if arm not in a.arms]
 
 
+WARMUP_TIMED = 20
+"""Synchronous warm-up steps a pipe arm's timing run times (after ``--skip``), in its own process:
+a compressed arm's warm-up already carries its compressor, so ``sync``'s rate would over-charge it."""
+
+
+def timing_plan(a: argparse.Namespace, arm: str) -> dict:
+    """A timing run's steps: ``--skip`` left out, then for a pipe arm :data:`WARMUP_TIMED` timed
+    synchronous warm-up steps (``warmup`` = their [start, end) indices) and ``--skip`` more left out
+    while the pipeline fills; then ``--steps`` timed steps of the arm itself from index ``first``."""
+    if "trainer.mode=pipe" not in ARMS[arm]:
+        return {"total": a.skip + a.steps, "warmup_sync_steps": 0, "warmup": None, "first": a.skip}
+    sync_end = a.skip + WARMUP_TIMED
+    return {"total": sync_end + a.skip + a.steps, "warmup_sync_steps": sync_end, "warmup": (a.skip, sync_end),
+            "first": sync_end + a.skip}
+
+
 def run_timing(a: argparse.Namespace) -> bool:
     """Interleaved: round r runs every arm once on a link before round r+1, so a drift in the
     machine's speed spreads over all arms instead of biasing one."""
@@ -246,8 +262,9 @@ def run_timing(a: argparse.Namespace) -> bool:
                 if (link, arm, rep) in done:
                     continue
                 run_dir = (a.dir / "timing" / link / f"{arm}-r{rep}").resolve()
-                extra = [f"trainer.max_steps={a.skip + a.steps}", "trainer.warmup_sync_steps=0",
-                         "trainer.eval_every_steps=null", f"trainer.log_every={a.skip + a.steps}",
+                plan = timing_plan(a, arm)
+                extra = [f"trainer.max_steps={plan['total']}", f"trainer.warmup_sync_steps={plan['warmup_sync_steps']}",
+                         "trainer.eval_every_steps=null", f"trainer.log_every={plan['total']}",
                          "trainer.checkpoint_every=null", "trainer.resume=never", *TIMING_OVERRIDES.get(arm, ())]
                 cmd = train_command(a, arm, link, run_dir, extra)
                 load = list(os.getloadavg())
@@ -258,13 +275,16 @@ def run_timing(a: argparse.Namespace) -> bool:
                         continue
                 history = json.loads((run_dir / "history.json").read_text())
                 summary = json.loads((run_dir / "summary.json").read_text())
-                steps = history["iter_ms"][a.skip:]
-                t0 = history["wall_time"][a.skip - 1] if a.skip else history["wall_time"][0]
+                first = plan["first"]
+                steps = history["iter_ms"][first:]
+                t0 = history["wall_time"][first - 1] if first else history["wall_time"][0]
+                warm = history["iter_ms"][slice(*plan["warmup"])] if plan["warmup"] else []
                 rows.append({
                     "link": link, "arm": arm, "repeat": rep, "iter_ms": steps,
                     "median_iter_ms": statistics.median(steps), "eval_s": summary["evals"][-1]["eval_s"],
-                    "median_compute_ms": statistics.median(history["compute_ms"][a.skip:]),
-                    "median_exposed_comm_ms": statistics.median(history["exposed_comm_ms"][a.skip:]),
+                    **({"warmup_iter_ms": warm, "median_warmup_ms": statistics.median(warm)} if warm else {}),
+                    "median_compute_ms": statistics.median(history["compute_ms"][first:]),
+                    "median_exposed_comm_ms": statistics.median(history["exposed_comm_ms"][first:]),
                     "cpu": cpu_split([sampler.between(t0, history["wall_time"][-1])]),
                     "loadavg_before": load, "command": recorded(cmd), "commit": git_commit(),
                     "recipe": a.recipe, "start": start, "date": _now()})
@@ -356,6 +376,8 @@ def timing_by_link(rows: list[dict]) -> dict[str, dict]:
     for r in rows:
         block = out.setdefault(r["link"], {"pooled": {}, "repeat_medians": {}, "eval_s": [], "cpu": {}, "runs": []})
         block["pooled"].setdefault(r["arm"], []).extend(r["iter_ms"])
+        if r.get("warmup_iter_ms"):
+            block.setdefault("warmup", {}).setdefault(r["arm"], []).extend(r["warmup_iter_ms"])
         block["repeat_medians"].setdefault(r["arm"], []).append(r["median_iter_ms"])
         block["eval_s"].append(r["eval_s"])
         block["cpu"].setdefault(r["arm"], r.get("cpu"))
@@ -363,6 +385,7 @@ def timing_by_link(rows: list[dict]) -> dict[str, dict]:
         block.setdefault("mtu", set()).add(records.link_mtu(r["command"]))
         block.setdefault("dates", []).append(r.get("date"))
     return {link: {"step_ms": {arm: statistics.median(v) for arm, v in b["pooled"].items()},
+                   "warmup_ms": {arm: statistics.median(v) for arm, v in b.get("warmup", {}).items()},
                    "repeat_median_ms": b["repeat_medians"], "eval_s": statistics.median(b["eval_s"]),
                    "cpu": b["cpu"], "commits": sorted({c for c in b["runs"] if c}), "mtu": _one_mtu(link, b["mtu"]),
                    "measured": [min(d for d in b["dates"] if d), max(d for d in b["dates"] if d)]}
@@ -419,7 +442,7 @@ def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[
             continue
         if arm in block["unpriced"]:
             continue
-        warm_ms = block["step_ms"].get(warmup_at.get(arm, "sync"))
+        warm_ms = block["warmup_ms"].get(arm)
         limit = v.get("steps_limit")
         row = compose.validation_row(arm, link, v["curve"], v["eval_elapsed_s"], None if limit else target,
                                      block["step_ms"][arm], block["eval_s"], warmup.get(arm, 0), warm_ms)
@@ -439,7 +462,8 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
     warmup_at = {arm: at for arm, (_, at) in warm.items() if at}
     links = {}
     for link, t in timing.items():
-        block = compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, targets, warmup_at)
+        block = compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, targets, warmup_at,
+                                     t.get("warmup_ms"))
         links[link] = block | {"repeat_median_ms": t["repeat_median_ms"], "cpu": t["cpu"],
                                "ceiling": compose.ceiling(t["step_ms"]), "timing_commits": t["commits"],
                                "timing_measured": t["measured"], "link_mtu": t["mtu"]}
@@ -475,9 +499,8 @@ def plot(result: dict, path: Path) -> None:
         if arm in seen or not run["complete"] or arm not in block["step_ms"] or arm in block["unpriced"]:
             continue
         seen.add(arm)
-        warm = result["warmup"].get(arm, {"steps": 0, "at": None})
-        pts = compose.wall_curve(run["curve"], block["step_ms"][arm], block["eval_s"], warm["steps"],
-                                 block["step_ms"].get(warm["at"] or "sync"))
+        pts = compose.wall_curve(run["curve"], block["step_ms"][arm], block["eval_s"],
+                                 result["warmup"].get(arm, {"steps": 0})["steps"], block["warmup_ms"].get(arm))
         ax.plot([p[0] / 60 for p in pts], [p[1] for p in pts], label=f"{arm} ({block['step_ms'][arm]:.0f} ms/step)",
                 lw=1.6 if arm.startswith("pipe") else 1.1)
     ax.axhline(result["target_accuracy"], color="0.4", ls="--", lw=0.8)

@@ -7,9 +7,11 @@ evaluation after step ``s`` (the ``i``-th evaluation of the run) is::
 
     t(s) = min(s, w) * sync_ms[l] + max(0, s - w) * step_ms[a, l] + i * eval_s[l]
 
-with ``w`` the arm's warm-up steps, charged at the step time of the arm that runs them: ``sync``
-for a pipe arm's synchronous warm-up, ``ddp`` for the plain allreduce steps torch's PowerSGD hook
-takes before it compresses (``sync_ms`` above stands for either).
+with ``w`` the arm's warm-up steps, charged at their own measured rate where the timing run
+measured it (a pipe arm's synchronous warm-up, which carries the arm's compressor), else at the
+step time of the arm that runs them: ``sync`` for a pipe arm's warm-up, ``ddp`` for the plain
+allreduce steps torch's PowerSGD hook takes before it compresses (``sync_ms`` above stands for
+whichever applies).
 Accuracies here are in percent.
 """
 
@@ -84,21 +86,31 @@ def targets_from(finals: Sequence[float], slacks: Sequence[float] = SLACKS_PP,
     return out | {f"{f:g}": float(f) for f in fixed}
 
 
+def warmup_rate(arm: str, step_ms: dict[str, float], warmup_at: dict[str, str] | None = None,
+                warmup_ms: dict[str, float] | None = None) -> float | None:
+    """ms per warm-up step of ``arm``: its own warm-up steps' measured rate where the timing run
+    measured it (``warmup_ms``), else the step time of the arm that runs them (``warmup_at``,
+    default ``sync``); None if neither is known."""
+    if warmup_ms and arm in warmup_ms:
+        return warmup_ms[arm]
+    return step_ms.get((warmup_at or {}).get(arm, "sync"))
+
+
 def compose_link(runs: Sequence[dict], step_ms: dict[str, float], eval_s: float, warmup: dict[str, int],
-                 targets: dict[str, float] | float, warmup_at: dict[str, str] | None = None) -> dict:
+                 targets: dict[str, float] | float, warmup_at: dict[str, str] | None = None,
+                 warmup_ms: dict[str, float] | None = None) -> dict:
     """One link's block of the result: per target (a float is ``{"target": it}``), each arm's time
     (the mean over its seeds) and the speedups against every baseline arm that has one, including
     the fastest DDP arm (``best ddp``).
 
     ``runs`` are finished runs ``{"name", "seed", "curve"}``; arms without a step time are left out.
-    ``warmup[arm]`` warm-up steps are charged at ``step_ms[warmup_at.get(arm, "sync")]``; without
-    that step time such an arm is not priced at all (``unpriced`` says why) rather than charged at
-    its own rate.
+    ``warmup[arm]`` warm-up steps are charged at :func:`warmup_rate`; without one such an arm is
+    not priced at all (``unpriced`` says why) rather than charged at its own rate.
     """
     if not isinstance(targets, dict):
         targets = {"target": float(targets)}
     warmup_at = warmup_at or {}
-    out: dict = {"step_ms": dict(step_ms), "eval_s": eval_s, "unpriced": {}, "targets": {}}
+    out: dict = {"step_ms": dict(step_ms), "eval_s": eval_s, "unpriced": {}, "targets": {}, "warmup_ms": {}}
     by_arm: dict[str, list[dict]] = {}
     for r in runs:
         by_arm.setdefault(r["name"], []).append(r)
@@ -106,15 +118,17 @@ def compose_link(runs: Sequence[dict], step_ms: dict[str, float], eval_s: float,
     for arm, rs in by_arm.items():
         if arm not in step_ms:
             continue
-        at = warmup_at.get(arm, "sync")
-        if warmup.get(arm, 0) and at not in step_ms:
-            out["unpriced"][arm] = (f"its {warmup[arm]} warm-up steps need the {at} arm's step time, "
-                                    "which this link has not measured")
+        rate = warmup_rate(arm, step_ms, warmup_at, warmup_ms)
+        if warmup.get(arm, 0) and rate is None:
+            out["unpriced"][arm] = (f"its {warmup[arm]} warm-up steps need the {warmup_at.get(arm, 'sync')} arm's "
+                                    "step time, which this link has not measured")
             continue
+        if warmup.get(arm, 0):
+            out["warmup_ms"][arm] = rate
         priced[arm] = rs
     for name, accuracy in targets.items():
         times = {arm: _mean_or_none([time_to(r["curve"], accuracy, step_ms[arm], eval_s, warmup.get(arm, 0),
-                                             step_ms.get(warmup_at.get(arm, "sync"))) for r in rs])
+                                             out["warmup_ms"].get(arm)) for r in rs])
                  for arm, rs in priced.items()}
         ddp = {arm: t for arm, t in times.items() if arm in DDP_ARMS and t}
         block = {"accuracy": accuracy, "time_s": times, "best_ddp": min(ddp, key=ddp.get) if ddp else None}

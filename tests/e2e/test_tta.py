@@ -68,6 +68,28 @@ def test_powersgd_plain_steps_are_charged_at_ddps_rate_or_not_priced():
     assert "ddp-powersgd" not in block["time_to_target_s"] and "ddp arm's step time" in block["unpriced"]["ddp-powersgd"]
 
 
+def test_a_measured_warmup_rate_is_charged_instead_of_syncs():
+    runs = [{"name": "pipe+lookahead-int8", "seed": 0, "curve": [[300, 90.0]]}]
+    ms = {"pipe+lookahead-int8": 100.0, "sync": 200.0}
+    block = c.compose_link(runs, ms, 0.0, {"pipe+lookahead-int8": 200}, 90.0, {}, {"pipe+lookahead-int8": 130.0})
+    assert block["time_to_target_s"]["pipe+lookahead-int8"] == pytest.approx((200 * 130 + 100 * 100) / 1e3)
+    assert block["warmup_ms"] == {"pipe+lookahead-int8": 130.0}
+    old = c.compose_link(runs, ms, 0.0, {"pipe+lookahead-int8": 200}, 90.0)
+    assert old["time_to_target_s"]["pipe+lookahead-int8"] == pytest.approx((200 * 200 + 100 * 100) / 1e3)
+
+
+def test_a_pipe_arms_timing_run_times_its_own_warmup_then_its_steps():
+    a = tta.parse(["--skip", "10", "--steps", "40"])
+    assert tta.timing_plan(a, "ddp-fp16") == {"total": 50, "warmup_sync_steps": 0, "warmup": None, "first": 10}
+    plan = tta.timing_plan(a, "pipe+lookahead-int8")
+    assert plan == {"total": 80, "warmup_sync_steps": 30, "warmup": (10, 30), "first": 40}
+    rows = [{"link": "100mbit", "arm": "pipe+lookahead-int8", "repeat": r, "iter_ms": [100.0 + r], "median_iter_ms": 100.0,
+             "warmup_iter_ms": [130.0 + r], "eval_s": 1.0, "command": "python -m pipesgd.train", "date": "d"}
+            for r in range(3)]
+    block = tta.timing_by_link(rows)["100mbit"]
+    assert block["warmup_ms"] == {"pipe+lookahead-int8": 131.0} and block["step_ms"]["pipe+lookahead-int8"] == 101.0
+
+
 def test_speedups_against_the_fastest_ddp_arm_and_the_ceiling():
     runs = [{"name": n, "seed": 0, "curve": [[100, 90.0]]} for n in ("ddp-fp16", "ddp-powersgd", "pipe+lookahead")]
     ms = {"ddp-fp16": 200.0, "ddp-powersgd": 160.0, "pipe+lookahead": 120.0, "compute": 100.0}
