@@ -431,7 +431,7 @@ def _run_row(r: dict, targets: dict[str, float]) -> dict:
 
 
 def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[str, int],
-                warmup_at: dict[str, str], used: list[dict]) -> list[dict]:
+                used: list[dict]) -> list[dict]:
     """Composed against measured, from the validation records of the arms and links timed."""
     rows = []
     for path in sorted(a.records.glob("validate-*.json")) if a.records.is_dir() else []:
@@ -475,10 +475,10 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
                        reference["config"], {k for arm in a.arms for k in records.override_keys(ARMS[arm])},
                        reference.get("world_size"))},
         "target_accuracy": targets["target"], "same_accuracy_pp": compose.SAME_ACCURACY_PP,
-        "targets": targets, "warmup_sync_steps": {arm: n for arm, n in warmup.items() if warmup_at.get(arm) != "ddp"},
+        "targets": targets,
         "warmup": {arm: {"steps": n, "at": warmup_at.get(arm)} for arm, n in warmup.items()},
         "arms": [_run_row(r, targets) for r in used] + [_run_row(r, targets) for r in unfinished],
-        "links": links, "validation": _validation(a, links, targets["target"], warmup, warmup_at, used),
+        "links": links, "validation": _validation(a, links, targets["target"], warmup, used),
         "timing_config": {"steps": a.steps, "skip": a.skip, "repeats": a.repeats, "workers": a.workers},
         "commit": git_commit(), "date": _now(),
     }
