@@ -283,6 +283,11 @@ def _final_means(arms: Sequence[dict]) -> dict[str, float]:
 def _speed_goal(link: str, block: dict, threshold: float, eligible: list[str], slacks: list[str]) -> dict:
     row = {"goal": f"speed {link}", "link": link, "threshold": threshold, "eligible_arms": eligible}
     cap = block.get("ceiling")
+    # a DDP arm whose curve never reaches the target is no rival in time to accuracy, however fast its step
+    never = sorted(arm for arm, t in block.get("time_to_target_s", {}).items() if arm in DDP_ARMS and t is None)
+    if never and cap:
+        cap = ceiling({arm: ms for arm, ms in block["step_ms"].items() if arm not in never})
+        row["ddp_arms_never_at_target"] = never
     if not cap or cap.get("ceiling_speedup") is None:
         return row | {"met": None, "why": "no compute-alone or DDP step time on this link"}
     row["ceiling_speedup"] = cap["ceiling_speedup"]
@@ -374,5 +379,7 @@ def goals_table(rows: Sequence[dict]) -> str:
             needed = f"within ±{100 * g['threshold']:.0f} %"
         why = f" ({g['why']})" if g.get("why") and g["met"] is None else ""
         why += f" (provisional: {g['provisional']})" if g.get("provisional") else ""
+        if g.get("ddp_arms_never_at_target"):
+            why += f" ({', '.join(g['ddp_arms_never_at_target'])} never reaches the target: left out of the ceiling)"
         lines.append(f"| {g['goal']} | {value} | {needed} | {verdict}{why} |")
     return "\n".join(lines) + "\n"

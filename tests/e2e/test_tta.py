@@ -169,6 +169,24 @@ def test_speed_goal_becomes_capture_under_a_low_ceiling():
     assert speed["met"] is False and "ddp-powersgd, the fastest DDP arm per step, has no curve" in speed["provisional"]
 
 
+def test_a_ddp_arm_that_never_reaches_the_target_sets_no_ceiling():
+    # ddp-powersgd is the fastest step (101 ms) but its curve ends at 89.5 %: the ceiling is ddp-fp16's
+    step_ms = {"sync": 400.0, "ddp-fp16": 110.0, "ddp-powersgd": 101.0, "pipe+lookahead-int8": 102.0,
+               "compute": 100.0}
+    result = _goal_result(step_ms)
+    result["arms"].append({"name": "ddp-powersgd", "seed": 0, "complete": True, "final_test_accuracy": 89.5,
+                           "curve": [[100, 89.0], [200, 89.5]]})
+    runs = [{"name": r["name"], "seed": 0, "curve": r["curve"]} for r in result["arms"]]
+    result["links"]["100mbit"] = (c.compose_link(runs, step_ms, 0.0, {}, result["targets"])
+                                  | {"ceiling": c.ceiling(step_ms)})
+    assert result["links"]["100mbit"]["ceiling"]["best_ddp"] == "ddp-powersgd"
+    speed = c.goals(result, {"100mbit": 1.15})[0]
+    assert speed["ddp_arms_never_at_target"] == ["ddp-powersgd"] and "provisional" not in speed
+    assert speed["ceiling_speedup"] == pytest.approx(1.10) and speed["value"] == pytest.approx(0.8)
+    assert speed["met"] is True
+    assert "ddp-powersgd never reaches the target" in c.goals_table([speed])
+
+
 def test_accuracy_and_validation_goals_say_what_they_lack():
     ms = {"sync": 400.0, "ddp-fp16": 300.0, "pipe+lookahead-int8": 250.0, "compute": 100.0}
     rows = {g["goal"]: g for g in c.goals(_goal_result(ms), {"100mbit": 1.15})}
