@@ -465,7 +465,7 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
         block = compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, targets, warmup_at,
                                      t.get("warmup_ms"))
         links[link] = block | {"repeat_median_ms": t["repeat_median_ms"], "cpu": t["cpu"],
-                               "ceiling": compose.ceiling(t["step_ms"]), "timing_commits": t["commits"],
+                               "ceiling": compose.link_ceiling(block), "timing_commits": t["commits"],
                                "timing_measured": t["measured"], "link_mtu": t["mtu"]}
     reference = next((r for r in used if r["arm"] == "sync"), used[0] if used else None)
     result = {

@@ -163,6 +163,15 @@ def ceiling(step_ms: dict[str, float]) -> dict | None:
                          for arm, ms in step_ms.items() if arm.startswith("pipe")}}
 
 
+def link_ceiling(block: dict) -> dict | None:
+    """:func:`ceiling` of a composed link block, leaving out the DDP arms whose curve never reaches
+    the target (listed in ``ddp_arms_never_at_target``): a fast step that never gets there is no
+    rival in time to accuracy. The goal, the JSON and the table all read this one ceiling."""
+    never = sorted(arm for arm, t in block.get("time_to_target_s", {}).items() if arm in DDP_ARMS and t is None)
+    cap = ceiling({arm: ms for arm, ms in block["step_ms"].items() if arm not in never})
+    return None if cap is None else cap | {"ddp_arms_never_at_target": never}
+
+
 def crossings(curve: Sequence[Sequence[float]], targets: dict[str, float]) -> dict[str, dict | None]:
     """Per target: the step where the curve first reaches it and the margin (accuracy there minus
     the target, pp): how close a seed came to not counting. None where it never does."""
@@ -283,11 +292,8 @@ def _final_means(arms: Sequence[dict]) -> dict[str, float]:
 def _speed_goal(link: str, block: dict, threshold: float, eligible: list[str], slacks: list[str]) -> dict:
     row = {"goal": f"speed {link}", "link": link, "threshold": threshold, "eligible_arms": eligible}
     cap = block.get("ceiling")
-    # a DDP arm whose curve never reaches the target is no rival in time to accuracy, however fast its step
-    never = sorted(arm for arm, t in block.get("time_to_target_s", {}).items() if arm in DDP_ARMS and t is None)
-    if never and cap:
-        cap = ceiling({arm: ms for arm, ms in block["step_ms"].items() if arm not in never})
-        row["ddp_arms_never_at_target"] = never
+    if cap and cap.get("ddp_arms_never_at_target"):
+        row["ddp_arms_never_at_target"] = cap["ddp_arms_never_at_target"]
     if not cap or cap.get("ceiling_speedup") is None:
         return row | {"met": None, "why": "no compute-alone or DDP step time on this link"}
     row["ceiling_speedup"] = cap["ceiling_speedup"]

@@ -177,9 +177,12 @@ def test_a_ddp_arm_that_never_reaches_the_target_sets_no_ceiling():
     result["arms"].append({"name": "ddp-powersgd", "seed": 0, "complete": True, "final_test_accuracy": 89.5,
                            "curve": [[100, 89.0], [200, 89.5]]})
     runs = [{"name": r["name"], "seed": 0, "curve": r["curve"]} for r in result["arms"]]
-    result["links"]["100mbit"] = (c.compose_link(runs, step_ms, 0.0, {}, result["targets"])
-                                  | {"ceiling": c.ceiling(step_ms)})
-    assert result["links"]["100mbit"]["ceiling"]["best_ddp"] == "ddp-powersgd"
+    assert c.ceiling(step_ms)["best_ddp"] == "ddp-powersgd", "per step alone it would set the ceiling"
+    block = c.compose_link(runs, step_ms, 0.0, {}, result["targets"])
+    cap = c.link_ceiling(block)
+    assert cap["best_ddp"] == "ddp-fp16" and cap["ddp_arms_never_at_target"] == ["ddp-powersgd"]
+    assert cap["captured"]["pipe+lookahead-int8"] == pytest.approx(0.8), "the table's capture column agrees"
+    result["links"]["100mbit"] = block | {"ceiling": cap}
     speed = c.goals(result, {"100mbit": 1.15})[0]
     assert speed["ddp_arms_never_at_target"] == ["ddp-powersgd"] and "provisional" not in speed
     assert speed["ceiling_speedup"] == pytest.approx(1.10) and speed["value"] == pytest.approx(0.8)
