@@ -9,7 +9,14 @@ error lacks is context. This module supplies it:
   ...): two attribute stores, free;
 * a daemon thread publishes them as a heartbeat in the job's TCP store (``MASTER_ADDR:
   MASTER_PORT``, the torchrun contract) when they change, at most every ``POLL_S`` seconds, and
-  at least every ``interval`` seconds: at most 10 small ``set`` calls a second, off the loop;
+  at least every ``interval`` seconds: at most 10 small ``set`` calls a second, off the loop.
+  :meth:`Watchdog.close` joins it. A daemon thread still inside a store call when the interpreter
+  finalizes is ended by ``pthread_exit`` while C++ frames are on its stack, and the process dies of
+  SIGABRT after its work is done. That happened when rank 0, the store's host, exited first and
+  the heartbeat was reconnecting; so the heartbeat's client has a short timeout (``BEAT_TIMEOUT_S``:
+  torch's client then gives up on a closed port within about three times that) and close() waits
+  for it. A store host that accepts but never answers (stopped, not gone) keeps the client waiting
+  past its timeout; close() then logs that the thread is left behind;
 * :meth:`Watchdog.explain` turns a communication failure into a one-line :class:`HangError`
   naming this rank's step and phase, what it was blocked on, and which peers went silent (no
   heartbeat for several intervals) with the step and phase each was last seen in.
@@ -39,6 +46,10 @@ log = logging.getLogger(__name__)
 _COMM_WORDS = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
                "connection refused")
 POLL_S = 0.1
+BEAT_TIMEOUT_S = 2.0
+"""The heartbeat client's store timeout: a late beat is only retried. Connecting to a closed port,
+torch's client retries once after a delay of up to this and gives up after about 2.6 times it."""
+CLOSE_WAIT_FACTOR = 3.0
 
 
 class HangError(RuntimeError):
@@ -106,12 +117,25 @@ class Watchdog:
 
     def start(self) -> Watchdog:
         if self._store_addr is not None and self._thread is None:
+            self._stop.clear()
             self._thread = threading.Thread(target=self._beat, name="pipesgd-heartbeat", daemon=True)
             self._thread.start()
         return self
 
     def close(self) -> None:
+        """Stop the heartbeat and wait for its thread: at once when it is between beats, at most
+        one store call (``CLOSE_WAIT_FACTOR`` times the beat timeout) when the store host is gone."""
         self._stop.set()
+        if self._thread is not None:
+            wait_s = CLOSE_WAIT_FACTOR * self._beat_timeout_s() + 1.0
+            self._thread.join(wait_s)
+            if self._thread.is_alive():
+                log.warning("heartbeat thread of rank %d is still waiting on the store after %.0f s; it is left "
+                            "behind (a store host that accepts and never answers)", self.rank, wait_s)
+            self._thread = None
+
+    def _beat_timeout_s(self) -> float:
+        return max(min(self.timeout_s, BEAT_TIMEOUT_S), 1.0)
 
     def _client(self, timeout_s: float):
         host, port = self._store_addr
@@ -125,7 +149,7 @@ class Watchdog:
             state = (self.step, self.phase)
             if state != sent or time.monotonic() - sent_at >= self.interval_s:
                 try:
-                    store = store or self._client(max(self.timeout_s, 1.0))
+                    store = store or self._client(self._beat_timeout_s())
                     store.set(f"{self._prefix}{self.rank}", f"{state[0]}|{time.time()!r}|{where}|{state[1]}")
                     sent, sent_at = state, time.monotonic()
                 except Exception as e:  # the store host may be the silent one; keep trying
