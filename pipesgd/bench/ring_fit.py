@@ -148,10 +148,21 @@ def _one(values: Mapping[str, object], what: str) -> object:
     return next(iter(values.values()), None)
 
 
-def check_setup(measured: Sequence[Mapping]) -> dict:
+DIRTY = "-dirty"
+
+
+def check_setup(measured: Sequence[Mapping], accept_dirty: bool = False) -> dict:
     """The one commit, MTU and settings every measured cell shares, and each link's calibration.
-    Raises :class:`Refused` (naming the values and a cell of each) when they differ."""
-    setup = {"commit": _one({r["name"]: r.get("commit") for r in measured}, "commits"),
+    Raises :class:`Refused` (naming the values and a cell of each) when they differ.
+
+    ``accept_dirty``: a cell that ran from a modified tree (commit ``X-dirty``) counts as commit
+    ``X``; those cells are listed in ``dirty_cells``. For a modification the cells cannot have run
+    (the caller says which, in the document); without it such a mix is refused like any other."""
+    commits = {r["name"]: r.get("commit") for r in measured}
+    dirty = [n for n, c in commits.items() if isinstance(c, str) and c.endswith(DIRTY)]
+    if accept_dirty:
+        commits = {n: c.removesuffix(DIRTY) if isinstance(c, str) else c for n, c in commits.items()}
+    setup = {"commit": _one(commits, "commits"), "dirty_cells": dirty,
              "mtu": _one({r["name"]: link_mtu(r["command"]) if r.get("command") else None for r in measured},
                          "link MTUs (--mtu)")}
     for key in SETTINGS:
@@ -185,7 +196,8 @@ def _band(p: int, fit_max_p: int) -> str:
     return f"p<={fit_max_p}" if p <= fit_max_p else f"p>{fit_max_p}"
 
 
-def analyse(records: Sequence[Mapping], fit_max_p: int = 8, fit_algos: Sequence[str] | None = None) -> dict:
+def analyse(records: Sequence[Mapping], fit_max_p: int = 8, fit_algos: Sequence[str] | None = None,
+            accept_dirty: bool = False) -> dict:
     """The report: fitted constants per link (shared, and per algorithm), every cell's predictions
     and relative errors, median |error| per prediction and link for p <= ``fit_max_p`` and beyond,
     and the grid's missing and failed cells. ``fit_algos``: the algorithms whose cells determine
@@ -193,7 +205,7 @@ def analyse(records: Sequence[Mapping], fit_max_p: int = 8, fit_algos: Sequence[
     measured, missing, failed, ignored = sort_records(records)
     if ignored:
         log.info("%d record(s) are not cells of the ring-scaling grid: left out", ignored)
-    setup = check_setup(measured)
+    setup = check_setup(measured, accept_dirty)
     samples = samples_of(measured)
     links: dict[str, dict] = {}
     for link, cal in setup["calibrations"].items():
@@ -244,14 +256,21 @@ def _constants_row(link: str, which: str, c: Mapping) -> list[str]:
             bw, str(c.get("cells", "calibration")), note]
 
 
+def _dirty_note(setup: Mapping) -> str:
+    dirty = setup.get("dirty_cells") or []
+    if not dirty:
+        return ""
+    return f" ({len(dirty)} cells from a modified tree at that commit, accepted with --accept-dirty)"
+
+
 def render(report: Mapping) -> str:
     """The generated section (markers included) of docs/ring-scaling.md."""
     setup, cells = report["setup"], report["cells"]
     shared_from = ", ".join(report["fit_algos"]) if report["fit_algos"] else "all algorithms"
     out = [BEGIN, "",
            f"{len(cells)} of {report['expected_cells']} cells measured ({len(report['failed'])} failed, "
-           f"{len(report['missing'])} missing), commit {setup['commit']}, link MTU {setup['mtu']}"
-           f"{', quick' if setup.get('quick') else ''}. Fits: least squares on relative residuals over the cells at "
+           f"{len(report['missing'])} missing), commit {setup['commit']}{_dirty_note(setup)}, link MTU "
+           f"{setup['mtu']}{', quick' if setup.get('quick') else ''}. Fits: least squares on relative residuals over the cells at "
            f"p <= {report['fit_max_p']} of each link ({shared_from} for the shared constants); "
            "γ from the calibration.",
            "", "### Constants", ""]
@@ -359,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--plot", type=Path, help="PNG of measured and predicted times (needs matplotlib)")
     ap.add_argument("--fit-max-p", type=int, default=8, help="fit on cells with p <= this (default 8); larger p "
                     "is predicted out of sample")
+    ap.add_argument("--accept-dirty", action="store_true",
+                    help="count cells measured from a modified tree (commit X-dirty) as commit X; only for a "
+                    "modification the cells did not run (say which in the document): the fit lists those cells")
     ap.add_argument("--fit-algos", help="comma-separated algorithms whose cells set the shared constants "
                     "(default: every algorithm measured)")
     return ap
@@ -377,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = json.loads(args.inp.read_text())
         if not isinstance(records, list):
             raise ValueError(f"{args.inp} holds a {type(records).__name__}, not the list of cells the bench writes")
-        report = analyse(records, args.fit_max_p, algos)
+        report = analyse(records, args.fit_max_p, algos, args.accept_dirty)
     except (OSError, ValueError, KeyError) as e:  # Refused is a ValueError
         log.error("%s", e if not isinstance(e, KeyError) else f"{args.inp}: a cell lacks the field {e}")
         return 2

@@ -271,6 +271,21 @@ def test_mixed_commits_or_mtus_are_refused(change, what):
     assert odd.name in str(e.value)
 
 
+def test_a_dirty_tree_is_a_different_commit_unless_accepted_and_then_listed():
+    records = _exact()
+    odd = ring_scaling_grid()[5]
+    records[5] = _record(odd, records[5]["median_iter_ms"], commit="abc1234-dirty")
+    with pytest.raises(rf.Refused, match="different commits"):
+        rf.analyse(records)
+    report = rf.analyse(records, accept_dirty=True)
+    assert report["setup"]["commit"] == "abc1234" and report["setup"]["dirty_cells"] == [odd.name]
+    assert "1 cells from a modified tree at that commit, accepted with --accept-dirty" in rf.render(report)
+    records[6] = _record(ring_scaling_grid()[6], 5.0, commit="def5678-dirty")  # another commit stays refused
+    with pytest.raises(rf.Refused, match="different commits"):
+        rf.analyse(records, accept_dirty=True)
+    assert rf.analyse(_exact())["setup"]["dirty_cells"] == [] and "modified tree" not in rf.render(rf.analyse(_exact()))
+
+
 def test_mixed_settings_or_calibrations_are_refused_but_repeats_may_differ():
     records = _exact()
     records[3]["config"]["quick"] = True
