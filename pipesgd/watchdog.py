@@ -10,13 +10,10 @@ error lacks is context. This module supplies it:
 * a daemon thread publishes them as a heartbeat in the job's TCP store (``MASTER_ADDR:
   MASTER_PORT``, the torchrun contract) when they change, at most every ``POLL_S`` seconds, and
   at least every ``interval`` seconds: at most 10 small ``set`` calls a second, off the loop.
-  :meth:`Watchdog.close` joins it. A daemon thread still inside a store call when the interpreter
-  finalizes is ended by ``pthread_exit`` while C++ frames are on its stack, and the process dies of
-  SIGABRT after its work is done. That happened when rank 0, the store's host, exited first and
-  the heartbeat was reconnecting; so the heartbeat's client has a short timeout (``BEAT_TIMEOUT_S``:
-  torch's client then gives up on a closed port within about three times that) and close() waits
-  for it. A store host that accepts but never answers (stopped, not gone) keeps the client waiting
-  past its timeout; close() then logs that the thread is left behind;
+  :meth:`Watchdog.close` joins it, because a daemon thread still inside a store call when the
+  interpreter finalizes is ended by ``pthread_exit`` with C++ frames on its stack and the process
+  dies of SIGABRT after its work is done (rank 0, the store's host, exiting first while the
+  heartbeat reconnects). Its client's short timeout (``BEAT_TIMEOUT_S``) bounds that wait;
 * :meth:`Watchdog.explain` turns a communication failure into a one-line :class:`HangError`
   naming this rank's step and phase, what it was blocked on, and which peers went silent (no
   heartbeat for several intervals) with the step and phase each was last seen in.
@@ -50,6 +47,8 @@ BEAT_TIMEOUT_S = 2.0
 """The heartbeat client's store timeout: a late beat is only retried. Connecting to a closed port,
 torch's client retries once after a delay of up to this and gives up after about 2.6 times it."""
 CLOSE_WAIT_FACTOR = 3.0
+"""close() waits this many beat timeouts (plus 1 s) for a beat in progress; a store host that
+accepts and never answers keeps torch's client past any timeout, and its thread is left behind."""
 
 
 class HangError(RuntimeError):

@@ -156,12 +156,12 @@ def check_setup(measured: Sequence[Mapping], accept_dirty: bool = False) -> dict
     Raises :class:`Refused` (naming the values and a cell of each) when they differ.
 
     ``accept_dirty``: a cell that ran from a modified tree (commit ``X-dirty``) counts as commit
-    ``X``; those cells are listed in ``dirty_cells``. For a modification the cells cannot have run
-    (the caller says which, in the document); without it such a mix is refused like any other."""
+    ``X``; those cells are listed in ``dirty_cells`` (empty without the flag: a cell's commit then
+    reads ``X-dirty`` itself). For a modification the cells cannot have run (the caller says which,
+    in the document); without it such a mix is refused like any other."""
     commits = {r["name"]: r.get("commit") for r in measured}
-    dirty = [n for n, c in commits.items() if isinstance(c, str) and c.endswith(DIRTY)]
-    if accept_dirty:
-        commits = {n: c.removesuffix(DIRTY) if isinstance(c, str) else c for n, c in commits.items()}
+    dirty = [n for n, c in commits.items() if accept_dirty and isinstance(c, str) and c.endswith(DIRTY)]
+    commits = {n: c.removesuffix(DIRTY) if n in dirty else c for n, c in commits.items()}
     setup = {"commit": _one(commits, "commits"), "dirty_cells": dirty,
              "mtu": _one({r["name"]: link_mtu(r["command"]) if r.get("command") else None for r in measured},
                          "link MTUs (--mtu)")}

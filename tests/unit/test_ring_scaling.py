@@ -284,6 +284,11 @@ def test_a_dirty_tree_is_a_different_commit_unless_accepted_and_then_listed():
     with pytest.raises(rf.Refused, match="different commits"):
         rf.analyse(records, accept_dirty=True)
     assert rf.analyse(_exact())["setup"]["dirty_cells"] == [] and "modified tree" not in rf.render(rf.analyse(_exact()))
+    # every cell dirty at one commit is one setup without the flag, and the note does not claim the flag
+    same = [_record(c, r["median_iter_ms"], commit="abc1234-dirty") for c, r in zip(ring_scaling_grid(), _exact())]
+    report = rf.analyse(same)
+    assert report["setup"]["commit"] == "abc1234-dirty" and report["setup"]["dirty_cells"] == []
+    assert "--accept-dirty" not in rf.render(report)
 
 
 def test_mixed_settings_or_calibrations_are_refused_but_repeats_may_differ():
