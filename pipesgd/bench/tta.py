@@ -19,10 +19,12 @@ import argparse
 import json
 import logging
 import os
+import signal
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -176,14 +178,46 @@ def _segments(run_dir: Path) -> list[dict]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
+class Stopped(BaseException):
+    """This driver got SIGTERM or SIGHUP (raised by :func:`stop_on_signals`; a BaseException, so
+    only the cleanup on its way out sees it)."""
+
+    def __init__(self, sig: signal.Signals):
+        super().__init__(sig.name)
+        self.sig = sig
+
+
+@contextmanager
+def stop_on_signals(signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """While the block runs, ``signals`` raise :class:`Stopped` in the main thread (which waits on
+    its child in Python, so the handler runs at once): the running child is stopped with its
+    process group and its segment row records the stop, as Ctrl-C (KeyboardInterrupt) does."""
+    def raise_stopped(signum, frame):
+        raise Stopped(signal.Signals(signum))
+
+    previous = {s: signal.signal(s, raise_stopped) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def _run_segment(cmd: list[str], run_dir: Path, timeout_s: float) -> bool:
-    """One process of a curve: its row is written before it starts (``end: null`` marks one that
-    was killed) and completed when it returns; the log is appended to, never overwritten."""
+    """One process of a curve: its row is written before it starts and completed when it returns,
+    or when this driver is stopped (``ok: false`` and ``stopped``: the signal or exception; a row
+    left at ``end: null`` means the driver itself was killed outright). The log is appended to,
+    never overwritten."""
     rows = _segments(run_dir)
     rows.append({"commit": git_commit(), "start": _now(), "end": None, "ok": None, "command": recorded(cmd)})
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(segments_path(run_dir), rows)
-    ok = _run(cmd, run_dir.parent / f"{run_dir.name}.log", timeout_s, append=True)
+    try:
+        ok = _run(cmd, run_dir.parent / f"{run_dir.name}.log", timeout_s, append=True)
+    except BaseException as e:  # Stopped, KeyboardInterrupt: the child has been stopped on the way
+        rows[-1] |= {"end": _now(), "ok": False, "stopped": str(e) or type(e).__name__}
+        write_json_atomic(segments_path(run_dir), rows)
+        raise
     rows[-1] |= {"end": _now(), "ok": ok}
     write_json_atomic(segments_path(run_dir), rows)
     return ok
@@ -536,9 +570,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     a.dir.mkdir(parents=True, exist_ok=True)
     ok = True
     started = time.perf_counter()
-    for phase, run in (("curves", run_curves), ("timing", run_timing), ("validate", run_validation)):
-        if phase in a.phases:
-            ok &= run(a)
+    try:
+        with stop_on_signals():
+            for phase, run in (("curves", run_curves), ("timing", run_timing), ("validate", run_validation)):
+                if phase in a.phases:
+                    ok &= run(a)
+    except Stopped as e:
+        log.error("stopped by %s after %.0f s; run the same command again to resume", e.sig.name,
+                  time.perf_counter() - started)
+        return 128 + e.sig
     if "report" in a.phases:
         try:
             report(a)

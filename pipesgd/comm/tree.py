@@ -92,11 +92,14 @@ def tree_broadcast(work: Tensor, comp: Compressor, group, stats: CommStats, raw_
     if up is not None:
         (req,), _ = post([(payload, up)], [], group, batch)
         req.wait()
-    _, sends = post([], [(payload, c) for c in reversed(children(r, p))], group, batch)
     if not identity:
         work.copy_(comp.decompress(payload, ctx))
-    note(f"tree allreduce broadcast: sending to {len(sends)} children")
-    for req in sends:
+    # One child at a time, farthest (largest subtree) first: that child starts forwarding while
+    # this rank serves the next, so the broadcast takes L rounds. Sent all at once, the children
+    # share this rank's link and the farthest one starts a round per sibling late: L(L+1)/2.
+    for c in reversed(children(r, p)):
+        note(f"tree allreduce broadcast: sending to rank {global_rank(group, c)}")
+        _, (req,) = post([], [(payload, c)], group, batch)
         req.wait()
         _count(stats, payload, work.numel(), raw_size)
 

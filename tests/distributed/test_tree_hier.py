@@ -21,8 +21,10 @@ import torch.distributed as dist
 from distributed_utils import run_workers
 from pipesgd import dist as pdist
 from pipesgd.comm import tree_allreduce
+from pipesgd.comm.base import CommStats
 from pipesgd.comm.hierarchical import HierarchicalAllreduce
 from pipesgd.comm.tree import children, parent
+from pipesgd.compress import get_compressor
 
 UNIT = {torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 LENGTHS = [0, 1, 3, 1001, 20_000]
@@ -94,6 +96,49 @@ def test_tree_matches_all_reduce(p):
     for _, sums in results[1:]:
         for key, value in results[0][1].items():
             assert torch.equal(value, sums[key]), f"replicas differ for {key}"
+
+
+def _broadcast_schedule_worker(rank, p):
+    """The message schedule of one broadcast: every post and every wait on a send, in order."""
+    from pipesgd.comm import tree
+
+    events, real_post = [], tree.post
+
+    class Waited:
+        def __init__(self, req, dst):
+            self.req, self.dst = req, dst
+
+        def wait(self):
+            self.req.wait()
+            events.append(("waited", self.dst))
+
+    def recording_post(recvs, sends, group, batch):
+        rreqs, sreqs = real_post(recvs, sends, group, batch)
+        events.append(("posted", [dst for _, dst in sends]))
+        return rreqs, [Waited(q, dst) for q, (_, dst) in zip(sreqs, sends)]
+
+    tree.post = recording_post
+    try:
+        work = torch.full((1000,), float(rank == 0))
+        tree.tree_broadcast(work, get_compressor(None), None, CommStats(), 4)
+    finally:
+        tree.post = real_post
+    return events, bool(torch.all(work == 1.0))
+
+
+@pytest.mark.timeout(120)
+def test_tree_broadcast_serves_one_child_at_a_time_farthest_first():
+    """A rank that sends to all its children at once splits its link among them, and the farthest
+    child, root of the deepest subtree, starts forwarding a round per sibling late: L(L+1)/2
+    rounds instead of L. Each send must be posted alone and finished before the next."""
+    p = 5
+    for rank, (events, got) in enumerate(run_workers(_broadcast_schedule_worker, p, timeout=100)):
+        assert got, f"rank {rank} did not receive the root's tensor"
+        sends = [e for e in events if e[0] == "waited" or e[1]]
+        expected = []
+        for c in reversed(children(rank, p)):
+            expected += [("posted", [c]), ("waited", c)]
+        assert sends == expected, f"rank {rank}: {sends}"
 
 
 def test_binomial_tree_shape():
