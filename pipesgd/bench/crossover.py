@@ -181,6 +181,7 @@ def analyse(records: Sequence[dict], shapes: tuple[tuple[int, ...], ...] | None 
         for rate in CROSSOVER_RATES:
             rows.append(_row(p, rate, {a: ok.get(f"{RESNET20.label}/p{p}/{rate}/{a}") for a in ARMS}, shapes))
     errors = [abs(e) for row in rows for e in row["error"].values() if e is not None]
+    errors_local = [abs(e) for row in rows for e in row["error_local_compute"].values() if e is not None]
     result = {
         "commit": commit, "config": config, "world_sizes": ps, "rates": list(CROSSOVER_RATES), "win": WIN,
         "dates": [min(r["date"] for r in ok.values() if r.get("date")),
@@ -190,6 +191,8 @@ def analyse(records: Sequence[dict], shapes: tuple[tuple[int, ...], ...] | None 
         "rows": rows, "missing": missing,
         "median_abs_error": statistics.median(errors) if errors else None, "cells_predicted": len(errors),
         "error_goal": ERROR_GOAL,
+        "median_abs_error_local_compute": statistics.median(errors_local) if errors_local else None,
+        "cells_predicted_local_compute": len(errors_local),
         "powersgd_bytes": "per-layer P/Q sizes from ResNet-20's layer shapes" if shapes is not None else
         "APPROXIMATION: no layer shapes, each DDP bucket taken as one square matrix",
         "crossover": {},
@@ -202,7 +205,8 @@ def analyse(records: Sequence[dict], shapes: tuple[tuple[int, ...], ...] | None 
         agree = (meas["rate"] is None and pred["rate"] is None) or (apart is not None and apart <= 1)
         result["crossover"][str(p)] = {"measured": meas, "predicted": pred, "steps_apart": apart,
                                        "agree": agree and not meas["uncertain"],
-                                       "median_abs_error": statistics.median(errs) if errs else None}
+                                       "median_abs_error": statistics.median(errs) if errs else None,
+                                       "measured_every_round": crossover(mine, "measured_every_round")}
     return result
 
 
@@ -232,6 +236,15 @@ def _row(p: int, rate: str, cells: dict, shapes) -> dict:
         speedup = _speedups(ms, best)
         sides[side] = {"best_ddp": None if best is None else {"arm": best[0], "ms": best[1]},
                        "speedup": speedup, "winner": _winner(speedup)}
+    rounds = round_speedups(cells)
+    worst = {a: (min(v) if v else None) for a, v in rounds.items()}
+    sides["measured_every_round"] = {"best_ddp": sides["measured"]["best_ddp"], "speedup": worst,
+                                     "winner": _winner(worst), "rounds": rounds}
+    # The same model fed this row's measured compute: the local cell ran in the same rounds, while
+    # the calibration measured compute once, minutes earlier, on a host whose speed drifts.
+    local_ms = measured[COMPUTE_ARM]
+    predicted_local = (predict_arms(cal | {"compute_ms": local_ms - cal["update_ms"]}, params, p, shapes)
+                       if cal and local_ms is not None else {})
     return {
         "p": p, "link": rate, "rate_mbit": parse_bandwidth(rate) / 1e6,
         "ring_ms": ring_ms, "compute_ms": compute_ms, "compute_from": compute_from,
@@ -240,8 +253,24 @@ def _row(p: int, rate: str, cells: dict, shapes) -> dict:
         "error": {a: (None if measured[a] is None or predicted.get(a) is None
                       else (predicted[a] - measured[a]) / measured[a]) for a in ARMS},
         "missing": [a for a in ARMS if measured[a] is None],
+        "predicted_ms_local_compute": {a: predicted_local.get(a) for a in ARMS},
+        "error_local_compute": {a: (None if a == COMPUTE_ARM or measured[a] is None or predicted_local.get(a) is None
+                                    else (predicted_local[a] - measured[a]) / measured[a]) for a in ARMS},
         **sides,
     }
+
+
+def round_speedups(cells: dict) -> dict:
+    """{pipe arm: [best DDP arm's median / the arm's median, per round]}: each round's own cells
+    against each other (interleaved, so run minutes apart), showing how much of a measured speedup
+    the round-to-round drift of this host could move. None where an arm has no per-round medians."""
+    per = {a: (c or {}).get("repeat_median_iter_ms") for a, c in cells.items()}
+    if any(not per.get(a) for a in DDP_ARMS):
+        return {a: None for a in PIPE_ARMS}
+    n = min(len(per[a]) for a in DDP_ARMS)
+    best = [min(per[a][i] for a in DDP_ARMS) for i in range(n)]
+    return {a: ([best[i] / per[a][i] for i in range(min(n, len(per[a])))] if per.get(a) else None)
+            for a in PIPE_ARMS}
 
 
 # --- output ---------------------------------------------------------------------------------------------
@@ -264,7 +293,8 @@ def render(result: dict, plot: str | None = None) -> str:
     err = r["median_abs_error"]
     dates, loads = r["dates"] or ["?", "?"], [f"{x:.1f}" for x in r["loadavg_before"] or []] or ["?", "?"]
     out = [BEGIN, "",
-           f"Commit {r['commit']}, {dates[0]} to {dates[1]}, 1-minute load average before each run {loads[0]} to "
+           f"Commit {r['commit']}; the cells' first runs started {dates[0]} to {dates[1]} (later rounds followed); "
+           f"1-minute load average before each run {loads[0]} to "
            f"{loads[1]}; bench settings "
            f"{', '.join(f'{k}={v}' for k, v in r['config'].items())}. ddp-powersgd predicted from "
            f"{r['powersgd_bytes']}.", ""]
@@ -279,11 +309,20 @@ def render(result: dict, plot: str | None = None) -> str:
                      f"measured {_crossing(c['measured'])}, predicted {_crossing(c['predicted'])}",
                      "–" if c["steps_apart"] is None else f"{c['steps_apart']} sweep steps apart",
                      "same rate or one step away", "yes" if c["agree"] else "**no**"])
+    # Not the goals: how much the two goals' answers depend on the host's drift.
+    local = r.get("median_abs_error_local_compute")
+    rows.append(["(not a goal) the same model with each row's compute from its interleaved local cell",
+                 f"{r.get('cells_predicted_local_compute', 0)} cells", _f(local, "{:.1%}"), f"≤ {goal:.0%}", "–"])
+    for p, c in r["crossover"].items():
+        if "measured_every_round" in c:
+            rows.append([f"(not a goal) p={p}: measured crossover when the arm must win by ≥ "
+                         f"{100 * (r['win'] - 1):.0f} % in every round", _crossing(c["measured_every_round"]),
+                         "–", "–", "–"])
     out += _table(["goal", "cells", "value", "target", "met"], rows)
     for p in r["world_sizes"]:
         out += [f"### p = {p}", ""]
         head = ["rate", "comm / compute", "compute ms", "best DDP ms (arm), measured / predicted",
-                *(f"{a} speedup meas. / pred." for a in PIPE_ARMS), "≥ 5 % winner meas. / pred.",
+                *(f"{a} speedup meas. (rounds) / pred." for a in PIPE_ARMS), "≥ 5 % winner meas. / pred.",
                 "median abs error", "missing"]
         body = []
         for row in (x for x in r["rows"] if x["p"] == p):
@@ -293,7 +332,7 @@ def render(result: dict, plot: str | None = None) -> str:
                          _f(row["compute_ms"], "{:.1f}")
                          + ("" if row["compute_from"].startswith("measured") else " (cal.)"),
                          f"{_best_text(m)} / {_best_text(pr)}",
-                         *(f"{_f(m['speedup'][a])} / {_f(pr['speedup'][a])}" for a in PIPE_ARMS),
+                         *(f"{_f(m['speedup'][a])}{_range(row, a)} / {_f(pr['speedup'][a])}" for a in PIPE_ARMS),
                          f"{m['winner'] or '–'} / {pr['winner'] or '–'}",
                          _f(statistics.median(errs), "{:.1%}") if errs else "–", ", ".join(row["missing"]) or "–"])
         out += _table(head, body)
@@ -308,6 +347,11 @@ def render(result: dict, plot: str | None = None) -> str:
         out += _table(["cell", "why"], [[n, why] for n, why in r["missing"].items()])
     out.append(END)
     return "\n".join(out) + "\n"
+
+
+def _range(row: dict, arm: str) -> str:
+    rounds = row.get("measured_every_round", {}).get("rounds", {}).get(arm)
+    return f" ({min(rounds):.2f}–{max(rounds):.2f})" if rounds and len(rounds) > 1 else ""
 
 
 def _best_text(side: dict) -> str:

@@ -24,6 +24,7 @@ from pipesgd.bench.crossover import (
     crossover,
     main,
     predict_arms,
+    render,
     resnet20_shapes,
 )
 from pipesgd.bench.grid import CROSSOVER_RATES, RESNET20, Cell, crossover_grid
@@ -211,6 +212,44 @@ def test_prediction_error_is_the_median_over_every_measured_cell():
     assert exact["median_abs_error"] == pytest.approx(0.0, abs=1e-12)
     c = exact["crossover"]["2"]
     assert c["measured"] == c["predicted"] and c["agree"] and c["steps_apart"] == 0
+
+
+def test_a_win_that_one_round_does_not_show_is_flagged_but_still_the_stated_rules():
+    """Pooled, pipe wins by 10 % at 100 Mbit/s and below; in round 2 at 100 Mbit/s it ties. The
+    stated crossover stays 100 Mbit/s; the every-round reading moves it to 50, and the table shows
+    each round's speedup."""
+    gain = {"25mbit": 1.3, "50mbit": 1.2, "100mbit": 1.1}
+
+    def record(p, rate, arm):
+        ms = 200.0 / gain.get(rate, 1.0) if arm == "pipe" else 200.0
+        rounds = [ms, 200.0 if (rate, arm) == ("100mbit", "pipe") else ms, ms]
+        return _record(p, rate, arm, ms, repeat_median_iter_ms=rounds)
+
+    result = analyse([record(2, rate, arm) for rate in CROSSOVER_RATES for arm in ARMS], SHAPES)
+    c = result["crossover"]["2"]
+    assert c["measured"]["rate"] == "100mbit" and c["measured_every_round"]["rate"] == "50mbit"
+    row = next(r for r in result["rows"] if r["link"] == "100mbit")
+    assert row["measured_every_round"]["rounds"]["pipe"] == pytest.approx([1.1, 1.0, 1.1])
+    assert row["measured_every_round"]["winner"] is None and row["measured"]["winner"] == "pipe"
+    assert "1.10 (1.00–1.10) / " in render(result)
+    no_rounds = analyse(_sweep(_predicted), SHAPES)["crossover"]["2"]["measured_every_round"]
+    assert no_rounds["rate"] is None and no_rounds["uncertain"], "records without rounds decide nothing"
+
+
+def test_the_model_fed_the_local_cells_compute_is_reported_beside_the_calibrated_one():
+    """Every arm measured exactly as the model predicts with compute 20 % above the calibration's:
+    the calibrated prediction is off, the one fed the local cell's measured compute is exact."""
+    def slower(p, rate):
+        cal = _calibration(p, rate)
+        return cal | {"compute_ms": 1.2 * cal["compute_ms"]}
+
+    records = [_record(2, rate, arm, predict_arms(slower(2, rate), RESNET20.params, 2, SHAPES)[arm])
+               for rate in CROSSOVER_RATES for arm in ARMS]
+    result = analyse(records, SHAPES)
+    assert result["median_abs_error"] > 0.05
+    assert result["median_abs_error_local_compute"] == pytest.approx(0.0, abs=1e-9)
+    assert result["cells_predicted_local_compute"] == 42, "the local cell itself is its own input"
+    assert "(not a goal) the same model" in render(result)
 
 
 def test_partial_sweep_reports_missing_cells_and_strict_refuses_them():
