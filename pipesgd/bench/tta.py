@@ -193,6 +193,8 @@ def stop_on_signals(signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signa
     its child in Python, so the handler runs at once): the running child is stopped with its
     process group and its segment row records the stop, as Ctrl-C (KeyboardInterrupt) does."""
     def raise_stopped(signum, frame):
+        for s in signals:  # a second signal must not cut short the child's stop and the segment row
+            signal.signal(s, signal.SIG_IGN)
         raise Stopped(signal.Signals(signum))
 
     previous = {s: signal.signal(s, raise_stopped) for s in signals}

@@ -92,16 +92,20 @@ def tree_broadcast(work: Tensor, comp: Compressor, group, stats: CommStats, raw_
     if up is not None:
         (req,), _ = post([(payload, up)], [], group, batch)
         req.wait()
-    if not identity:
-        work.copy_(comp.decompress(payload, ctx))
+    decoded = identity
     # One child at a time, farthest (largest subtree) first: that child starts forwarding while
     # this rank serves the next, so the broadcast takes L rounds. Sent all at once, the children
     # share this rank's link and the farthest one starts a round per sibling late: L(L+1)/2.
     for c in reversed(children(r, p)):
         note(f"tree allreduce broadcast: sending to rank {global_rank(group, c)}")
         _, (req,) = post([], [(payload, c)], group, batch)
+        if not decoded:  # this rank's own decode overlaps the first send (both only read payload)
+            work.copy_(comp.decompress(payload, ctx))
+            decoded = True
         req.wait()
         _count(stats, payload, work.numel(), raw_size)
+    if not decoded:
+        work.copy_(comp.decompress(payload, ctx))
 
 
 def tree_phases(nbytes: float, p: int, ratio: float = 1.0, per_node: int = 1) -> tuple[Phase, ...]:
