@@ -20,7 +20,7 @@ from pipesgd.emulate.netns import DEFAULT_MTU
 
 from .grid import GRIDS, quick_grid, select
 from .render import write_markdown
-from .runner import Settings, merge, run_cells, save
+from .runner import Settings, Stopped, merge, run_cells, save, stop_on_signals
 
 log = logging.getLogger("pipesgd.bench")
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,12 +102,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("%d cells, run dirs under %s", len(cells), settings.bench_dir)
     started, latest = time.perf_counter(), {}
     order = [c.name for c in grid]
-    for record in run_cells(cells, settings):
-        latest[record["name"]] = record  # interleaved rounds yield a cell again after each of its runs
-        new = list(latest.values())
-        # Written after every run, so an interrupted suite keeps what it measured.
-        save(args.out, merge(existing, new, order))
-        write_markdown(args.md, merge(existing, new, order))
+    try:
+        with stop_on_signals():
+            for record in run_cells(cells, settings):
+                latest[record["name"]] = record  # interleaved rounds yield a cell again after each of its runs
+                new = list(latest.values())
+                # Written after every run, so an interrupted suite keeps what it measured.
+                save(args.out, merge(existing, new, order))
+                write_markdown(args.md, merge(existing, new, order))
+    except Stopped as e:
+        log.error("stopped by %s after %.0f s; %d cells kept in %s", e.sig.name, time.perf_counter() - started,
+                  len(latest), args.out)
+        return 128 + e.sig
     new = list(latest.values())
     failed = sum("error" in r for r in new)
     log.info("%d cells in %.0f s (%d failed): %s, %s", len(new), time.perf_counter() - started, failed, args.out,

@@ -73,6 +73,35 @@ def recorded(cmd: Sequence[str], s: Settings | None = None) -> str:
 # --- processes --------------------------------------------------------------------------------------
 
 
+class Stopped(BaseException):
+    """A bench driver got SIGTERM or SIGHUP (raised by :func:`stop_on_signals`; a BaseException, so
+    only the cleanup on its way out sees it)."""
+
+    def __init__(self, sig: signal.Signals):
+        super().__init__(sig.name)
+        self.sig = sig
+
+
+@contextlib.contextmanager
+def stop_on_signals(signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """While the block runs, ``signals`` raise :class:`Stopped` in the main thread (which waits on
+    its child in Python, so the handler runs at once): :func:`run_logged` stops the running child
+    with its process group, as it does on Ctrl-C (KeyboardInterrupt), and the caller records what
+    it had. Without it the default action ends the driver at once and leaves its child running:
+    the child has a session of its own."""
+    def raise_stopped(signum, frame):
+        for s in signals:  # a second signal must not cut short the child's stop and the caller's record
+            signal.signal(s, signal.SIG_IGN)
+        raise Stopped(signal.Signals(signum))
+
+    previous = {s: signal.signal(s, raise_stopped) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def run_logged(cmd: Sequence[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None,
                append: bool = False) -> None:
     """Run ``cmd`` with its output in ``log_path`` (``env``: extra variables; ``append``: after what

@@ -19,12 +19,10 @@ import argparse
 import json
 import logging
 import os
-import signal
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -34,7 +32,7 @@ from pipesgd.runinfo import git_commit, write_json_atomic
 
 from . import tta_compose as compose
 from . import tta_records as records
-from .runner import CellFailed, CpuSampler, cpu_split, recorded, run_logged
+from .runner import CellFailed, CpuSampler, Stopped, cpu_split, recorded, run_logged, stop_on_signals
 
 log = logging.getLogger("pipesgd.bench.tta")
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,33 +174,6 @@ def segments_path(run_dir: Path) -> Path:
 def _segments(run_dir: Path) -> list[dict]:
     path = segments_path(run_dir)
     return json.loads(path.read_text()) if path.exists() else []
-
-
-class Stopped(BaseException):
-    """This driver got SIGTERM or SIGHUP (raised by :func:`stop_on_signals`; a BaseException, so
-    only the cleanup on its way out sees it)."""
-
-    def __init__(self, sig: signal.Signals):
-        super().__init__(sig.name)
-        self.sig = sig
-
-
-@contextmanager
-def stop_on_signals(signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
-    """While the block runs, ``signals`` raise :class:`Stopped` in the main thread (which waits on
-    its child in Python, so the handler runs at once): the running child is stopped with its
-    process group and its segment row records the stop, as Ctrl-C (KeyboardInterrupt) does."""
-    def raise_stopped(signum, frame):
-        for s in signals:  # a second signal must not cut short the child's stop and the segment row
-            signal.signal(s, signal.SIG_IGN)
-        raise Stopped(signal.Signals(signum))
-
-    previous = {s: signal.signal(s, raise_stopped) for s in signals}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def _run_segment(cmd: list[str], run_dir: Path, timeout_s: float) -> bool:

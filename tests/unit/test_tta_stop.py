@@ -1,4 +1,4 @@
-"""A curve driver stopped from outside (SIGTERM, as a session's end or `kill` sends) stops its
+"""A bench or curve driver stopped from outside (SIGTERM, as a session's end or `kill` sends) stops its
 training child and says so in the run's segment record, instead of leaving ``end: null``."""
 
 import json
@@ -51,3 +51,24 @@ def test_the_driver_exits_143_when_stopped(tmp_path):
     assert "stopped by SIGTERM" in r.stderr
     (row,) = json.loads((tmp_path / "d" / "runs" / "sync-s0.segments.json").read_text())
     assert row["stopped"] == "SIGTERM" and row["ok"] is False
+
+
+@pytest.mark.timeout(120)
+def test_the_bench_driver_stops_its_child_and_exits_143(tmp_path):
+    """``python -m pipesgd.bench`` shares the mechanism: its cell's child (here the stopper) is
+    stopped, not left running in its own session, and the driver exits 128 + SIGTERM."""
+    stopper, marker = tmp_path / "stopper.py", tmp_path / "child-survived"
+    stopper.write_text(CHILD.replace("time.sleep(120)", f"time.sleep(20); open({str(marker)!r}, 'w')"))
+    driver = ("import sys\nfrom pathlib import Path\nfrom pipesgd.bench import __main__ as bench, runner\n"
+              "def run_cells(cells, settings):\n"
+              f"    runner.run_logged([sys.executable, {str(stopper)!r}], Path({str(tmp_path / 'cell.log')!r}), 60)\n"
+              "    yield from ()\n"
+              "bench.run_cells = run_cells\n"
+              "sys.exit(bench.main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", driver, "--only", "resnet20/p2/loopback/local", "--out",
+                        str(tmp_path / "b.json"), "--md", str(tmp_path / "b.md"), "--dir", str(tmp_path / "d")],
+                       capture_output=True, text=True, timeout=100)
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr[-2000:]
+    assert "stopped by SIGTERM" in r.stderr
+    assert subprocess.run(["pgrep", "-f", str(stopper)], capture_output=True).returncode == 1, "child still running"
+    assert not marker.exists()
