@@ -264,12 +264,11 @@ def round_speedups(cells: dict) -> dict:
     """{pipe arm: [best DDP arm's median / the arm's median, per round]}: each round's own cells
     against each other (interleaved, so run minutes apart), showing how much of a measured speedup
     the round-to-round drift of this host could move. None where an arm has no per-round medians."""
-    per = {a: (c or {}).get("repeat_median_iter_ms") for a, c in cells.items()}
-    if any(not per.get(a) for a in DDP_ARMS):
-        return {a: None for a in PIPE_ARMS}
-    n = min(len(per[a]) for a in DDP_ARMS)
-    best = [min(per[a][i] for a in DDP_ARMS) for i in range(n)]
-    return {a: ([best[i] / per[a][i] for i in range(min(n, len(per[a])))] if per.get(a) else None)
+    per = {a: (c or {}).get("repeat_median_iter_ms") or [] for a, c in cells.items()}
+    rounds = [{a: v[i] if i < len(v) else None for a, v in per.items()}
+              for i in range(max(map(len, per.values()), default=0))]
+    by_round = [_speedups(ms, _best(ms, DDP_ARMS)) for ms in rounds]
+    return {a: ([s[a] for s in by_round] if by_round and all(s[a] is not None for s in by_round) else None)
             for a in PIPE_ARMS}
 
 
