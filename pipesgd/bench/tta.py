@@ -7,7 +7,8 @@ Phases (``--phase``, default ``all`` = the four in order):
   interrupted run resumes from its checkpoints, a finished one (summary.json) is skipped.
 * ``timing``: per link, short runs of every arm interleaved, ``--repeats`` rounds, skipping the
   first ``--skip`` steps; appended to ``<dir>/timing.json`` after each run. Needs a quiet machine.
-* ``validate``: the ``--validate-arms`` end to end on each link, ``<dir>/validate/<arm>-<link>``.
+* ``validate``: the ``--validate-arms`` end to end on each link, ``<dir>/validate/<arm>-<link>``,
+  each between ``--validate-bracket`` timing runs of its arm before and after. Needs a quiet machine.
 * ``report``: compose accuracy-vs-step with seconds-per-step into ``--json`` (and ``--plot``).
 
 Links other than ``loopback`` run under ``pipesgd.emulate`` (root). Exit status 1 if a run failed.
@@ -85,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--validate-steps", type=int, default=None,
                    help="stop each validation run after this many steps and compare at its last evaluation "
                         "(default: the whole recipe, compared at the target)")
+    p.add_argument("--validate-bracket", type=int, default=1,
+                   help="timing runs of the arm just before and just after each validation run, which the "
+                        "report composes it against (default 1; 0: compose against --timing)")
     p.add_argument("--recipe", default=RECIPE, help=f"conf/experiment name (default {RECIPE})")
     p.add_argument("--dir", type=Path, default=ROOT / "outputs" / "tta", help="run dirs and timing.json")
     p.add_argument("--json", type=Path, default=ROOT / "docs" / "time-to-accuracy.json", help="the result")
@@ -120,6 +124,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"argument --seeds: {a.seeds!r} must name at least one seed >= 0")
     if a.validate_steps is not None and a.validate_steps < 1:
         parser.error(f"argument --validate-steps: must be an integer >= 1, got {a.validate_steps}")
+    if a.validate_bracket < 0:
+        parser.error(f"argument --validate-bracket: must be an integer >= 0, got {a.validate_bracket}")
     for name, low in (("steps", 1), ("skip", 0), ("repeats", 1), ("workers", 1)):
         if getattr(a, name) < low:
             parser.error(f"argument --{name}: must be an integer >= {low}, got {getattr(a, name)}")
@@ -256,6 +262,38 @@ def timing_plan(a: argparse.Namespace, arm: str) -> dict:
             "first": sync_end + a.skip}
 
 
+def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: int) -> dict | None:
+    """One short timing run of ``arm`` on ``link`` (see :func:`timing_plan`): its row, or None if
+    the run failed."""
+    plan = timing_plan(a, arm)
+    extra = [f"trainer.max_steps={plan['total']}", f"trainer.warmup_sync_steps={plan['warmup_sync_steps']}",
+             "trainer.eval_every_steps=null", f"trainer.log_every={plan['total']}",
+             "trainer.checkpoint_every=null", "trainer.resume=never", *TIMING_OVERRIDES.get(arm, ())]
+    cmd = train_command(a, arm, link, run_dir, extra)
+    load = list(os.getloadavg())
+    start = _now()
+    with CpuSampler() as sampler:
+        if not _run(cmd, run_dir.parent / f"{run_dir.name}.log", 3600.0):
+            return None
+    history = json.loads((run_dir / "history.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    first = plan["first"]
+    steps = history["iter_ms"][first:]
+    t0 = history["wall_time"][first - 1] if first else history["wall_time"][0]
+    warm = history["iter_ms"][slice(*plan["warmup"])] if plan["warmup"] else []
+    row = {"link": link, "arm": arm, "repeat": rep, "iter_ms": steps,
+           "median_iter_ms": statistics.median(steps), "eval_s": summary["evals"][-1]["eval_s"],
+           **({"warmup_iter_ms": warm, "median_warmup_ms": statistics.median(warm)} if warm else {}),
+           "median_compute_ms": statistics.median(history["compute_ms"][first:]),
+           "median_exposed_comm_ms": statistics.median(history["exposed_comm_ms"][first:]),
+           "cpu": cpu_split([sampler.between(t0, history["wall_time"][-1])]),
+           "loadavg_before": load, "command": recorded(cmd), "commit": git_commit(),
+           "recipe": a.recipe, "start": start, "date": _now()}
+    log.info("timing %s %s r%d: median %.1f ms/step, eval %.1f s", link, arm, rep, row["median_iter_ms"],
+             row["eval_s"])
+    return row
+
+
 def run_timing(a: argparse.Namespace) -> bool:
     """Interleaved: round r runs every arm once on a link before round r+1, so a drift in the
     machine's speed spreads over all arms instead of biasing one."""
@@ -268,36 +306,12 @@ def run_timing(a: argparse.Namespace) -> bool:
             for arm in timing_arms(a):
                 if (link, arm, rep) in done:
                     continue
-                run_dir = (a.dir / "timing" / link / f"{arm}-r{rep}").resolve()
-                plan = timing_plan(a, arm)
-                extra = [f"trainer.max_steps={plan['total']}", f"trainer.warmup_sync_steps={plan['warmup_sync_steps']}",
-                         "trainer.eval_every_steps=null", f"trainer.log_every={plan['total']}",
-                         "trainer.checkpoint_every=null", "trainer.resume=never", *TIMING_OVERRIDES.get(arm, ())]
-                cmd = train_command(a, arm, link, run_dir, extra)
-                load = list(os.getloadavg())
-                start = _now()
-                with CpuSampler() as sampler:
-                    if not _run(cmd, run_dir.parent / f"{run_dir.name}.log", 3600.0):
-                        ok = False
-                        continue
-                history = json.loads((run_dir / "history.json").read_text())
-                summary = json.loads((run_dir / "summary.json").read_text())
-                first = plan["first"]
-                steps = history["iter_ms"][first:]
-                t0 = history["wall_time"][first - 1] if first else history["wall_time"][0]
-                warm = history["iter_ms"][slice(*plan["warmup"])] if plan["warmup"] else []
-                rows.append({
-                    "link": link, "arm": arm, "repeat": rep, "iter_ms": steps,
-                    "median_iter_ms": statistics.median(steps), "eval_s": summary["evals"][-1]["eval_s"],
-                    **({"warmup_iter_ms": warm, "median_warmup_ms": statistics.median(warm)} if warm else {}),
-                    "median_compute_ms": statistics.median(history["compute_ms"][first:]),
-                    "median_exposed_comm_ms": statistics.median(history["exposed_comm_ms"][first:]),
-                    "cpu": cpu_split([sampler.between(t0, history["wall_time"][-1])]),
-                    "loadavg_before": load, "command": recorded(cmd), "commit": git_commit(),
-                    "recipe": a.recipe, "start": start, "date": _now()})
+                row = timing_row(a, arm, link, (a.dir / "timing" / link / f"{arm}-r{rep}").resolve(), rep)
+                if row is None:
+                    ok = False
+                    continue
+                rows.append(row)
                 write_json_atomic(path, rows)
-                log.info("timing %s %s r%d: median %.1f ms/step, eval %.1f s", link, arm, rep,
-                         rows[-1]["median_iter_ms"], rows[-1]["eval_s"])
     return ok
 
 
@@ -309,12 +323,42 @@ def _validate_dir(a: argparse.Namespace, arm: str, link: str) -> Path:
     return (a.dir / "validate" / f"{arm}{_validate_suffix(a, link)}").resolve()
 
 
+def _bracket_path(a: argparse.Namespace, arm: str, link: str) -> Path:
+    return a.dir / "validate" / f"{arm}{_validate_suffix(a, link)}.bracket.json"
+
+
+def _time_bracket(a: argparse.Namespace, arm: str, link: str, side: str, bracket: dict) -> bool:
+    """Fill ``bracket[side]`` up to ``--validate-bracket`` timing runs of the arm, saved after each."""
+    ok = True
+    for i in range(len(bracket[side]), a.validate_bracket):
+        run_dir = (a.dir / "validate" / "bracket" / f"{arm}{_validate_suffix(a, link)}-{side}-r{i}").resolve()
+        row = timing_row(a, arm, link, run_dir, i)
+        if row is None:
+            ok = False
+            break
+        bracket[side].append(row | {"side": side})
+        _bracket_path(a, arm, link).parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(_bracket_path(a, arm, link), bracket)
+    return ok
+
+
 def run_validation(a: argparse.Namespace) -> bool:
+    """Each validation run between ``--validate-bracket`` timing runs of its arm just before and
+    just after it, which the report composes it against: on a host whose speed drifts within the
+    hour, timing taken beside the run is the only fair prediction of it."""
     ok = True
     for link in a.links:
         for arm in a.validate_arms:
             run_dir = _validate_dir(a, arm, link)
-            if not (run_dir / "summary.json").exists():
+            bracket_path = _bracket_path(a, arm, link)
+            done = (run_dir / "summary.json").exists()
+            # a bracket belongs to one validation run: one that has to be run (again) is timed afresh
+            bracket = json.loads(bracket_path.read_text()) if done and bracket_path.exists() else \
+                {"before": [], "after": []}
+            if not done:
+                if not _time_bracket(a, arm, link, "before", bracket):
+                    ok = False
+                    continue
                 # resume=never: a measured wall clock must come from one uninterrupted process
                 extra = [f"seed={a.seeds[0]}", "trainer.resume=never"]
                 if a.validate_steps is not None:  # a shorter schedule: compared at its last evaluation
@@ -323,11 +367,14 @@ def run_validation(a: argparse.Namespace) -> bool:
                 if not _run_segment(cmd, run_dir, a.timeout_s):
                     ok = False
                     continue
+            if bracket["before"]:  # a run validated without a bracket is not given one after the fact
+                ok &= _time_bracket(a, arm, link, "after", bracket)
             path = records.record_path(a.records, arm, a.seeds[0], "validate", _validate_suffix(a, link))
             record = records.curve_record(arm, a.seeds[0], ARMS[arm], a.recipe,
                                           json.loads((run_dir / "summary.json").read_text()), _segments(run_dir))
             a.records.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, record | {"kind": "validate", "link": link, "steps_limit": a.validate_steps})
+            write_json_atomic(path, record | {"kind": "validate", "link": link, "steps_limit": a.validate_steps,
+                                              "bracket": bracket})
     return ok
 
 
@@ -437,22 +484,56 @@ def _run_row(r: dict, targets: dict[str, float]) -> dict:
     return row
 
 
+def _own_timing(a: argparse.Namespace, v: dict, rows: list[dict], warmup_at: dict[str, str]) -> dict | None:
+    """Step, warm-up and evaluation time of a validation record's arm from bracket timing ``rows``
+    (None if they cannot price it)."""
+    block = timing_by_link(records.check_timing(rows, a.recipe, ARMS, a.overrides)).get(v["link"])
+    if block is None or v["arm"] not in block["step_ms"]:
+        return None
+    warm = compose.warmup_rate(v["arm"], block["step_ms"], warmup_at, block["warmup_ms"])
+    return {"step_ms": block["step_ms"][v["arm"]], "eval_s": block["eval_s"], "warmup_ms": warm}
+
+
 def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[str, int],
-                used: list[dict]) -> list[dict]:
-    """Composed against measured, from the validation records of the arms and links timed."""
+                used: list[dict], warmup_at: dict[str, str] | None = None) -> list[dict]:
+    """Composed against measured, from the validation records of the arms and links timed. A record
+    with a bracket (timing runs just before and after it) is composed against that bracket, with the
+    before-only and after-only compositions beside it as the drift's range; one without, against
+    the report's timing (``timing``: which)."""
+    warmup_at = warmup_at or {}
     rows = []
     for path in sorted(a.records.glob("validate-*.json")) if a.records.is_dir() else []:
         v = json.loads(path.read_text())
         link, arm = v["link"], v["arm"]
-        block = links.get(link)
-        if block is None or arm not in block["step_ms"] or v["recipe"] != a.recipe:
+        if v["recipe"] != a.recipe:
             continue
-        if arm in block["unpriced"]:
-            continue
-        warm_ms = block["warmup_ms"].get(arm)
         limit = v.get("steps_limit")
-        row = compose.validation_row(arm, link, v["curve"], v["eval_elapsed_s"], None if limit else target,
-                                     block["step_ms"][arm], block["eval_s"], warmup.get(arm, 0), warm_ms)
+        bracket = v.get("bracket") or {}
+        sides = {side: bracket.get(side) or [] for side in ("before", "after")}
+        if sides["before"] and sides["after"]:
+            own = _own_timing(a, v, sides["before"] + sides["after"], warmup_at)
+            ranges = [_own_timing(a, v, sides[side], warmup_at) for side in ("before", "after")]
+            if any(t is None or warmup.get(arm, 0) and t["warmup_ms"] is None for t in (own, *ranges)):
+                continue
+            timing = "bracket"
+        else:
+            block = links.get(link)
+            if block is None or arm not in block["step_ms"] or arm in block["unpriced"]:
+                continue
+            own = {"step_ms": block["step_ms"][arm], "eval_s": block["eval_s"],
+                   "warmup_ms": block["warmup_ms"].get(arm)}
+            ranges, timing = [], "report"
+
+        def composed(t: dict) -> dict:
+            return compose.validation_row(arm, link, v["curve"], v["eval_elapsed_s"], None if limit else target,
+                                          t["step_ms"], t["eval_s"], warmup.get(arm, 0), t["warmup_ms"])
+        row = composed(own) | {"timing": timing, "step_ms": own["step_ms"], "warmup_ms": own["warmup_ms"],
+                               "eval_s": own["eval_s"]}
+        if ranges:
+            before, after = (composed(t)["composed_s"] for t in ranges)
+            row |= {"composed_before_s": before, "composed_after_s": after,
+                    "step_ms_before_after": [t["step_ms"] for t in ranges],
+                    "bracket_dates": [sides["before"][0].get("start"), sides["after"][-1].get("date")]}
         loop = next((r for r in used if r["arm"] == arm and r["seed"] == v["seed"]), None)
         # a shortened run has its own (shorter) schedule, so its curve is not the loopback run's
         row["same_curve_as_loopback"] = None if loop is None or limit else loop["curve"] == v["curve"]
@@ -485,7 +566,7 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
         "targets": targets,
         "warmup": {arm: {"steps": n, "at": warmup_at.get(arm)} for arm, n in warmup.items()},
         "arms": [_run_row(r, targets) for r in used] + [_run_row(r, targets) for r in unfinished],
-        "links": links, "validation": _validation(a, links, targets["target"], warmup, used),
+        "links": links, "validation": _validation(a, links, targets["target"], warmup, used, warmup_at),
         "timing_config": {"steps": a.steps, "skip": a.skip, "repeats": a.repeats, "workers": a.workers},
         "commit": git_commit(), "date": _now(),
     }

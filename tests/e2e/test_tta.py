@@ -239,6 +239,7 @@ def test_two_arm_miniature_writes_json_and_plot(tmp_path, shared_data):
     assert all(r["segments"] and r["segments"][0]["commit"] for r in result["arms"])
     assert {v["arm"] for v in result["validation"]} == {"sync", "pipe+lookahead"}
     assert all(v["same_curve_as_loopback"] for v in result["validation"]), "fixed staleness: the same curve"
+    assert all(v["timing"] == "bracket" and v["composed_before_s"] > 0 for v in result["validation"])
     assert png.stat().st_size > 10_000 and "| pipe+lookahead | 1 |" in r.stdout
     # resumable: a second call finds every run done and only re-reports
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)

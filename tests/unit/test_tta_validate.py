@@ -1,0 +1,109 @@
+"""The validation phase brackets each end-to-end run with timing runs of its arm, and the report
+composes the run against that bracket (not against a timing run of another hour), with the
+before-only and after-only compositions beside it. Driver order and composition on synthetic
+records, no workers."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from pipesgd.bench import tta
+from tests.unit.test_tta_records import _record, _summary, _timing
+
+
+def _args(tmp_path, **kw):
+    return SimpleNamespace(**{"links": ["100mbit"], "validate_arms": ["sync"], "seeds": [0], "dir": tmp_path / "d",
+                              "records": tmp_path / "records", "recipe": "resnet_cifar_tta", "overrides": [],
+                              "validate_steps": None, "validate_bracket": 1, "workers": 2, "timeout_s": 60.0,
+                              "mtu": 9000, "steps": 40, "skip": 10} | kw)
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    """Replace the runs by fakes that log their order; the validation run writes a summary."""
+    calls = []
+
+    def timing_row(a, arm, link, run_dir, rep):
+        calls.append(run_dir.name)
+        return _timing(arm) | {"repeat": rep, "median_iter_ms": 100.0 + len(calls), "start": f"t{len(calls)}"}
+
+    def run_segment(cmd, run_dir, timeout_s):
+        calls.append("validate")
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps(_summary()))
+        return True
+
+    monkeypatch.setattr(tta, "timing_row", timing_row)
+    monkeypatch.setattr(tta, "_run_segment", run_segment)
+    return calls
+
+
+def test_a_validation_run_is_timed_just_before_and_just_after(tmp_path, fake_runs):
+    a = _args(tmp_path)
+    assert tta.run_validation(a)
+    assert fake_runs == ["sync-100mbit-before-r0", "validate", "sync-100mbit-after-r0"]
+    record = json.loads((a.records / "validate-sync-100mbit.json").read_text())
+    assert [r["side"] for r in record["bracket"]["before"] + record["bracket"]["after"]] == ["before", "after"]
+    # resumable: the run is done and so is its bracket, nothing runs again
+    assert tta.run_validation(a) and len(fake_runs) == 3
+
+
+def test_a_run_validated_without_a_bracket_is_not_given_one_after_the_fact(tmp_path, fake_runs):
+    tta.run_validation(_args(tmp_path, validate_bracket=0))
+    assert fake_runs == ["validate"]
+    tta.run_validation(_args(tmp_path))
+    assert fake_runs == ["validate"], "timing taken later is not beside the run"
+
+
+def test_a_validation_run_that_has_to_run_again_is_bracketed_afresh(tmp_path, fake_runs):
+    a = _args(tmp_path)
+    stale = {"before": [_timing() | {"side": "before", "start": "old"}], "after": []}
+    (a.dir / "validate").mkdir(parents=True)
+    tta._bracket_path(a, "sync", "100mbit").write_text(json.dumps(stale))
+    tta.run_validation(a)
+    record = json.loads((a.records / "validate-sync-100mbit.json").read_text())
+    assert [r["start"] for r in record["bracket"]["before"]] == ["t1"]
+
+
+def _validation_record(tmp_path, bracket):
+    records = tmp_path / "records"
+    records.mkdir(exist_ok=True)
+    summary = _summary()  # evaluations at steps 150 and 300, the run's own clock 10 s and 20 s
+    record = _record("sync", summary) | {"kind": "validate", "link": "100mbit", "steps_limit": 300,
+                                         "bracket": bracket}
+    (records / "validate-sync-100mbit-300steps.json").write_text(json.dumps(record))
+    return records
+
+
+def test_the_report_composes_a_bracketed_run_against_its_bracket(tmp_path):
+    def timed(ms, side):
+        return _timing() | {"iter_ms": [ms], "median_iter_ms": ms, "eval_s": 2.0, "side": side}
+    records = _validation_record(tmp_path, {"before": [timed(50.0, "before")], "after": [timed(70.0, "after")]})
+    a = _args(tmp_path, records=records)
+    # the report's own timing says 1 ms/step: a bracketed record does not use it
+    links = {"100mbit": {"step_ms": {"sync": 1.0}, "eval_s": 9.0, "unpriced": {}, "warmup_ms": {}}}
+    [row] = tta._validation(a, links, 90.0, {}, [])
+    assert row["timing"] == "bracket" and row["step_ms"] == 60.0
+    assert row["composed_s"] == pytest.approx(300 * 0.060 + 2 * 2.0)
+    assert (row["composed_before_s"], row["composed_after_s"]) == pytest.approx((300 * 0.05 + 4, 300 * 0.07 + 4))
+    assert row["measured_s"] == 20.0 and row["rel_error"] == pytest.approx((22.0 - 20.0) / 20.0)
+    # without a bracket it is the report's timing, and it says so
+    records = _validation_record(tmp_path, {"before": [], "after": []})
+    [row] = tta._validation(a, links, 90.0, {}, [])
+    assert row["timing"] == "report" and row["composed_s"] == pytest.approx(300 * 0.001 + 2 * 9.0)
+
+
+def test_a_bracket_of_another_recipe_is_refused(tmp_path):
+    other = _timing() | {"side": "before"}
+    other["command"] = other["command"].replace("dist.nproc=2", "dist.nproc=2 optimizer.lr=0.5")
+    records = _validation_record(tmp_path, {"before": [other], "after": [_timing() | {"side": "after"}]})
+    with pytest.raises(tta.records.Refused, match="optimizer.lr"):
+        tta._validation(_args(tmp_path, records=records), {}, 90.0, {}, [])
+
+
+@pytest.mark.parametrize("value", ["-1", "x"])
+def test_a_bad_bracket_count_is_named(value, capsys):
+    with pytest.raises(SystemExit) as e:
+        tta.parse(["--validate-bracket", value])
+    assert e.value.code == 2 and "--validate-bracket" in capsys.readouterr().err
