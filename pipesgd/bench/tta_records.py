@@ -16,8 +16,10 @@ Pure data: no torch, no Hydra.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 
 from pipesgd.checkpoint import NOT_HASHED, config_diff, config_digest, drop_keys, hashed_config
@@ -167,3 +169,19 @@ def check_timing(records: Sequence[Mapping], recipe: str, arms: Mapping[str, Seq
             raise Refused(f"{where} ran with overrides {theirs}, the curves with {want}")
         kept.append(r)
     return kept
+
+
+def now() -> str:
+    """UTC, to the second: the stamp of every record's start, end and date."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def segments_path(run_dir: Path) -> Path:
+    """``<arm>-s<seed>.segments.json`` beside the run dir: one row per process that worked on the
+    run (its commit, start, end and exit), so a curve resumed across commits says so."""
+    return run_dir.parent / f"{run_dir.name}.segments.json"
+
+
+def read_segments(run_dir: Path) -> list[dict]:
+    path = segments_path(run_dir)
+    return json.loads(path.read_text()) if path.exists() else []

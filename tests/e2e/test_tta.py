@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipesgd.bench import tta
+from pipesgd.bench import tta, tta_report
 from pipesgd.bench import tta_compose as c
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_a_pipe_arms_timing_run_times_its_own_warmup_then_its_steps():
     rows = [{"link": "100mbit", "arm": "pipe+lookahead-int8", "repeat": r, "iter_ms": [100.0 + r], "median_iter_ms": 100.0,
              "warmup_iter_ms": [130.0 + r], "eval_s": 1.0, "command": "python -m pipesgd.train", "date": "d"}
             for r in range(3)]
-    block = tta.timing_by_link(rows)["100mbit"]
+    block = tta_report.timing_by_link(rows)["100mbit"]
     assert block["warmup_ms"] == {"pipe+lookahead-int8": 131.0} and block["step_ms"]["pipe+lookahead-int8"] == 101.0
 
 

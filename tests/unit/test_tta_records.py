@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipesgd.bench import tta
+from pipesgd.bench import tta_report
 from pipesgd.bench import tta_records as r
 
 CONFIG = {"seed": 0, "trainer": {"mode": "sync", "width": 1, "warmup_sync_steps": 0, "staleness": "none",
@@ -109,11 +110,11 @@ def test_a_powersgd_timing_run_times_the_hook_and_its_curve_charges_the_plain_st
     timed = _timing("ddp-powersgd")
     timed["command"] += " " + " ".join(tta.TIMING_OVERRIDES["ddp-powersgd"])
     assert r.check_timing([timed], "resnet_cifar_tta", tta.ARMS, []) == [timed]
-    hook = {"_target_": tta.POWERSGD, "rank": 2}
-    assert tta._warmup({"config": {"trainer": {"mode": "ddp"}, "compressor": hook}}) == (1000, "ddp")
-    assert tta._warmup({"config": {"trainer": {"mode": "ddp"}, "compressor": hook | {"ddp_start_iter": 7}}}) == (7, "ddp")
-    assert tta._warmup({"config": {"trainer": {"mode": "pipe", "warmup_sync_steps": 200}, "compressor": {}}}) == (200, "sync")
-    assert tta._warmup({"config": {"trainer": {"mode": "ddp"}, "compressor": {"_target_": "x.FP16"}}}) == (0, None)
+    hook = {"_target_": tta_report.POWERSGD, "rank": 2}
+    assert tta_report._warmup({"config": {"trainer": {"mode": "ddp"}, "compressor": hook}}) == (1000, "ddp")
+    assert tta_report._warmup({"config": {"trainer": {"mode": "ddp"}, "compressor": hook | {"ddp_start_iter": 7}}}) == (7, "ddp")
+    assert tta_report._warmup({"config": {"trainer": {"mode": "pipe", "warmup_sync_steps": 200}, "compressor": {}}}) == (200, "sync")
+    assert tta_report._warmup({"config": {"trainer": {"mode": "ddp"}, "compressor": {"_target_": "x.FP16"}}}) == (0, None)
 
 
 def test_the_report_uses_records_and_lists_what_it_did_not_use(tmp_path):
@@ -125,11 +126,11 @@ def test_the_report_uses_records_and_lists_what_it_did_not_use(tmp_path):
     a = SimpleNamespace(arms=["sync", "pipe+lookahead", "pipe"], seeds=[0], dir=tmp_path / "d", records=records,
                         recipe="resnet_cifar_tta", overrides=[], timing=None, validate_arms=[], steps=1, skip=0,
                         repeats=1, workers=2)
-    used, unfinished = tta.load_runs(a)
+    used, unfinished = tta_report.load_runs(a)
     assert [u["arm"] for u in used] == ["sync"]
     assert {(u["arm"], u["why_incomplete"]) for u in unfinished} == {("pipe+lookahead", "150 of 300 steps"),
                                                                      ("pipe", "no run")}
-    result = tta.build_result(a, used, unfinished, {})
+    result = tta_report.build_result(a, used, unfinished, {})
     assert [(x["name"], x["complete"]) for x in result["arms"]] == [("sync", True), ("pipe+lookahead", False),
                                                                     ("pipe", False)]
     assert result["arms"][1]["final_test_accuracy"] is None

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from pipesgd.bench import tta
+from pipesgd.bench import tta_records as records
 
 # The child stops its parent (this test process) once it runs, then would sleep far past the timeout.
 CHILD = "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(120)"
@@ -20,7 +21,7 @@ def test_sigterm_stops_the_child_and_records_the_segment(tmp_path):
     with pytest.raises(tta.Stopped) as e, tta.stop_on_signals():
         tta._run_segment([sys.executable, "-c", CHILD], run_dir, timeout_s=50)
     assert e.value.sig == signal.SIGTERM
-    (row,) = json.loads(tta.segments_path(run_dir).read_text())
+    (row,) = json.loads(records.segments_path(run_dir).read_text())
     assert row["ok"] is False and row["stopped"] == "SIGTERM" and row["end"] is not None
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the previous handler is restored"
     log = (run_dir.parent / "sync-s0.log").read_text()
@@ -32,7 +33,7 @@ def test_a_finished_segment_is_recorded_ok(tmp_path):
     run_dir = tmp_path / "runs" / "sync-s0"
     assert tta._run_segment([sys.executable, "-c", "print('hi')"], run_dir, timeout_s=50)
     assert not tta._run_segment([sys.executable, "-c", "raise SystemExit(3)"], run_dir, timeout_s=50)
-    rows = json.loads(tta.segments_path(run_dir).read_text())
+    rows = json.loads(records.segments_path(run_dir).read_text())
     assert [(r["ok"], "stopped" in r) for r in rows] == [(True, False), (False, False)]
     assert (run_dir.parent / "sync-s0.log").read_text().count("$ ") == 2, "appended, not overwritten"
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipesgd.bench import tta
+from pipesgd.bench import tta, tta_report
 from tests.unit.test_tta_records import _record, _summary, _timing
 
 
@@ -83,14 +83,14 @@ def test_the_report_composes_a_bracketed_run_against_its_bracket(tmp_path):
     a = _args(tmp_path, records=records)
     # the report's own timing says 1 ms/step: a bracketed record does not use it
     links = {"100mbit": {"step_ms": {"sync": 1.0}, "eval_s": 9.0, "unpriced": {}, "warmup_ms": {}}}
-    [row] = tta._validation(a, links, 90.0, {}, [])
+    [row] = tta_report._validation(a, links, 90.0, {}, [])
     assert row["timing"] == "bracket" and row["step_ms"] == 60.0
     assert row["composed_s"] == pytest.approx(300 * 0.060 + 2 * 2.0)
     assert (row["composed_before_s"], row["composed_after_s"]) == pytest.approx((300 * 0.05 + 4, 300 * 0.07 + 4))
     assert row["measured_s"] == 20.0 and row["rel_error"] == pytest.approx((22.0 - 20.0) / 20.0)
     # without a bracket it is the report's timing, and it says so
     records = _validation_record(tmp_path, {"before": [], "after": []})
-    [row] = tta._validation(a, links, 90.0, {}, [])
+    [row] = tta_report._validation(a, links, 90.0, {}, [])
     assert row["timing"] == "report" and row["composed_s"] == pytest.approx(300 * 0.001 + 2 * 9.0)
 
 
@@ -98,8 +98,8 @@ def test_a_bracket_of_another_recipe_is_refused(tmp_path):
     other = _timing() | {"side": "before"}
     other["command"] = other["command"].replace("dist.nproc=2", "dist.nproc=2 optimizer.lr=0.5")
     records = _validation_record(tmp_path, {"before": [other], "after": [_timing() | {"side": "after"}]})
-    with pytest.raises(tta.records.Refused, match="optimizer.lr"):
-        tta._validation(_args(tmp_path, records=records), {}, 90.0, {}, [])
+    with pytest.raises(tta_report.records.Refused, match="optimizer.lr"):
+        tta_report._validation(_args(tmp_path, records=records), {}, 90.0, {}, [])
 
 
 @pytest.mark.parametrize("value", ["-1", "x"])
