@@ -284,8 +284,9 @@ def _time_bracket(a: argparse.Namespace, arm: str, link: str, side: str, bracket
             ok = False
             break
         bracket[side].append(row | {"side": side})
-        _bracket_path(a, arm, link).parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(_bracket_path(a, arm, link), bracket)
+        path = _bracket_path(a, arm, link)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, bracket)
     return ok
 
 
@@ -317,8 +318,8 @@ def run_validation(a: argparse.Namespace) -> bool:
             if bracket["before"]:  # a run validated without a bracket is not given one after the fact
                 ok &= _time_bracket(a, arm, link, "after", bracket)
             path = records.record_path(a.records, arm, a.seeds[0], "validate", _validate_suffix(a, link))
-            record = records.curve_record(arm, a.seeds[0], ARMS[arm], a.recipe,
-                                          json.loads((run_dir / "summary.json").read_text()), records.read_segments(run_dir))
+            summary = json.loads((run_dir / "summary.json").read_text())
+            record = records.curve_record(arm, a.seeds[0], ARMS[arm], a.recipe, summary, records.read_segments(run_dir))
             a.records.mkdir(parents=True, exist_ok=True)
             write_json_atomic(path, record | {"kind": "validate", "link": link, "steps_limit": a.validate_steps,
                                               "bracket": bracket})

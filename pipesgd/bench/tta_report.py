@@ -136,10 +136,10 @@ def _run_row(r: dict, targets: dict[str, float]) -> dict:
     return row
 
 
-def _own_timing(a: argparse.Namespace, v: dict, rows: list[dict], warmup_at: dict[str, str]) -> dict | None:
-    """Step, warm-up and evaluation time of a validation record's arm from bracket timing ``rows``
-    (None if they cannot price it)."""
-    block = timing_by_link(records.check_timing(rows, a.recipe, ARMS, a.overrides)).get(v["link"])
+def _own_timing(v: dict, rows: list[dict], warmup_at: dict[str, str]) -> dict | None:
+    """Step, warm-up and evaluation time of a validation record's arm from its (checked) bracket
+    timing ``rows`` (None if they cannot price it)."""
+    block = timing_by_link(rows).get(v["link"])
     if block is None or v["arm"] not in block["step_ms"]:
         return None
     warm = compose.warmup_rate(v["arm"], block["step_ms"], warmup_at, block["warmup_ms"])
@@ -163,8 +163,9 @@ def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[
         bracket = v.get("bracket") or {}
         sides = {side: bracket.get(side) or [] for side in ("before", "after")}
         if sides["before"] and sides["after"]:
-            own = _own_timing(a, v, sides["before"] + sides["after"], warmup_at)
-            ranges = [_own_timing(a, v, sides[side], warmup_at) for side in ("before", "after")]
+            records.check_timing(sides["before"] + sides["after"], a.recipe, ARMS, a.overrides)
+            own = _own_timing(v, sides["before"] + sides["after"], warmup_at)
+            ranges = [_own_timing(v, sides[side], warmup_at) for side in ("before", "after")]
             if any(t is None or warmup.get(arm, 0) and t["warmup_ms"] is None for t in (own, *ranges)):
                 continue
             timing = "bracket"
