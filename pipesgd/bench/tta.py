@@ -8,7 +8,8 @@ Phases (``--phase``, default ``all`` = the four in order):
 * ``timing``: per link, short runs of every arm interleaved, ``--repeats`` rounds, skipping the
   first ``--skip`` steps; appended to ``<dir>/timing.json`` after each run. Needs a quiet machine.
 * ``validate``: the ``--validate-arms`` end to end on each link, ``<dir>/validate/<arm>-<link>``,
-  each between ``--validate-bracket`` timing runs of its arm before and after. Needs a quiet machine.
+  each between ``--validate-bracket`` timing runs of its arm before and after, which time
+  ``--bracket-steps`` steps after ``--bracket-skip``. Needs a quiet machine.
 * ``report``: compose accuracy-vs-step with seconds-per-step into ``--json`` (and ``--plot``).
 
 Links other than ``loopback`` run under ``pipesgd.emulate`` (root). Exit status 1 if a run failed.
@@ -64,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--validate-bracket", type=int, default=1,
                    help="timing runs of the arm just before and just after each validation run, which the "
                         "report composes it against (default 1; 0: compose against --timing)")
+    p.add_argument("--bracket-skip", type=int, default=100,
+                   help="steps a bracket's timing run leaves out before its window (default 100: past start-up, "
+                        "where a long run spends its steps)")
+    p.add_argument("--bracket-steps", type=int, default=100, help="timed steps per bracket run (default 100)")
     p.add_argument("--recipe", default=RECIPE, help=f"conf/experiment name (default {RECIPE})")
     p.add_argument("--dir", type=Path, default=ROOT / "outputs" / "tta", help="run dirs and timing.json")
     p.add_argument("--json", type=Path, default=ROOT / "docs" / "time-to-accuracy.json", help="the result")
@@ -101,9 +106,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"argument --validate-steps: must be an integer >= 1, got {a.validate_steps}")
     if a.validate_bracket < 0:
         parser.error(f"argument --validate-bracket: must be an integer >= 0, got {a.validate_bracket}")
-    for name, low in (("steps", 1), ("skip", 0), ("repeats", 1), ("workers", 1)):
+    for name, low in (("steps", 1), ("skip", 0), ("repeats", 1), ("workers", 1), ("bracket_steps", 1),
+                      ("bracket_skip", 0)):
         if getattr(a, name) < low:
-            parser.error(f"argument --{name}: must be an integer >= {low}, got {getattr(a, name)}")
+            parser.error(f"argument --{name.replace('_', '-')}: must be an integer >= {low}, got {getattr(a, name)}")
     if not a.links:
         parser.error("argument --links: name at least one link (a tc rate such as 100mbit, or loopback)")
     bad = [o for o in a.overrides if "=" not in o]
@@ -228,7 +234,8 @@ def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: i
     steps = history["iter_ms"][first:]
     t0 = history["wall_time"][first - 1] if first else history["wall_time"][0]
     warm = history["iter_ms"][slice(*plan["warmup"])] if plan["warmup"] else []
-    row = {"link": link, "arm": arm, "repeat": rep, "iter_ms": steps,
+    window = {"first": first, "steps": len(steps), "warmup": list(plan["warmup"]) if plan["warmup"] else None}
+    row = {"link": link, "arm": arm, "repeat": rep, "iter_ms": steps, "window": window,
            "median_iter_ms": statistics.median(steps), "eval_s": summary["evals"][-1]["eval_s"],
            **({"warmup_iter_ms": warm, "median_warmup_ms": statistics.median(warm)} if warm else {}),
            "median_compute_ms": statistics.median(history["compute_ms"][first:]),
@@ -275,11 +282,14 @@ def _bracket_path(a: argparse.Namespace, arm: str, link: str) -> Path:
 
 
 def _time_bracket(a: argparse.Namespace, arm: str, link: str, side: str, bracket: dict) -> bool:
-    """Fill ``bracket[side]`` up to ``--validate-bracket`` timing runs of the arm, saved after each."""
+    """Fill ``bracket[side]`` up to ``--validate-bracket`` timing runs of the arm, saved after each.
+    They time the ``--bracket-steps`` after ``--bracket-skip``: the steady state a long run spends
+    its steps in, not the start-up the study's short timing windows sit in."""
+    timed = argparse.Namespace(**(vars(a) | {"skip": a.bracket_skip, "steps": a.bracket_steps}))
     ok = True
     for i in range(len(bracket[side]), a.validate_bracket):
         run_dir = (a.dir / "validate" / "bracket" / f"{arm}{_validate_suffix(a, link)}-{side}-r{i}").resolve()
-        row = timing_row(a, arm, link, run_dir, i)
+        row = timing_row(timed, arm, link, run_dir, i)
         if row is None:
             ok = False
             break

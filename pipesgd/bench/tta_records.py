@@ -139,6 +139,18 @@ def link_mtu(command: str) -> int | None:
     return int(words[words.index("--mtu") + 1]) if "--mtu" in words[:words.index("--")] else 1500
 
 
+def timing_window(row: Mapping) -> dict:
+    """The steps a timing row timed: ``first`` (index of its first timed step) and ``steps``. Rows from
+    before the row said so are read off their command: the run stopped at ``trainer.max_steps``, and
+    its last ``len(iter_ms)`` steps were the window."""
+    if row.get("window"):
+        return dict(row["window"])
+    given = dict(_split(w) for w in shlex.split(row["command"]) if "=" in w)
+    total = given.get("trainer.max_steps")
+    steps = len(row["iter_ms"])
+    return {"first": None if total is None else int(total) - steps, "steps": steps, "warmup": None}
+
+
 def _hashed_overrides(overrides: Iterable[str], ignore: Iterable[str]) -> dict[str, str]:
     """``key -> value`` of the overrides that change what is trained (not run bookkeeping)."""
     skip = set(ignore) | set(NOT_HASHED) | set(TIMING_PHASE_KEYS)

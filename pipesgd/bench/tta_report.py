@@ -182,6 +182,8 @@ def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[
                                           t["step_ms"], t["eval_s"], warmup.get(arm, 0), t["warmup_ms"])
         row = composed(own) | {"timing": timing, "step_ms": own["step_ms"], "warmup_ms": own["warmup_ms"],
                                "eval_s": own["eval_s"]}
+        if timing == "bracket":  # which steps the bracket timed: the goal judges steady-state windows
+            row["window"] = records.timing_window(sides["before"][0])
         if ranges:
             before, after = (composed(t)["composed_s"] for t in ranges)
             row |= {"composed_before_s": before, "composed_after_s": after,

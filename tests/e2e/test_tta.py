@@ -203,6 +203,22 @@ def test_accuracy_and_validation_goals_say_what_they_lack():
     assert rows["validation pipe+lookahead-int8"]["met"] is False, "the headline arm is the speed goal's arm"
 
 
+def test_the_validation_goal_judges_steady_window_runs_where_there_are_any():
+    ms = {"sync": 400.0, "ddp-fp16": 300.0, "pipe+lookahead-int8": 250.0, "compute": 100.0}
+    early = {"arm": "sync", "rel_error": -0.06, "record": "early.json", "window": {"first": 10, "steps": 40}}
+    steady = {"arm": "sync", "rel_error": 0.03, "record": "steady.json", "window": {"first": 100, "steps": 100}}
+    short = {"arm": "sync", "rel_error": 0.01, "record": "short.json", "window": {"first": 100, "steps": 40}}
+    goal = next(g for g in c.goals(_goal_result(ms, [early, steady, short]), {"100mbit": 1.15})
+                if g["goal"] == "validation sync")
+    assert goal["met"] is True and goal["value"] == 0.03 and goal["judged"] == ["steady.json"]
+    assert goal["left_out"] == {"early.json": -0.06, "short.json": 0.01}
+    assert "earlier short-window runs left out: -6.0 %, +1.0 %" in c.goals_table([goal])
+    # with no steady-window run, every run is judged, as before
+    goal = next(g for g in c.goals(_goal_result(ms, [early, short]), {"100mbit": 1.15})
+                if g["goal"] == "validation sync")
+    assert goal["met"] is False and goal["value"] == -0.06 and goal["left_out"] == {}
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--arms", "sync,nope"], "nope is not one of"),
     (["--seeds", "a"], "not a comma-separated list of integers"),
@@ -221,7 +237,8 @@ def test_bad_arguments_are_named(argv, message, capsys):
 def test_two_arm_miniature_writes_json_and_plot(tmp_path, shared_data):
     out, png = tmp_path / "tta.json", tmp_path / "tta.png"
     cmd = [sys.executable, "-m", "pipesgd.bench.tta", "--recipe", "mnist_mlp", "--arms", "sync,pipe+lookahead",
-           "--links", "loopback", "--repeats", "1", "--steps", "10", "--skip", "3", "--dir", str(tmp_path / "d"),
+           "--links", "loopback", "--repeats", "1", "--steps", "10", "--skip", "3", "--bracket-steps", "12",
+           "--bracket-skip", "5", "--dir", str(tmp_path / "d"),
            "--json", str(out), "--plot", str(png), "--records", str(tmp_path / "records"), f"data.root={shared_data}", f"data.cache_dir={tmp_path / 'c'}",
            "trainer.max_steps=120", "trainer.eval_every_steps=30", "dist.threads_per_worker=1"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=580)
@@ -240,6 +257,9 @@ def test_two_arm_miniature_writes_json_and_plot(tmp_path, shared_data):
     assert {v["arm"] for v in result["validation"]} == {"sync", "pipe+lookahead"}
     assert all(v["same_curve_as_loopback"] for v in result["validation"]), "fixed staleness: the same curve"
     assert all(v["timing"] == "bracket" and v["composed_before_s"] > 0 for v in result["validation"])
+    # the bracket timed its own window: 12 steps after 5 (a pipe arm after its timed warm-up too)
+    assert {v["arm"]: v["window"]["first"] for v in result["validation"]} == {"sync": 5, "pipe+lookahead": 30}
+    assert all(v["window"]["steps"] == 12 for v in result["validation"])
     assert png.stat().st_size > 10_000 and "| pipe+lookahead | 1 |" in r.stdout
     # resumable: a second call finds every run done and only re-reports
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)

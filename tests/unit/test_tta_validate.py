@@ -16,16 +16,22 @@ def _args(tmp_path, **kw):
     return SimpleNamespace(**{"links": ["100mbit"], "validate_arms": ["sync"], "seeds": [0], "dir": tmp_path / "d",
                               "records": tmp_path / "records", "recipe": "resnet_cifar_tta", "overrides": [],
                               "validate_steps": None, "validate_bracket": 1, "workers": 2, "timeout_s": 60.0,
-                              "mtu": 9000, "steps": 40, "skip": 10} | kw)
+                              "mtu": 9000, "steps": 40, "skip": 10, "bracket_skip": 100, "bracket_steps": 100} | kw)
+
+
+class _Calls(list):
+    """The fake runs in order, and the (skip, steps) each timing run was asked for."""
+    windows: list
 
 
 @pytest.fixture
 def fake_runs(monkeypatch):
     """Replace the runs by fakes that log their order; the validation run writes a summary."""
-    calls = []
+    calls, windows = _Calls(), []
 
     def timing_row(a, arm, link, run_dir, rep):
         calls.append(run_dir.name)
+        windows.append((a.skip, a.steps))
         return _timing(arm) | {"repeat": rep, "median_iter_ms": 100.0 + len(calls), "start": f"t{len(calls)}"}
 
     def run_segment(cmd, run_dir, timeout_s):
@@ -36,6 +42,7 @@ def fake_runs(monkeypatch):
 
     monkeypatch.setattr(tta, "timing_row", timing_row)
     monkeypatch.setattr(tta, "_run_segment", run_segment)
+    calls.windows = windows
     return calls
 
 
@@ -107,3 +114,22 @@ def test_a_bad_bracket_count_is_named(value, capsys):
     with pytest.raises(SystemExit) as e:
         tta.parse(["--validate-bracket", value])
     assert e.value.code == 2 and "--validate-bracket" in capsys.readouterr().err
+
+
+def test_a_bracket_times_its_own_window_not_the_studys(tmp_path, fake_runs):
+    tta.run_validation(_args(tmp_path, bracket_skip=150, bracket_steps=120))
+    assert fake_runs.windows == [(150, 120), (150, 120)], "the study's 40 steps after 10 are start-up"
+
+
+def test_a_timing_rows_window_is_its_own_or_read_off_its_command():
+    assert tta_report.records.timing_window(_timing() | {"window": {"first": 220, "steps": 100, "warmup": [100, 120]}}) \
+        == {"first": 220, "steps": 100, "warmup": [100, 120]}
+    old = _timing() | {"iter_ms": [1.0] * 40}  # trainer.max_steps=50: the last 40 steps were timed
+    assert tta_report.records.timing_window(old) == {"first": 10, "steps": 40, "warmup": None}
+
+
+@pytest.mark.parametrize("flag", ["--bracket-steps", "--bracket-skip"])
+def test_a_bad_bracket_window_is_named(flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        tta.parse([flag, "-1"])
+    assert e.value.code == 2 and f"argument {flag}: must be an integer" in capsys.readouterr().err
