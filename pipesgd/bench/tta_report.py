@@ -77,7 +77,8 @@ def load_timing(a: argparse.Namespace) -> dict[str, dict]:
 
 def timing_by_link(rows: list[dict]) -> dict[str, dict]:
     """Per link: each arm's median ms/step pooled over repeats (with the repeats' medians as the
-    spread), the median evaluation time over every run on that link, and the runs' commits and dates."""
+    spread), the median evaluation time over every run on that link, the steps each arm's runs timed
+    (``windows``), and the runs' commits and dates."""
     out: dict[str, dict] = {}
     for r in rows:
         block = out.setdefault(r["link"], {"pooled": {}, "repeat_medians": {}, "eval_s": [], "cpu": {}, "runs": []})
@@ -90,7 +91,11 @@ def timing_by_link(rows: list[dict]) -> dict[str, dict]:
         block["runs"].append(r.get("commit"))
         block.setdefault("mtu", set()).add(records.link_mtu(r["command"]))
         block.setdefault("dates", []).append(r.get("date"))
-    return {link: {"step_ms": {arm: statistics.median(v) for arm, v in b["pooled"].items()},
+        window = records.timing_window(r)
+        block.setdefault("windows", {}).setdefault(r["arm"], set()).add((window["first"], window["steps"]))
+    return {link: {"windows": {arm: [{"first": f, "steps": n} for f, n in sorted(w, key=str)]
+                               for arm, w in b["windows"].items()},
+                   "step_ms": {arm: statistics.median(v) for arm, v in b["pooled"].items()},
                    "warmup_ms": {arm: statistics.median(v) for arm, v in b.get("warmup", {}).items()},
                    "repeat_median_ms": b["repeat_medians"], "eval_s": statistics.median(b["eval_s"]),
                    "cpu": b["cpu"], "commits": sorted({c for c in b["runs"] if c}), "mtu": _one_mtu(link, b["mtu"]),
@@ -209,7 +214,7 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
                                      t.get("warmup_ms"))
         links[link] = block | {"repeat_median_ms": t["repeat_median_ms"], "cpu": t["cpu"],
                                "ceiling": compose.link_ceiling(block), "timing_commits": t["commits"],
-                               "timing_measured": t["measured"], "link_mtu": t["mtu"]}
+                               "timing_measured": t["measured"], "link_mtu": t["mtu"], "timing_windows": t["windows"]}
     reference = next((r for r in used if r["arm"] == "sync"), used[0] if used else None)
     result = {
         "recipe": {"experiment": a.recipe, "arms": {arm: list(ARMS[arm]) for arm in a.arms},
@@ -222,7 +227,9 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
         "warmup": {arm: {"steps": n, "at": warmup_at.get(arm)} for arm, n in warmup.items()},
         "arms": [_run_row(r, targets) for r in used] + [_run_row(r, targets) for r in unfinished],
         "links": links, "validation": _validation(a, links, targets["target"], warmup, used, warmup_at),
-        "timing_config": {"steps": a.steps, "skip": a.skip, "repeats": a.repeats, "workers": a.workers},
+        # what the timing runs did is in their rows (links: timing_windows, repeat_median_ms), not in
+        # this invocation's --steps/--skip
+        "timing_config": {"workers": a.workers},
         "commit": git_commit(), "date": records.now(),
     }
     return result | {"goals": compose.goals(result)}

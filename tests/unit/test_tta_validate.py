@@ -133,3 +133,10 @@ def test_a_bad_bracket_window_is_named(flag, capsys):
     with pytest.raises(SystemExit) as e:
         tta.parse([flag, "-1"])
     assert e.value.code == 2 and f"argument {flag}: must be an integer" in capsys.readouterr().err
+
+
+def test_the_report_says_which_steps_each_arms_timing_runs_timed():
+    old = _timing() | {"iter_ms": [1.0] * 40}
+    new = _timing() | {"repeat": 1, "window": {"first": 100, "steps": 100, "warmup": None}}
+    block = tta_report.timing_by_link([old, new])["100mbit"]
+    assert block["windows"] == {"sync": [{"first": 10, "steps": 40}, {"first": 100, "steps": 100}]}
