@@ -369,13 +369,13 @@ def goals(result: dict, speed_goals: dict[str, float] | None = None) -> list[dic
         rows = [v for v in result.get("validation", []) if arm is not None and v["arm"] == arm
                 and v.get("rel_error") is not None]
         steady = [v for v in rows if steady_window(v)]
-        judged = steady or rows
+        judged, left_out = (steady, [v for v in rows if not steady_window(v)]) if steady else (rows, [])
         errors = [v["rel_error"] for v in judged]
         out.append({"goal": f"validation {arm or 'headline arm'}", "arm": arm, "threshold": VALIDATION_GOAL,
                     "value": max(errors, key=abs) if errors else None,
                     "met": None if not errors else all(abs(e) <= VALIDATION_GOAL for e in errors),
                     "judged": [v["record"] for v in judged if v.get("record")],
-                    "left_out": {v["record"]: v["rel_error"] for v in rows if v not in judged and v.get("record")},
+                    "left_out": {v["record"]: v["rel_error"] for v in left_out if v.get("record")},
                     "why": "" if errors else "no validation record of it on a timed link"})
     return out
 

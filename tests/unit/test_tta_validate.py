@@ -19,20 +19,15 @@ def _args(tmp_path, **kw):
                               "mtu": 9000, "steps": 40, "skip": 10, "bracket_skip": 100, "bracket_steps": 100} | kw)
 
 
-class _Calls(list):
-    """The fake runs in order, and the (skip, steps) each timing run was asked for."""
-    windows: list
-
-
 @pytest.fixture
 def fake_runs(monkeypatch):
     """Replace the runs by fakes that log their order; the validation run writes a summary."""
-    calls, windows = _Calls(), []
+    calls = []
 
     def timing_row(a, arm, link, run_dir, rep):
         calls.append(run_dir.name)
-        windows.append((a.skip, a.steps))
-        return _timing(arm) | {"repeat": rep, "median_iter_ms": 100.0 + len(calls), "start": f"t{len(calls)}"}
+        return _timing(arm) | {"repeat": rep, "median_iter_ms": 100.0 + len(calls), "start": f"t{len(calls)}",
+                               "asked": [a.skip, a.steps]}
 
     def run_segment(cmd, run_dir, timeout_s):
         calls.append("validate")
@@ -42,7 +37,6 @@ def fake_runs(monkeypatch):
 
     monkeypatch.setattr(tta, "timing_row", timing_row)
     monkeypatch.setattr(tta, "_run_segment", run_segment)
-    calls.windows = windows
     return calls
 
 
@@ -117,8 +111,11 @@ def test_a_bad_bracket_count_is_named(value, capsys):
 
 
 def test_a_bracket_times_its_own_window_not_the_studys(tmp_path, fake_runs):
-    tta.run_validation(_args(tmp_path, bracket_skip=150, bracket_steps=120))
-    assert fake_runs.windows == [(150, 120), (150, 120)], "the study's 40 steps after 10 are start-up"
+    a = _args(tmp_path, bracket_skip=150, bracket_steps=120)
+    tta.run_validation(a)
+    bracket = json.loads((a.records / "validate-sync-100mbit.json").read_text())["bracket"]
+    assert [r["asked"] for r in bracket["before"] + bracket["after"]] == [[150, 120], [150, 120]], \
+        "the study's 40 steps after 10 are start-up"
 
 
 def test_a_timing_rows_window_is_its_own_or_read_off_its_command():
