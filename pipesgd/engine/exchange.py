@@ -174,6 +174,7 @@ class GradientExchange:
         is summed across ranks first, in the same job (``Reduced.control``); ``reduced_control``
         is a control vector already summed (by :meth:`control_round`), passed through."""
         buf = self.flatten() if buf is None else buf
+        self._let_go(buf)
         bad = mark_nonfinite(buf)
         world = self.world_size
         if world == 1:
@@ -202,6 +203,16 @@ class GradientExchange:
             return Reduced(buf[:-1], stats, buf[-1:], bad, summed)
 
         return OrderedHandle(self._submit(lambda: self.streams.run(ready, reduce)), self.streams)
+
+    def _let_go(self, buf: Tensor) -> None:
+        """No ``.grad`` may view a buffer lent to a reduction: the caller's next in-place ``zero_()``
+        and backward would write into what the communication thread reduces, or into an average
+        still waiting to be applied. Gradients that are ``buf`` (:meth:`_viewed`) become None; the
+        update that applies an average points them at it again (a skipped one too)."""
+        ptr = buf.untyped_storage().data_ptr()
+        for p in self.params:
+            if p.grad is not None and p.grad.untyped_storage().data_ptr() == ptr:
+                p.grad = None
 
     @property
     def activity(self) -> str | None:

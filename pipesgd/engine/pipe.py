@@ -19,6 +19,7 @@ from .. import trace
 from ..comm import CommError, CommStats, CompletedHandle, Handle, get_allreduce, note
 from ..comm.native import AUTO, default_allreduce
 from ..compress import Compressor
+from ..flat import set_grads
 from .exchange import GradientExchange, Reduced
 from ..reduction import Reduction, resolve
 from ..replicas import ReplicaMismatch, describe_mismatch, digest
@@ -236,6 +237,9 @@ class PipeSGD(Engine):
                      "no rank reports NaN/inf of its own: the sum overflowed, or it was restored from a checkpoint")
             self.nonfinite.bad(step, where)
             self.staleness.skip()
+            # As an applied update does: the gradients view the buffer handed back, so a loop that
+            # zeroes them in place keeps reusing it (never the one just launched; _let_go).
+            set_grads(self._reducer.params, reduced.flat)
             self._reducer.release(reduced.flat)
             stats.skipped = True
             return

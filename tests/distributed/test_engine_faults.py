@@ -121,3 +121,35 @@ def test_stopped_peer_is_named_by_every_other_rank():
                          msg), msg
     # Rank 0's own wait names a ring neighbour: rank 2 (waiting on rank 1 itself) or rank 1.
     assert re.search(r"(receiving from rank 2|sending to rank 1)", msg0), msg0
+
+
+def _inf_in_place_worker(rank, p, width, warmup):
+    """An inf on one rank at BAD_STEP, skipped, in a loop that zeroes gradients in place (as
+    docs/gpu.md recommends): the gradients must never be the buffer a reduction still uses."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    with PipeSGD(opt, model.parameters(), width=width, nonfinite="skip", warmup_sync_steps=warmup) as engine:
+        for t in range(STEPS):
+            opt.zero_grad(set_to_none=False)
+            loss = loss_of(model, rank, t)
+            if rank == BAD_RANK and t == BAD_STEP:
+                loss = loss + float("inf") * next(model.parameters()).view(-1)[3]
+            loss.backward()
+            engine.step()
+        engine.flush()
+        return flat_params(model), engine.nonfinite.skipped
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("width, warmup", [(2, 0), (3, BAD_STEP + 3)],
+                         ids=["skip-then-steps", "skip-in-warmup-then-pipeline-fill"])
+def test_a_skipped_step_with_gradients_zeroed_in_place_leaves_the_in_flight_buffer_alone(width, warmup):
+    """Defect 1 of issue 43: after a skip (and while the pipeline fills after warmup), the
+    gradients stayed views of the buffer just lent to the reduction in flight, so the next
+    in-place zero_() and backward overwrote it: each rank applied its own gradient, not the
+    average, and the replicas drifted apart."""
+    (p0, skipped0), (p1, skipped1) = run_workers(_inf_in_place_worker, 2, width, warmup)
+    assert skipped0 == skipped1 and len(skipped0) == 1
+    assert torch.equal(p0, p1), "replicas must stay bit-identical"
+    expected = reference(2, width, warmup_sync_steps=warmup, skip_step=BAD_STEP)
+    assert (p0 - expected).abs().max() <= 1e-5
