@@ -13,7 +13,10 @@ own ``StreamContext``, running on these. What it models:
   stream's count; ``Stream.wait_event`` notes how far the waiting stream is ordered after the
   other. An event's time is its position in :attr:`log` (``elapsed_time`` in ms). With
   :attr:`device_done` cleared, events recorded on a non-default stream are not complete:
-  ``query()`` says False and ``synchronize()`` blocks until it is set again.
+  ``query()`` says False and ``synchronize()`` blocks until it is set again, or, with
+  :attr:`lands_when_waited`, the work lands (:meth:`FakeCuda.land`) when the host synchronizes
+  on it or a stream waits on it, after :attr:`landing_ms` more ms of device time: a slow
+  communication stream, whose stall shows on the training stream from where it started waiting.
 * **Allocator pools per stream** (inside :meth:`allocator`, a ``TorchDispatchMode`` the
   communication thread's jobs run in too): a tensor's storage belongs to the stream current when
   it was made; every operation on another stream that reads or writes it is a use there. When the
@@ -49,6 +52,8 @@ class FakeStream:
 
     def wait_event(self, event) -> None:
         self.fake.log.append(("wait_event", self.name, event))
+        if not event._complete() and self.fake.lands_when_waited:
+            self.fake.land()  # this stream stalls here until the other's work ends
         if event.stream is not None and event.stream is not self:
             self.waited[event.stream] = max(self.waited.get(event.stream, 0), event.count)
 
@@ -90,6 +95,7 @@ class FakeCuda:
         self.device_done = threading.Event()  # cleared: work on a non-default stream has not finished
         self.device_done.set()
         self.lands_when_waited = False  # with device_done cleared: synchronize() lets the work finish
+        self.landing_ms = 0  # how long the unfinished work still runs once it lands (a slow comm stream)
         self.devices = devices
         self._tls = threading.local()
         self.default = {d: FakeStream(self, d, "training") for d in range(devices)}  # each device's default stream
@@ -119,7 +125,7 @@ class FakeCuda:
                 fake.log.append(("synchronize", self))
                 if not self._complete():
                     if fake.lands_when_waited:
-                        fake.device_done.set()
+                        fake.land()
                     fake.device_done.wait()
 
             def elapsed_time(self, end):
@@ -151,6 +157,14 @@ class FakeCuda:
                 return run(thread, fn)
 
         monkeypatch.setattr(comm_base.CommThread, "_run", run_in_pools)
+
+    def land(self) -> None:
+        """The unfinished work on the non-default streams runs to its end now: ``landing_ms`` log
+        entries (ms of device time) pass first, so an interval spanning a stall shows it."""
+        with self.lock:
+            if not self.device_done.is_set():
+                self.log.extend([("comm kernels",)] * self.landing_ms)
+                self.device_done.set()
 
     # --- devices, per thread ---
     def touch(self, index: int) -> None:

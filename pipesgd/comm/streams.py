@@ -12,7 +12,8 @@ kept by events instead of by blocking:
    NCCL calls' waits) go to one stream per engine on the parameters' device, never the training
    stream, so forward and backward of the next steps overlap them; returns a done-event.
 3. ``wait(done)`` on the training thread before the average is read: its stream waits for the
-   done-event, the CPU does not (no ``synchronize``).
+   done-event, the CPU does not (no ``synchronize``); with a deadline the CPU also waits for the
+   work, up to the deadline (a hung peer hangs the device, not the communication thread).
 
 Times come the same way. On the CPU a wall-clock interval is the work's time; on a GPU it is only
 the time to queue it, so :class:`CudaStreams` and :class:`CudaClock` time with events instead and
@@ -70,18 +71,17 @@ class Streams(Protocol):
         """On the communication thread: ``fn()`` ordered after ``ready``; its result and a marker
         after all the work it queued."""
 
-    def wait(self, done: object) -> Span | None:
-        """On the training thread: what it queues next runs after ``done``. Returns how long the
-        training stream stalls there, when only the device knows (None: the caller's clock does)."""
+    def wait(self, done: object, timeout: float | None = None) -> Span | None:
+        """On the training thread: what it queues next runs after ``done``. With ``timeout``, also
+        return only once the work before ``done`` has finished, or raise ``TimeoutError`` after
+        ``timeout`` seconds (on a GPU a silent peer hangs the device work, not the communication
+        thread; the step reads the reduced flag on the host right after, so this waits for nothing
+        more). Returns how long the training stream stalls there, from where it starts waiting
+        (before any host wait), when only the device knows (None: the caller's clock does)."""
 
     def span(self, done: object) -> Span | None:
         """The device time of the work ``run`` queued, from its start to ``done`` (None on the
         host, where the communication thread's own clock is the work's time)."""
-
-    def finish(self, done: object, timeout: float) -> None:
-        """On the training thread, before the average is read on the host anyway: return once the
-        work before ``done`` has finished, or raise ``TimeoutError`` after ``timeout`` seconds (on
-        a GPU a silent peer hangs the device work, not the communication thread)."""
 
 
 class HostStreams:
@@ -93,14 +93,11 @@ class HostStreams:
     def run(self, ready: object, fn: Callable[[], T]) -> tuple[T, None]:
         return fn(), None
 
-    def wait(self, done: object) -> None:
-        return None
+    def wait(self, done: object, timeout: float | None = None) -> None:
+        return None  # the job's return was the data's arrival
 
     def span(self, done: object) -> None:
         return None
-
-    def finish(self, done: object, timeout: float) -> None:
-        return None  # the job's return was the data's arrival
 
 
 def _timing_event(blocking: bool = False):
@@ -189,10 +186,15 @@ class CudaStreams:
             end.record(self.stream)
         return out, CudaDone(start, end)
 
-    def wait(self, done: CudaDone) -> EventSpan:
+    def wait(self, done: CudaDone, timeout: float | None = None) -> EventSpan:
         stream = torch.cuda.current_stream(self.device)
         before, after = _timing_event(), _timing_event()
+        # Recorded before the host wait: the training stream runs dry here while the host blocks in
+        # finish(), so the stall counts from this point (recorded after it, once the work had
+        # ended, the exposed communication read ~0; issue 43, defect 2).
         before.record(stream)
+        if timeout is not None:
+            self.finish(done, timeout)
         stream.wait_event(done.end)
         after.record(stream)
         return EventSpan(before, after)  # the training stream's stall: the exposed communication
@@ -201,6 +203,7 @@ class CudaStreams:
         return EventSpan(done.start, done.end)
 
     def finish(self, done: CudaDone, timeout: float) -> None:
+        """Return once the work before ``done`` has finished; ``TimeoutError`` after ``timeout``."""
         # One query when the work is done already (hidden communication: the common case), else
         # a blocking wait on another thread with a deadline: never a poll with sleeps, which adds
         # up to a pause's wake-up latency exactly when the communication is exposed, and never
@@ -230,9 +233,9 @@ class OrderedHandle:
     def wait(self, timeout: float | None = None):
         start = time.monotonic()
         value, done = self._inner.wait(timeout)
-        if timeout is not None:  # the deadline covers the device work too, not only its queueing
-            self._streams.finish(done, max(0.0, timeout - (time.monotonic() - start)))
-        stall = self._streams.wait(done)
+        # the deadline covers the device work too, not only its queueing
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+        stall = self._streams.wait(done, left)
         self.spans = (self._streams.span(done), stall)
         return value
 

@@ -41,14 +41,11 @@ class FakeStreams:
         self.log.append(("done", ready))
         return out, ready
 
-    def wait(self, done):
+    def wait(self, done, timeout=None):
         self.log.append(("training waits", done))
 
     def span(self, done):
         return None
-
-    def finish(self, done, timeout):
-        self.log.append(("finished", done))
 
 
 def pipelined_run(monkeypatch, width: int, compressor: str, steps: int = 5) -> list:
@@ -292,7 +289,7 @@ def test_a_hung_device_reduction_fails_the_step_naming_it(monkeypatch):
     FakeDist(2, 0, "gloo").install(monkeypatch)
 
     class Hung(FakeStreams):
-        def finish(self, done, timeout):
+        def wait(self, done, timeout=None):
             raise TimeoutError("the communication thread had queued it, but its device work (NCCL) did not finish")
 
     monkeypatch.setattr(exchange, "streams_for", lambda device: Hung([]))
@@ -335,3 +332,40 @@ def test_ps_sync_times_its_round_on_the_device(monkeypatch, rank):
     assert not any(e[0] == "synchronize" for e in fake.log), "read lazily"
     assert stats.exposed_s() == stats.comm.time_s() == (span.end.at - span.start.at) / 1e3
 
+
+
+def test_exposed_communication_is_timed_from_where_the_training_stream_starts_waiting(monkeypatch):
+    """Issue 43, defect 2: with a deadline (the trainer's engines always have one) the host waited
+    for the slow reduction in finish() before the stall's first event was recorded, so the
+    trainer's exposed communication read ~0 while the overlap bench (no deadline) saw the stall.
+    On a communication stream still 40 ms from done, both read ~40 ms."""
+    from pipesgd.bench.overlap import Clock
+    from pipesgd.comm import ring_allreduce
+    from pipesgd.engine.exchange import GradientExchange
+
+    fake = FakeCuda(monkeypatch, devices=1)
+    FakeDist(2, 0, "nccl").install(monkeypatch)
+    device = torch.device("cuda", 0)
+    monkeypatch.setattr(exchange, "streams_for", lambda d: CudaStreams(device))
+    fake.lands_when_waited, fake.landing_ms = True, 40
+    model = nn.Linear(8, 4)
+
+    def slow_step(engine) -> float:
+        model(torch.randn(2, 8)).square().sum().backward()
+        fake.device_done.clear()  # the reduction queued by this step is 40 ms from its end
+        return engine.step().exposed_s() * 1e3
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with PipeSGD(opt, model.parameters(), width=1, timeout_s=30) as engine:  # as the trainer builds it
+        trainer_ms = slow_step(engine)
+
+    bench = GradientExchange(list(model.parameters()), "none", ring_allreduce)  # bench/overlap.py's path
+    try:
+        model(torch.randn(2, 8)).square().sum().backward()
+        handle = bench.launch()
+        fake.device_done.clear()
+        bench_ms = Clock(device).time(lambda: handle.wait())()
+    finally:
+        bench.close()
+    assert bench_ms >= 40
+    assert abs(trainer_ms - bench_ms) <= 5, (trainer_ms, bench_ms)
