@@ -17,6 +17,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,17 @@ def broadcast_object(obj, ctx: DistContext):
     return box[0]
 
 
-def destroy() -> None:
-    if dist.is_initialized():
+def destroy(abort: bool = False) -> None:
+    """Tear down every process group. ``abort`` (after an error): without waiting for collectives
+    still in flight. A graceful destroy on recent torch waits for a hung NCCL collective until
+    NCCL's watchdog aborts the process (SIGABRT), so the error that ended the run never reaches
+    the log or the launcher (issue 43, defect 3); abort returns at once on NCCL and Gloo."""
+    if not dist.is_initialized():
+        return
+    if not abort:
         dist.destroy_process_group()
+        return
+    try:
+        c10d._abort_process_group()
+    except (RuntimeError, ValueError) as e:  # the process is on its way out with its error anyway
+        log.warning("aborting the process groups failed (%s); leaving them to the process's exit", e)

@@ -115,6 +115,7 @@ def worker(container: dict, run_dir: str) -> None:
     threads = _threads(cfg)
     ctx = pdist.init(cfg.dist.backend, cfg.dist.timeout_s)
     run = writer = None
+    failed = False
     try:
         tracer = trace.Tracer(ctx.rank, cfg.trainer.trace_steps) if cfg.trainer.trace else trace.NULL_TRACER
         trace.install(tracer)
@@ -142,13 +143,18 @@ def worker(container: dict, run_dir: str) -> None:
         if ctx.is_main:
             _write_results(cfg, ctx, run, trainer, result, predict(trainer.history), reliability, writer,
                            Path(run_dir), container, threads)
+    except BaseException as e:
+        failed = True
+        if isinstance(e, Exception):  # logged before the teardown, which a hung collective could end
+            log.error("rank %d failed: %s: %s", ctx.rank, type(e).__name__, e)
+        raise
     finally:
         trace.install(trace.NULL_TRACER)
         if writer is not None:
             writer.close()
         if run is not None:
             run.engine.close()
-        pdist.destroy()
+        pdist.destroy(abort=failed)  # after an error a collective may hang: never wait for it
 
 
 def _threads(cfg: DictConfig) -> int:
