@@ -1,7 +1,9 @@
 """A recording fake of ``torch.distributed`` for single-process tests of what pipesgd hands to the
 backend (tests/unit/test_device.py, test_streams.py): ``FakeDist(world, rank, backend).install(monkeypatch)``
 replaces the calls pipesgd makes; each returns at once. Receives into real (non-meta) tensors get
-zeros and an all_gather copies this rank's tensor everywhere, so CPU runs stay finite.
+zeros and an all_gather copies this rank's tensor everywhere, so CPU runs stay finite. With
+``sums=True`` an all_reduce sums as if every rank had sent this rank's values, in the tensor's own
+dtype (NCCL's arithmetic for a 16-bit payload: it overflows where NCCL's would).
 
 In NCCL mode (``backend="nccl"``, or the tensors a ``"cpu:gloo,cuda:nccl"`` backend would route to
 NCCL) every tensor handed to the backend must have a dtype NCCL has: a fake that took any dtype
@@ -46,8 +48,9 @@ class FakeDist:
     """What pipesgd hands to ``torch.distributed``, recorded as ``(call, tensors)``; every call
     returns at once (nothing is transferred: meta tensors have no data)."""
 
-    def __init__(self, world: int, rank: int, backend: str):
+    def __init__(self, world: int, rank: int, backend: str, sums: bool = False):
         self.world, self.rank, self.backend = world, rank, backend
+        self.sums = sums
         self.calls: list[tuple[str, list]] = []
 
     @staticmethod
@@ -98,6 +101,13 @@ class FakeDist:
         return 1
 
     def all_reduce(self, tensor, op=None, group=None, async_op=False):
+        if self.sums and tensor.device != META:
+            # every rank sent this rank's values; summed in the tensor's own dtype, one rounded add
+            # per rank, as NCCL sums a 16-bit payload (an fp16 sum past 65504 is inf everywhere)
+            total = tensor.clone()
+            for _ in range(self.get_world_size(group) - 1):
+                total += tensor
+            tensor.copy_(total)
         return self._record("all_reduce", [tensor])
 
     def broadcast(self, tensor, src=None, group=None, async_op=False, group_src=None):

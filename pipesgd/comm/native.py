@@ -47,7 +47,8 @@ def check_native(comp: Compressor) -> None:
 
 @register("native", cost=ring_phases, carries=check_native, casts=True)  # opaque to us: priced as an ideal ring
 def native_allreduce(tensor: Tensor, compressor: Compressor | str | None = None, group=None) -> CommStats:
-    """Sum ``tensor`` in place with ``dist.all_reduce``; a summable compressor casts around it."""
+    """Sum ``tensor`` in place with ``dist.all_reduce``; a summable compressor casts around it
+    (``tensor / p`` is cast and summed in the compressor's dtype, then multiplied by p)."""
     comp = get_compressor(compressor)
     check_native(comp)
 
@@ -62,12 +63,15 @@ def native_allreduce(tensor: Tensor, compressor: Compressor | str | None = None,
                 dist.all_reduce(tensor, group=group)
             wire = tensor.element_size()
         else:
+            # Divided by p before the cast (DDP's fp16 hook divides before its all_reduce too): the
+            # backend sums in 16 bits, so p gradients near 65504/p overflowed to inf on every rank
+            # alike, with no rank's own values non-finite. Multiplied back after: the contract is a sum.
             with tr.span("encode", "compress"):
-                buf = tensor.to(comp.summable_dtype)
+                buf = tensor.div_(p).to(comp.summable_dtype)
             with tr.span("all_reduce", "comm"):
                 dist.all_reduce(buf, group=group)
             with tr.span("decode", "compress"):
-                tensor.copy_(buf)
+                tensor.copy_(buf).mul_(p)
             wire = buf.element_size()
         # Bytes an ideal ring would send; the backend's algorithm is opaque to us.
         return CommStats(wire_bytes=ring_bytes(tensor.numel(), p, wire),

@@ -200,6 +200,9 @@ class GradientExchange:
                 dist.all_reduce(buf[-1:], group=self.group)
             with trace.current().span("average", "comm"):
                 buf.div_(world)
+                # The average itself is non-finite on every rank alike when a 16-bit sum overflowed
+                # (no rank's own gradient was): the flag says so too. One sum over the buffer.
+                buf[-1:] = torch.where(has_nonfinite(buf[:-1]), float("inf"), buf[-1:])
             return Reduced(buf[:-1], stats, buf[-1:], bad, summed)
 
         return OrderedHandle(self._submit(lambda: self.streams.run(ready, reduce)), self.streams)

@@ -51,8 +51,8 @@ class InRing(Reduction):
     def local_decode(self, flat: Tensor, p: int) -> Tensor:
         """What this rank's own values become after one encode + decode, chunk by ring chunk
         (with the backend's all_reduce: the cast it carries)."""
-        if self._casts and self.compressor.summable_dtype is not None:
-            return flat.to(self.compressor.summable_dtype).to(flat.dtype)
+        if self._casts and self.compressor.summable_dtype is not None:  # the native path casts flat / p
+            return flat.div(p).to(self.compressor.summable_dtype).to(flat.dtype).mul_(p)
         out = torch.empty_like(flat)
         for a, b in chunk_bounds(flat.numel(), p):
             payload, ctx = self.compressor.compress(flat[a:b])
