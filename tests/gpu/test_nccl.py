@@ -238,13 +238,24 @@ def test_broadcast_buffers_and_a_metric_all_reduce_keep_one_order():
     assert m0.item() == m1.item() == 3.0 and torch.equal(b0, b1)
 
 
+def _junk_sizes() -> list[int]:
+    """Sizes the engine's state and buffers have for this model: the caching allocator hands a
+    freed block only to a request of its pool (small: <= 1 MiB, large: above) and about its size,
+    so junk of one 4 MiB tensor never reused the few-KB blocks it should clobber (issue 43, defect 6)."""
+    sizes = [p.numel() for p in make_model().parameters()]
+    total = sum(sizes)
+    return sorted({*sizes, total, total + 1, 1 << 20})
+
+
 def _pressure_worker(rank, p, compressor):
-    """Each step allocates and poisons memory right after the engine's state is made or loaded:
-    reduction state made on the wrong stream would be handed out and overwritten here."""
+    """Each step allocates and poisons memory of the sizes the engine's state has, right after the
+    engine's state is made or loaded: reduction state made on the wrong stream would be handed out
+    and overwritten here."""
     real_step = PipeSGD.step
+    sizes = _junk_sizes()
 
     def step(self):
-        junk = torch.full((1 << 20,), float("nan"), device=device(rank))
+        junk = [torch.full((n,), float("nan"), device=device(rank)) for n in sizes for _ in range(4)]
         del junk
         return real_step(self)
 
@@ -262,9 +273,14 @@ def test_reduction_state_survives_allocator_reuse_at_start_and_resume(compressor
         assert torch.isfinite(straight).all() and torch.equal(straight, resumed)
 
 
+HANG_WIDTH = 3
+
+
 def _hang_worker(rank, p):
-    """Rank 1 goes silent after its first step; rank 0's engine, with the trainer's deadline (a
-    share of the groups' 60 s timeout, tests/distributed_utils.py), must raise before NCCL's watchdog."""
+    """Rank 1 goes silent after its first step; rank 0's engine (width 3), with the trainer's
+    deadline (a share of the groups' 60 s timeout, tests/distributed_utils.py), must raise before
+    NCCL's watchdog, which counts from the enqueue of step 2's reduction, K-1 steps before the
+    engine starts waiting for it. Returns the error and the seconds from that enqueue."""
     import threading
     import time
 
@@ -274,26 +290,31 @@ def _hang_worker(rank, p):
     dev = device(rank)
     model = make_model().to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    engine = PipeSGD(opt, model.parameters(), width=1, timeout_s=ENGINE_TIMEOUT_SHARE * 60)
-    for t in range(2):
+    engine = PipeSGD(opt, model.parameters(), width=HANG_WIDTH, timeout_s=ENGINE_TIMEOUT_SHARE * 60)
+    enqueued = None
+    for t in range(1 + HANG_WIDTH):
         if rank == 1 and t == 1:
             threading.Event().wait()  # silent: never returns (the harness kills this rank)
         opt.zero_grad()
         x, y = (v.to(dev) for v in batch(rank, t))
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        start = time.monotonic()
+        if t == 1:
+            enqueued = time.monotonic()
         try:
             engine.step()
         except ReductionError as e:
-            return str(e), time.monotonic() - start
+            return str(e), time.monotonic() - enqueued
     return None, 0.0
 
 
 @pytest.mark.timeout(300)
 def test_a_silent_peer_raises_the_engines_error_before_the_groups_timeout():
-    (message, waited), = run_workers(_hang_worker, P, backend=BACKEND, timeout=240, expect=[0])
+    (message, since_enqueue), = run_workers(_hang_worker, P, backend=BACKEND, timeout=240, expect=[0])
     assert message is not None and "did not finish within 48 s" in message
-    assert waited < 60
+    # waited for K-1 steps after its enqueue (step 2's reduction, at step 2 + K - 1) ...
+    assert f"step 2's gradient (waited for at step {1 + HANG_WIDTH})" in message, message
+    # ... and still inside the groups' timeout counted from that enqueue, as NCCL's watchdog counts
+    assert since_enqueue < 60
 
 
 def _no_sleep_worker(rank, p):

@@ -395,6 +395,46 @@ def test_the_engines_deadline_fires_before_the_process_groups_timeout(monkeypatc
     assert "timeout_s=ctx.engine_timeout_s" in inspect.getsource(train._build)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("width", [1, 2, 3])
+def test_a_hung_reduction_is_waited_for_k_minus_1_steps_after_its_enqueue(monkeypatch, width):
+    """Why the engine's deadline is only a share of the groups' timeout (the test above): NCCL's
+    watchdog counts a collective's time from its enqueue, the engine from when a step starts
+    waiting for it, which is K-1 steps later. The hung reduction of step 3 is launched at step 3,
+    the steps after it run without waiting for it, and the error comes at step 3 + K - 1, naming
+    both; the steps between spend the groups' timeout beyond the engine's deadline."""
+    import threading
+
+    from pipesgd.comm import CommStats
+    from pipesgd.engine.base import ReductionError
+
+    FakeDist(2, 0, "gloo").install(monkeypatch)
+    hung, launched = threading.Event(), []
+
+    def allreduce(tensor, compressor=None, group=None):
+        launched.append(len(launched) + 1)
+        if len(launched) == 3:
+            hung.wait(30)  # a peer that never answers (let go at the end of the test)
+        return CommStats()
+
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = PipeSGD(opt, model.parameters(), width=width, allreduce=allreduce, timeout_s=0.2)
+    stepped = []
+    try:
+        with pytest.raises(ReductionError) as raised:
+            for t in range(1, 10):
+                model(torch.randn(2, 3)).sum().backward()
+                engine.step()
+                stepped.append(t)
+    finally:
+        hung.set()
+        engine.close()
+        engine._pending.clear()  # abandoned with the failed run: no "never applied" warning
+    assert stepped == list(range(1, 3 + width - 1)), "the steps after the enqueue do not wait for it"
+    assert f"step 3's gradient (waited for at step {3 + width - 1}) did not finish within 0.2 s" in str(raised.value)
+
+
 @pytest.mark.parametrize("backend", ["nccl", "gloo", "cpu:gloo,cuda:nccl"])
 @pytest.mark.parametrize("compressor", ["none", "fp16", "bf16", "int8", "topk", "powersgd"])
 def test_by_default_nccl_reduces_none_fp16_bf16_with_its_own_all_reduce(monkeypatch, backend, compressor):
