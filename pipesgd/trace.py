@@ -15,6 +15,11 @@ JSON: ``pid`` = rank, ``tid`` = thread (0 = the training thread), one ``"X"`` ev
 Timestamps are wall-clock anchored (``time.time_ns`` at tracer start plus ``perf_counter_ns``
 since), so ranks on one host align exactly and ranks on different hosts as well as their clocks
 agree; the merged trace starts at 0.
+
+Every span is host time. On a GPU a span around work the host only queues (forward, backward,
+the communication thread's kernels) measures the queueing, not the kernels, so the timeline shows
+when work was issued, not when the device ran it: for device time read the trainer's CUDA-event
+metrics (``time/*_ms``) or a ``torch.profiler`` trace (``make gpu-check`` writes one; docs/gpu.md).
 """
 
 from __future__ import annotations

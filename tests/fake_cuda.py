@@ -17,6 +17,7 @@ own ``StreamContext``, running on these. What it models:
   :attr:`lands_when_waited`, the work lands (:meth:`FakeCuda.land`) when the host synchronizes
   on it or a stream waits on it, after :attr:`landing_ms` more ms of device time: a slow
   communication stream, whose stall shows on the training stream from where it started waiting.
+  Events in :attr:`hung` never complete (their ``synchronize()`` blocks until :attr:`unhang`).
 * **Allocator pools per stream** (inside :meth:`allocator`, a ``TorchDispatchMode`` the
   communication thread's jobs run in too): a tensor's storage belongs to the stream current when
   it was made; every operation on another stream that reads or writes it is a use there. When the
@@ -96,6 +97,8 @@ class FakeCuda:
         self.device_done.set()
         self.lands_when_waited = False  # with device_done cleared: synchronize() lets the work finish
         self.landing_ms = 0  # how long the unfinished work still runs once it lands (a slow comm stream)
+        self.hung: set = set()  # events that never complete: synchronize() blocks until unhang is set
+        self.unhang = threading.Event()
         self.devices = devices
         self._tls = threading.local()
         self.default = {d: FakeStream(self, d, "training") for d in range(devices)}  # each device's default stream
@@ -119,10 +122,15 @@ class FakeCuda:
                 return self._complete()
 
             def _complete(self) -> bool:
+                if self in fake.hung:
+                    return False
                 return fake.device_done.is_set() or self.stream is None or self.stream.name == "training"
 
             def synchronize(self):
                 fake.log.append(("synchronize", self))
+                if self in fake.hung:
+                    fake.unhang.wait()
+                    return
                 if not self._complete():
                     if fake.lands_when_waited:
                         fake.land()

@@ -109,27 +109,31 @@ class _DeviceWaiter:
     thread can wait for device work with a deadline and without polling: it waits on a
     ``threading.Event`` that this thread sets (no sleep, no spin; the done-events are made with
     ``blocking=True``, so the waiter sleeps in the driver instead of spinning a core). The thread
-    sets its device once, as the communication thread does. A hung event keeps it blocked: it is
-    a daemon, and the engine has raised by then."""
+    sets its device once, as the communication thread does. A hung event keeps its thread blocked
+    for good (a daemon: the engine has raised by then), so a wait that times out leaves that thread
+    and its queue behind and the next wait starts a fresh one: queued behind the hung event, every
+    later wait timed out too, whatever its own event did."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue | None = None  # the serving thread's queue, None: no thread
 
     def wait(self, event, timeout: float) -> bool:
         """Whether ``event`` completed within ``timeout`` seconds."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="pipesgd-device-wait", daemon=True)
-            self._thread.start()
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(self._jobs,), name="pipesgd-device-wait", daemon=True).start()
         landed = threading.Event()
         self._jobs.put((event, landed))
-        return landed.wait(timeout)
+        if landed.wait(timeout):
+            return True
+        self._jobs = None  # that thread may never return from this event
+        return False
 
-    def _serve(self) -> None:
+    def _serve(self, jobs: queue.SimpleQueue) -> None:
         torch.cuda.set_device(self.device)
         while True:
-            event, landed = self._jobs.get()
+            event, landed = jobs.get()
             event.synchronize()
             landed.set()
 

@@ -240,6 +240,25 @@ def test_the_communication_thread_touches_only_the_engines_device(monkeypatch, c
     assert fake.touched.get("pipesgd-device-wait", {1}) == {1}
 
 
+@pytest.mark.timeout(60)
+def test_a_hung_event_does_not_fail_the_waits_after_it(monkeypatch):
+    """Issue 43, defect 7: the one waiter thread stayed blocked on a hung event, so every later
+    wait queued behind it and timed out, whatever its own event did."""
+    fake = FakeCuda(monkeypatch)
+    s = CudaStreams(torch.device("cuda", 0))
+    _, stuck = s.run(s.ready(), lambda: None)
+    _, later = s.run(s.ready(), lambda: None)
+    fake.device_done.clear()
+    fake.lands_when_waited = True  # the later work finishes once waited for
+    fake.hung.add(stuck.end)
+    try:
+        with pytest.raises(TimeoutError):
+            s.finish(stuck, 0.05)
+        s.finish(later, 5)  # lands: no TimeoutError
+    finally:
+        fake.unhang.set()
+
+
 def test_the_device_waiter_sets_its_device_too(monkeypatch):
     fake = FakeCuda(monkeypatch, devices=2)
     torch.cuda.set_device(1)
