@@ -8,7 +8,7 @@ DATA ?= ../shared/data
 # Options for the benchmark suite, e.g. BENCH="--quick" or BENCH="--only 'resnet20/p2/*'".
 BENCH ?=
 
-.PHONY: setup debs run test bench clean
+.PHONY: setup debs run test bench gpu-check clean
 
 setup: $(VENV)/.installed debs
 
@@ -42,6 +42,15 @@ test: setup
 
 bench: setup
 	$(PY) -m pipesgd.bench $(BENCH) data.root=$(DATA)
+
+# The whole GPU check in one command, at most 8 minutes on one GPU (docs/gpu.md, "The GPU check").
+# It needs only a CUDA build of torch: the .venv's python when there is one (make setup TORCH=torch),
+# else the machine's python3. Options, e.g. GPU_CHECK="--dry-run" or GPU_CHECK="--out DIR --only overlap".
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_CHECK ?=
+
+gpu-check:
+	$(GPU_PY) scripts/gpu_check.py $(GPU_CHECK)
 
 clean:
 	rm -rf outputs multirun .pytest_cache

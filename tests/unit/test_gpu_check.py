@@ -1,0 +1,96 @@
+"""The one-command GPU check (scripts/gpu_check.py, `make gpu-check`) on the CPU: its dry run
+lists every check within the 8-minute budget, its result parsing turns whatever a check left
+behind into one outcome, and a check that overruns its budget is killed with its workers."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("gpu_check", None)
+
+
+@pytest.mark.timeout(120)
+def test_the_dry_run_lists_every_check_and_its_budget_within_eight_minutes(gpu_check):
+    r = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=100)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    names = [c.name for c in gpu_check.CHECKS]
+    assert [ln.split()[0] for ln in lines[:-1]] == names
+    assert names[0] == "cuda-semantics", "the most decisive check runs first"
+    total = sum(c.budget_s for c in gpu_check.CHECKS)
+    assert lines[-1].split()[:2] == ["total", f"{total:.0f}"] and total <= gpu_check.TOTAL_BUDGET_S
+    assert all(c.budget_s > 0 for c in gpu_check.CHECKS)
+
+
+def test_an_unknown_check_is_named_with_the_known_ones(gpu_check):
+    with pytest.raises(SystemExit, match="--only nope: no such check; the checks are cuda-semantics"):
+        gpu_check.selected(["nope"])
+
+
+@pytest.mark.parametrize("written, returncode, status, summary", [
+    ({"status": "pass", "summary": "all good\nsecond line", "details": {"x": 1}}, 0, "pass", "all good"),
+    ({"status": "fail", "summary": "failed: stream order"}, 0, "fail", "failed: stream order"),
+    ({"status": "skip", "summary": "1 GPU"}, 0, "skip", "1 GPU"),
+    ({"status": "pass", "summary": "ok"}, 1, "error", "exit code 1 after reporting pass: Traceback line"),
+    ({"status": "green"}, 0, "error", "result has status 'green'"),
+    (None, 1, "error", "exit code 1, no result: Traceback line"),
+    ("{not json", 0, "error", "malformed result file"),
+])
+def test_a_checks_result_is_parsed_into_one_outcome(gpu_check, tmp_path, written, returncode, status, summary):
+    result = tmp_path / "r.json"
+    if written is not None:
+        result.write_text(written if isinstance(written, str) else json.dumps(written))
+    outcome = gpu_check.parse_result("c", 60, 1.5, returncode, result, "output\nTraceback line\n\n")
+    assert outcome.status == status and outcome.summary.startswith(summary), outcome
+    assert outcome.line().startswith(f"{status.upper():7s} c ")
+    if status == "pass":
+        assert outcome.details == {"x": 1}
+
+
+def test_a_check_killed_at_its_budget_is_a_timeout(gpu_check, tmp_path):
+    outcome = gpu_check.parse_result("c", 60, 60.2, None, tmp_path / "none.json", "")
+    assert (outcome.status, outcome.summary) == ("timeout", "killed after its budget of 60 s")
+
+
+@pytest.mark.timeout(60)
+def test_a_check_that_overruns_its_budget_is_killed_with_its_workers(gpu_check, tmp_path):
+    """The stand-in starts a worker and hangs; both are in the check's process group, so both go."""
+    pid_file = tmp_path / "worker.pid"
+    hang = ("import subprocess, sys, time; w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(w.pid)); print('started', flush=True); time.sleep(600)")
+    check = gpu_check.Check("hangs", 3, "a stand-in", lambda out: None)
+    log = io.StringIO()
+    outcome = gpu_check.run_check(check, tmp_path, log, argv=[sys.executable, "-c", hang])
+    assert outcome.status == "timeout" and "budget of 3 s" in outcome.summary
+    assert "started" in log.getvalue()
+    worker = int(pid_file.read_text())
+    stat = Path(f"/proc/{worker}/stat")
+    # killed by the group's SIGKILL: gone, or a zombie until init reaps it
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.timeout(60)
+def test_a_check_that_crashes_is_an_error_with_its_last_line(gpu_check, tmp_path):
+    check = gpu_check.Check("crashes", 30, "a stand-in", lambda out: None)
+    outcome = gpu_check.run_check(check, tmp_path, io.StringIO(),
+                                  argv=[sys.executable, "-c", "raise RuntimeError('CUDA error: no kernel image')"])
+    assert outcome.status == "error" and "RuntimeError: CUDA error: no kernel image" in outcome.summary
