@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from .calibration import DEFAULT_BANDWIDTH, DEFAULT_LATENCY, load_calibration
+from .calibration import DEFAULT_BANDWIDTH, DEFAULT_LATENCY, load_calibration, load_measured_step
 from ..registry import registry
 from .model import DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES, FP32_BYTES, MODEL_PARAMS, Link, predict
 from .presets import BACKWARD_SHARE, GPUS, LINKS, MODELS, compute_preset, link_preset
@@ -186,6 +186,14 @@ def report(inputs: dict, rows: list[dict]) -> None:
         print("  ".join(v.ljust(w) if i < 4 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
 
 
+def _gpu(text: str) -> str:
+    """A GPU preset's name, or the path of a measured step_times.json."""
+    if text in GPUS or os.path.isfile(text):
+        return text
+    raise argparse.ArgumentTypeError(f"one of {list(GPUS)} or a step_times.json written by make gpu-check, "
+                                     f"got {text!r}")
+
+
 def _add_map_parser(commands) -> None:
     mp = commands.add_parser("map", help="each scheme's predicted step on a cluster, and the winner",
                              description="Predicted step time of sync, DDP (no hook, fp16, PowerSGD) and "
@@ -194,7 +202,9 @@ def _add_map_parser(commands) -> None:
     size = mp.add_mutually_exclusive_group(required=True)
     size.add_argument("--model", choices=sorted(MODELS), help="model preset (parameter count and layer shapes)")
     size.add_argument("--params", type=_int_at_least(1), help="trainable parameters (fp32 gradient)")
-    mp.add_argument("--gpu", choices=GPUS, help="with --model: that GPU's published step time and batch")
+    mp.add_argument("--gpu", type=_gpu, metavar="{%s} or FILE" % ",".join(GPUS),
+                    help="with --model: that GPU's published step time and batch, or the step time a GPU "
+                    "measured (the step_times.json `make gpu-check` writes; its backward share too)")
     mp.add_argument("--compute-ms", type=_float_at_least(0), help="forward+backward+optimizer per step, one GPU")
     mp.add_argument("--backward-share", type=_float_at_least(0, 1),
                     help=f"share of compute in backward (default {BACKWARD_SHARE:.3g}: backward = 2x forward)")
@@ -241,7 +251,12 @@ def _map_scenario(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         if compute_ms is not None:
             parser.error("argument --gpu: give either --gpu or --compute-ms, not both")
         try:
-            cell = compute_preset(model.name, args.gpu)
+            if args.gpu in GPUS:
+                cell = compute_preset(model.name, args.gpu)
+            else:
+                cell, measured_share = load_measured_step(args.gpu, model.name)
+                if args.backward_share is None:
+                    args.backward_share = measured_share
         except ValueError as e:
             parser.error(f"argument --gpu: {e}")
         compute_ms = cell.step_ms

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .model import Link, predict_iter_ms
+from .presets import ComputePreset
 from .units import parse_bandwidth, parse_latency
 
 DEFAULT_BANDWIDTH = "10gbit"
@@ -33,9 +34,9 @@ CALIBRATION_KEYS = ("alpha_s", "beta_s_per_byte", "gamma_s_per_byte", "compress_
                     "compute_ms", "update_ms")
 
 
-def _number(path: Path, key: str, value: object) -> float:
+def _number(path: Path, key: str, value: object, what: str = "calibration file") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"calibration file {path}: {key} must be a finite number >= 0, got {value!r}")
+        raise ValueError(f"{what} {path}: {key} must be a finite number >= 0, got {value!r}")
     return float(value)
 
 
@@ -135,3 +136,30 @@ def load_timing_model(bandwidth: str = DEFAULT_BANDWIDTH, latency: str = DEFAULT
     compute = CalibratedCompute(cal["compute_ms"] / 1e3, cal["update_ms"] / 1e3, cal.get("model_params"),
                                 cal.get("batch_size"))
     return TimingModel(link, cal["compress_s_per_byte"], cal.get("overlap_slowdown", overlap_slowdown), compute)
+
+
+def load_measured_step(path: str | Path, model: str) -> tuple[ComputePreset, float]:
+    """``model``'s row of a ``step_times.json`` that ``make gpu-check`` measured (docs/gpu.md), as
+    a compute preset (its step = forward + backward + optimizer at the measured batch) and its
+    measured backward share; ValueError naming the file and what is wrong or missing."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a step_times.json from make gpu-check ({e})") from None
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or "gpu" not in data:
+        raise ValueError(f"{path}: not a step_times.json from make gpu-check (no 'gpu' and 'rows')")
+    row = next((r for r in rows if isinstance(r, dict) and r.get("preset") == model), None)
+    if row is None:
+        have = sorted(str(r.get("preset")) for r in rows if isinstance(r, dict) and r.get("preset"))
+        raise ValueError(f"{path}: no measured row for model {model!r} (measured: {have or 'none'})")
+    step_ms = _number(path, f"{model}.step_ms", row.get("step_ms"), "measured file")
+    share = _number(path, f"{model}.backward_share", row.get("backward_share"), "measured file")
+    batch = int(_number(path, f"{model}.batch", row.get("batch"), "measured file"))
+    if step_ms <= 0 or not 0 < share < 1 or batch < 1:
+        raise ValueError(f"{path}: {model}'s row has step_ms {step_ms}, backward_share {share}, batch {batch}")
+    source = (f"measured by make gpu-check on {data['gpu']} (driver {data.get('driver')}, torch "
+              f"{data.get('torch')}, {data.get('date')}), {path}")
+    return ComputePreset(model, str(data["gpu"]), batch, str(row.get("precision", "?")), 1e3 * batch / step_ms,
+                         "samples/s", source), share

@@ -240,3 +240,43 @@ def test_render_panel_writes_a_png(tmp_path):
     path = render_panel(Panel("vit-b16", 100.0, "100 ms, a test input", "x.png"), tmp_path)
     assert path == tmp_path / "x.png"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _measured(tmp_path, **row) -> Path:
+    """A step_times.json as `make gpu-check` writes it (scripts/gpu_checks.py, step_times)."""
+    path = tmp_path / "step_times.json"
+    path.write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "driver": "550.54", "torch": "2.13.0",
+                                "date": "2026-11-27T06:00:00+00:00", "rows": [
+                                    {"model": "resnet50", "preset": "resnet50", "batch": 256,
+                                     "precision": "mixed (AMP fp16)", "step_ms": 100.0, "backward_share": 0.6,
+                                     **row}]}))
+    return path
+
+
+def test_the_map_reads_the_step_time_a_gpu_measured(tmp_path, capsys):
+    path = _measured(tmp_path)
+    assert main(["map", "--model", "resnet50", "--gpu", str(path), "--link", "10gbe", "--workers", "64",
+                 "--json"]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    assert main(["map", "--model", "resnet50", "--compute-ms", "100", "--backward-share", "0.6",
+                 "--link", "10gbe", "--workers", "64", "--json"]) == 0
+    by_hand = json.loads(capsys.readouterr().out)
+    assert measured["rows"] == by_hand["rows"], "the measured step and its backward share, as if typed"
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--model", "bert-large"], "no measured row for model 'bert-large' (measured: ['resnet50'])"),
+    (["--model", "resnet50", "--bad"], "resnet50.step_ms must be a finite number >= 0, got -1.0"),
+])
+def test_a_measured_file_without_the_model_or_with_a_bad_row_is_a_usage_error(tmp_path, capsys, argv, named):
+    path = _measured(tmp_path, step_ms=-1.0) if "--bad" in argv else _measured(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["map", *[a for a in argv if a != "--bad"], "--gpu", str(path), "--link", "10gbe", "--workers", "8"])
+    assert exc.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_gpu_is_a_preset_or_an_existing_file(capsys):
+    with pytest.raises(SystemExit):
+        main(["map", "--model", "resnet50", "--gpu", "rtx4090", "--link", "10gbe", "--workers", "8"])
+    assert "a step_times.json written by make gpu-check, got 'rtx4090'" in capsys.readouterr().err
