@@ -81,18 +81,15 @@ def cuda_semantics(out: Path) -> tuple[str, str, dict]:
     # (b) the allocator: freed without record_stream and reused, the comm stream reads the junk
     def clobbered(record: bool) -> bool:
         n = 1 << 18  # 1 MiB: the small pool's largest size class
-        buf = torch.ones(n, device=dev)
+        held = [torch.ones(n, device=dev)]  # the only reference, dropped below (no closure keeps it)
         seen = torch.empty(n, device=dev)
-        ready = s.ready(*(() if not record else (buf,)))  # record_stream only when asked
-        if not record:
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(dev))
+        ready = s.ready(*held) if record else s.ready()  # record_stream only when asked
 
         def read():
             torch.cuda._sleep(int(0.2 * cycles_per_s))  # the comm stream reads late
-            seen.copy_(buf)
+            seen.copy_(held[0])
         _, done = s.run(ready, read)
-        del buf
+        held.clear()  # freed on the training stream while the comm stream's read is still queued
         junk = torch.full((n,), 7.0, device=dev)  # the training stream's next allocation of that size
         s.wait(done)
         torch.cuda.synchronize()
@@ -401,7 +398,8 @@ def step_times(out: Path, budget_s: float = 110.0) -> tuple[str, str, dict]:
             continue
         try:
             torch.manual_seed(0)
-            model = build().to(dev)
+            with dev:  # initialised on the GPU: GPT-2-XL's 1.5 B values take seconds on a CPU
+                model = build()
             opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optim == "sgd"
                    else torch.optim.AdamW(model.parameters(), lr=1e-4))
             scaler = torch.amp.GradScaler("cuda", enabled=amp)
