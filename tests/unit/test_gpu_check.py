@@ -94,3 +94,20 @@ def test_a_check_that_crashes_is_an_error_with_its_last_line(gpu_check, tmp_path
     outcome = gpu_check.run_check(check, tmp_path, io.StringIO(),
                                   argv=[sys.executable, "-c", "raise RuntimeError('CUDA error: no kernel image')"])
     assert outcome.status == "error" and "RuntimeError: CUDA error: no kernel image" in outcome.summary
+
+
+def test_the_step_time_models_have_the_scale_map_presets_parameter_counts(gpu_check):
+    """What step-times measures is the preset the map prices: the same parameter count (built on
+    the meta device: no memory, no time)."""
+    import torch
+
+    from gpu_models import PRESETS
+    from pipesgd.timing.presets import MODELS
+
+    timed = {preset for *_, preset in PRESETS.values() if preset}
+    assert timed == set(MODELS), "every scale-map preset is timed"
+    for name, (build, *_, preset) in PRESETS.items():
+        if preset:
+            with torch.device("meta"):
+                model = build()
+            assert sum(p.numel() for p in model.parameters()) == MODELS[preset].params, name
