@@ -71,13 +71,18 @@ class Streams(Protocol):
         """On the communication thread: ``fn()`` ordered after ``ready``; its result and a marker
         after all the work it queued."""
 
-    def wait(self, done: object, timeout: float | None = None) -> Span | None:
+    def begin_wait(self) -> object:
+        """On the training thread, as it starts waiting for a result (before any host wait: for
+        the communication thread, or for the device): the mark the stall is timed from."""
+
+    def wait(self, done: object, timeout: float | None = None, begun: object = None) -> Span | None:
         """On the training thread: what it queues next runs after ``done``. With ``timeout``, also
         return only once the work before ``done`` has finished, or raise ``TimeoutError`` after
         ``timeout`` seconds (on a GPU a silent peer hangs the device work, not the communication
         thread; the step reads the reduced flag on the host right after, so this waits for nothing
-        more). Returns how long the training stream stalls there, from where it starts waiting
-        (before any host wait), when only the device knows (None: the caller's clock does)."""
+        more). Returns how long the training stream stalls there, from ``begun``
+        (:meth:`begin_wait`; default: now), when only the device knows (None: the caller's clock
+        does)."""
 
     def span(self, done: object) -> Span | None:
         """The device time of the work ``run`` queued, from its start to ``done`` (None on the
@@ -93,7 +98,10 @@ class HostStreams:
     def run(self, ready: object, fn: Callable[[], T]) -> tuple[T, None]:
         return fn(), None
 
-    def wait(self, done: object, timeout: float | None = None) -> None:
+    def begin_wait(self) -> None:
+        return None
+
+    def wait(self, done: object, timeout: float | None = None, begun: object = None) -> None:
         return None  # the job's return was the data's arrival
 
     def span(self, done: object) -> None:
@@ -190,13 +198,19 @@ class CudaStreams:
             end.record(self.stream)
         return out, CudaDone(start, end)
 
-    def wait(self, done: CudaDone, timeout: float | None = None) -> EventSpan:
+    def begin_wait(self):
+        # Recorded before the host waits (for the communication thread, then in finish() for the
+        # device): the training stream runs dry here while the host blocks, so the stall counts
+        # from this point. Recorded after, once the work had ended, the exposed communication read
+        # ~0 (issue 43, defect 2), with a deadline on NCCL and always on Gloo, whose thread blocks.
+        before = _timing_event()
+        before.record(torch.cuda.current_stream(self.device))
+        return before
+
+    def wait(self, done: CudaDone, timeout: float | None = None, begun=None) -> EventSpan:
         stream = torch.cuda.current_stream(self.device)
-        before, after = _timing_event(), _timing_event()
-        # Recorded before the host wait: the training stream runs dry here while the host blocks in
-        # finish(), so the stall counts from this point (recorded after it, once the work had
-        # ended, the exposed communication read ~0; issue 43, defect 2).
-        before.record(stream)
+        before = self.begin_wait() if begun is None else begun
+        after = _timing_event()
         if timeout is not None:
             self.finish(done, timeout)
         stream.wait_event(done.end)
@@ -236,10 +250,11 @@ class OrderedHandle:
 
     def wait(self, timeout: float | None = None):
         start = time.monotonic()
+        begun = self._streams.begin_wait()
         value, done = self._inner.wait(timeout)
         # the deadline covers the device work too, not only its queueing
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
-        stall = self._streams.wait(done, left)
+        stall = self._streams.wait(done, left, begun)
         self.spans = (self._streams.span(done), stall)
         return value
 

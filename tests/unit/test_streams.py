@@ -41,7 +41,10 @@ class FakeStreams:
         self.log.append(("done", ready))
         return out, ready
 
-    def wait(self, done, timeout=None):
+    def begin_wait(self):
+        return None
+
+    def wait(self, done, timeout=None, begun=None):
         self.log.append(("training waits", done))
 
     def span(self, done):
@@ -308,7 +311,7 @@ def test_a_hung_device_reduction_fails_the_step_naming_it(monkeypatch):
     FakeDist(2, 0, "gloo").install(monkeypatch)
 
     class Hung(FakeStreams):
-        def wait(self, done, timeout=None):
+        def wait(self, done, timeout=None, begun=None):
             raise TimeoutError("the communication thread had queued it, but its device work (NCCL) did not finish")
 
     monkeypatch.setattr(exchange, "streams_for", lambda device: Hung([]))
@@ -388,3 +391,25 @@ def test_exposed_communication_is_timed_from_where_the_training_stream_starts_wa
         bench.close()
     assert bench_ms >= 40
     assert abs(trainer_ms - bench_ms) <= 5, (trainer_ms, bench_ms)
+
+
+@pytest.mark.parametrize("timeout", [5.0, None])
+def test_a_host_wait_for_a_blocking_transport_counts_as_exposed(monkeypatch, timeout):
+    """On Gloo (CUDA tensors too) the communication thread returns only once the bytes have
+    moved, so the training thread's host wait for that thread is where its stream runs dry: the
+    stall counts from before it (recorded after it, the stall read ~0 on Gloo, with a deadline or
+    without; issue 43, defect 2)."""
+    from pipesgd.comm.streams import OrderedHandle
+
+    fake = FakeCuda(monkeypatch, devices=1)
+    s = CudaStreams(torch.device("cuda", 0))
+    value, done = s.run(s.ready(), lambda: "average")
+
+    class Blocking:  # the communication thread's handle: 30 ms of Gloo moving bytes
+        def wait(self, timeout=None):
+            fake.log.extend([("gloo moves the bytes",)] * 30)
+            return value, done
+
+    handle = OrderedHandle(Blocking(), s)
+    assert handle.wait(timeout) == "average"
+    assert handle.spans[1].seconds() >= 30 / 1e3

@@ -167,7 +167,10 @@ def test_the_engine_reports_the_device_times_its_streams_measured(monkeypatch, w
         def run(self, ready, fn):
             return fn(), "done"
 
-        def wait(self, done, timeout=None):
+        def begin_wait(self):
+            return None
+
+        def wait(self, done, timeout=None, begun=None):
             return HostSpan(0.002)
 
         def span(self, done):
