@@ -116,8 +116,9 @@ def environment() -> dict:
     info.update(torch=torch.__version__, cuda=torch.version.cuda, gpus=torch.cuda.device_count()
                 if torch.cuda.is_available() else 0)
     if torch.cuda.is_available():
+        nccl = torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None
         info.update(gpu=torch.cuda.get_device_name(0),
-                    nccl=".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None)
+                    nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl)  # an int before torch 1.10
         try:
             info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                             capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
