@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from pipesgd.hostinfo import host_kind
 from pipesgd.timing import Link, allreduce_time, parse_bandwidth
 from pipesgd.timing.model import FP32_BYTES
 from pipesgd.timing.scale import ARMS as ARM_MODES
@@ -75,12 +76,15 @@ def _ok(record: dict | None) -> bool:
 
 
 def check_one_sweep(records: Sequence[dict]) -> tuple[str, dict]:
-    """(commit, shared config) of ``records``; CrossoverError naming the cells of each commit or
-    setting when they differ (a sweep measured across two commits or two settings is two sweeps)."""
+    """(commit, shared config) of ``records``; CrossoverError naming the cells of each commit,
+    setting or host kind when they differ (a sweep measured across two commits, two settings or two
+    kinds of host is two sweeps; cells without a fingerprint are one kind, ``unknown``)."""
     by_commit: dict[str, list[str]] = {}
     by_config: dict[str, list[str]] = {}
+    by_host: dict[str, list[str]] = {}
     for r in records:
         by_commit.setdefault(str(r.get("commit")), []).append(r["name"])
+        by_host.setdefault(host_kind(r.get("host")), []).append(r["name"])
         config = {k: r.get("config", {}).get(k) for k in CONFIG_KEYS}
         by_config.setdefault(json.dumps(config, sort_keys=True), []).append(r["name"])
 
@@ -90,6 +94,8 @@ def check_one_sweep(records: Sequence[dict]) -> tuple[str, dict]:
 
     if len(by_commit) > 1:
         raise CrossoverError(f"cells from {len(by_commit)} commits, one sweep needs one: {listing(by_commit)}")
+    if len(by_host) > 1:
+        raise CrossoverError(f"cells from {len(by_host)} kinds of host, one sweep needs one: {listing(by_host)}")
     if len(by_config) > 1:
         raise CrossoverError(f"cells measured with {len(by_config)} different bench settings {list(CONFIG_KEYS)}, "
                              f"one sweep needs one: {listing(by_config)}")
@@ -188,6 +194,7 @@ def analyse(records: Sequence[dict], shapes: tuple[tuple[int, ...], ...] | None 
                   max(r["date"] for r in ok.values() if r.get("date"))] if any(r.get("date") for r in ok.values())
         else None,
         "loadavg_before": _loadavg_range(ok.values()),
+        "host_kind": host_kind(next(iter(ok.values())).get("host")),
         "rows": rows, "missing": missing,
         "median_abs_error": statistics.median(errors) if errors else None, "cells_predicted": len(errors),
         "error_goal": ERROR_GOAL,

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pipesgd.comm import ring_bytes
 from pipesgd.emulate.netns import DEFAULT_MTU
+from pipesgd.hostinfo import fingerprint
 from pipesgd.runinfo import git_commit, write_json_atomic
 from pipesgd.timing import allreduce_time, load_calibration, parse_bandwidth
 
@@ -368,7 +369,7 @@ def base_record(cell: Cell, s: Settings) -> dict:
     return {
         "name": cell.name, "kind": cell.kind, "mode": cell.mode, "comm": cell.comm if cell.kind == "train" else None,
         "width": cell.width, "compressor": cell.compressor, "world_size": cell.world_size, "link": cell.link,
-        "workload": cell.workload if cell.kind == "train" else None, "commit": s.commit,
+        "workload": cell.workload if cell.kind == "train" else None, "commit": s.commit, "host": fingerprint(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "loadavg_before": list(os.getloadavg()),
         "config": {"steps": s.steps, "skip": s.skip, "repeats": s.repeats if cell.kind == "train" else 1,
                    "allreduce_repeats": s.allreduce_repeats, "quick": s.quick, "threads_per_worker": 1,

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipesgd.emulate.netns import DEFAULT_MTU
+from pipesgd.hostinfo import fingerprint
 from pipesgd.runinfo import git_commit, write_json_atomic
 
 from . import tta_records as records
@@ -81,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds per link (default 3)")
     p.add_argument("--workers", type=int, default=2, help="workers (= the recipe's dist.nproc; default 2)")
     p.add_argument("--timeout-s", type=float, default=86400.0, help="per run (default 1 day)")
+    p.add_argument("--stamp-host", action="store_true",
+                   help="a curve record built from a run dir whose summary.json has no host fingerprint (a run "
+                        "of code from before it) gets this host's, marked as stamped; use it only for runs "
+                        "that ran on this host (default: such a record says its host is unknown)")
+    p.add_argument("--mixed-hosts", action="store_true",
+                   help="compose an arm whose seeds ran on different kinds of host (default: refused); the "
+                        "JSON says which arms were")
     p.add_argument("--mtu", type=int, default=DEFAULT_MTU,
                    help=f"MTU of the emulated links (default {DEFAULT_MTU}; 1500: the earlier link)")
     return p
@@ -242,6 +250,7 @@ def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: i
            "median_exposed_comm_ms": statistics.median(history["exposed_comm_ms"][first:]),
            "cpu": cpu_split([sampler.between(t0, history["wall_time"][-1])]),
            "loadavg_before": load, "command": recorded(cmd), "commit": git_commit(),
+           "host": summary.get("host") or fingerprint(),
            "recipe": a.recipe, "start": start, "date": records.now()}
     log.info("timing %s %s r%d: median %.1f ms/step, eval %.1f s", link, arm, rep, row["median_iter_ms"],
              row["eval_s"])

@@ -291,6 +291,11 @@ def test_mixed_commits_or_settings_are_refused_naming_them():
     records[5] = {**records[5], "config": {**CONFIG, "steps": 20}}
     with pytest.raises(CrossoverError, match="2 different bench settings.*\"steps\": 20"):
         analyse(records, SHAPES)
+    records = [{**r, "host": {"cpu_model": "Xeon A", "cpu_capability": "AVX512"}} for r in _sweep(_predicted)]
+    assert analyse(records, SHAPES)["host_kind"].startswith("Xeon A | AVX512")
+    records[2] = {**records[2], "host": {"cpu_model": "EPYC B", "cpu_capability": "AVX2"}}
+    with pytest.raises(CrossoverError, match=f"2 kinds of host.*EPYC B.*: 1 cells \\({records[2]['name']}"):
+        analyse(records, SHAPES)
     with pytest.raises(CrossoverError, match="no crossover cells"):
         analyse([{**_record(2, "100mbit", "pipe", 1.0), "name": "resnet20/p2/loopback/pipe"}], SHAPES)
 
