@@ -32,7 +32,7 @@ from pipesgd.hostinfo import fingerprint
 from pipesgd.runinfo import git_commit, write_json_atomic
 
 from . import tta_records as records
-from .tta_arms import ARMS, RECIPE, TIMING_ONLY, TIMING_OVERRIDES
+from .tta_arms import ARMS, RECIPE, TIMING_ONLY, WARMUP_KEYS
 from .tta_report import report, write_curve_record
 from .runner import CellFailed, CpuSampler, Stopped, cpu_split, recorded, run_logged, stop_on_signals
 
@@ -208,28 +208,34 @@ def timing_arms(a: argparse.Namespace) -> list[str]:
 
 
 WARMUP_TIMED = 20
-"""Synchronous warm-up steps a pipe arm's timing run times (after ``--skip``), in its own process:
-a compressed arm's warm-up already carries its compressor, so ``sync``'s rate would over-charge it."""
+"""Warm-up steps an arm's timing run times as they run (after ``--skip``), in its own process: a
+pipe arm's synchronous steps (with a compressor they already carry it, so ``sync``'s rate would
+over-charge them), ``ddp-powersgd``'s plain allreduce steps through torch's hook."""
 
 
 def timing_plan(a: argparse.Namespace, arm: str) -> dict:
-    """A timing run's steps: ``--skip`` left out, then for a pipe arm :data:`WARMUP_TIMED` timed
-    synchronous warm-up steps (``warmup`` = their [start, end) indices) and ``--skip`` more left out
-    while the pipeline fills; then ``--steps`` timed steps of the arm itself from index ``first``."""
-    if "trainer.mode=pipe" not in ARMS[arm]:
-        return {"total": a.skip + a.steps, "warmup_sync_steps": 0, "warmup": None, "first": a.skip}
+    """A timing run's steps: ``--skip`` left out, then for an arm with a warm-up (:data:`WARMUP_KEYS`)
+    :data:`WARMUP_TIMED` timed warm-up steps (``warmup`` = their [start, end) indices) and ``--skip``
+    more left out while the arm's own scheme starts (the pipeline fills, PowerSGD's first factors);
+    then ``--steps`` timed steps of the arm itself from index ``first``. ``overrides``: the settings
+    that make the run do so."""
+    key = WARMUP_KEYS.get(arm)
+    if key is None:
+        return {"total": a.skip + a.steps, "overrides": ["trainer.warmup_sync_steps=0"], "warmup": None,
+                "first": a.skip}
     sync_end = a.skip + WARMUP_TIMED
-    return {"total": sync_end + a.skip + a.steps, "warmup_sync_steps": sync_end, "warmup": (a.skip, sync_end),
-            "first": sync_end + a.skip}
+    overrides = [] if key == "trainer.warmup_sync_steps" else ["trainer.warmup_sync_steps=0"]
+    return {"total": sync_end + a.skip + a.steps, "overrides": [*overrides, f"{key}={sync_end}"],
+            "warmup": (a.skip, sync_end), "first": sync_end + a.skip}
 
 
 def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: int) -> dict | None:
     """One short timing run of ``arm`` on ``link`` (see :func:`timing_plan`): its row, or None if
     the run failed."""
     plan = timing_plan(a, arm)
-    extra = [f"trainer.max_steps={plan['total']}", f"trainer.warmup_sync_steps={plan['warmup_sync_steps']}",
+    extra = [f"trainer.max_steps={plan['total']}", *plan["overrides"],
              "trainer.eval_every_steps=null", f"trainer.log_every={plan['total']}",
-             "trainer.checkpoint_every=null", "trainer.resume=never", *TIMING_OVERRIDES.get(arm, ())]
+             "trainer.checkpoint_every=null", "trainer.resume=never"]
     cmd = train_command(a, arm, link, run_dir, extra)
     load = list(os.getloadavg())
     start = records.now()

@@ -212,6 +212,10 @@ def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[
     return rows
 
 
+OTHER_ACCOUNTINGS = tuple(a for a in compose.ACCOUNTINGS if a != compose.HEADLINE_ACCOUNTING)
+"""Accountings composed beside the headline (each link's ``accountings``)."""
+
+
 def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict], timing: dict[str, dict]) -> dict:
     hosts = records.seed_hosts(used, a.mixed_hosts)
     finished = [{"name": r["arm"], "seed": r["seed"], "curve": r["curve"]} for r in used]
@@ -221,8 +225,13 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
     warmup_at = {arm: at for arm, (_, at) in warm.items() if at}
     links = {}
     for link, t in timing.items():
-        block = compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, targets, warmup_at,
-                                     t.get("warmup_ms"))
+        block, *others = (compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, targets, warmup_at,
+                                               t.get("warmup_ms"), accounting)
+                          for accounting in (compose.HEADLINE_ACCOUNTING, *OTHER_ACCOUNTINGS))
+        block["accountings"] = {o["accounting"]: {k: v for k, v in o.items() if k not in ("step_ms", "eval_s")}
+                                for o in others}
+        block["speedup_range"] = compose.speedup_ranges(block, finished, t["repeat_median_ms"], warmup, warmup_at,
+                                                        t.get("warmup_ms"))
         links[link] = block | {"repeat_median_ms": t["repeat_median_ms"], "cpu": t["cpu"],
                                "ceiling": compose.link_ceiling(block), "timing_commits": t["commits"],
                                "timing_measured": t["measured"], "link_mtu": t["mtu"], "timing_windows": t["windows"],
@@ -237,6 +246,8 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
         "target_accuracy": targets["target"], "same_accuracy_pp": compose.SAME_ACCURACY_PP,
         "targets": targets,
         "warmup": {arm: {"steps": n, "at": warmup_at.get(arm)} for arm, n in warmup.items()},
+        "warmup_accounting": {"headline": compose.HEADLINE_ACCOUNTING, "also": list(OTHER_ACCOUNTINGS),
+                              "meaning": dict(compose.ACCOUNTINGS)},
         "hosts": hosts, "mixed_hosts_allowed": bool(a.mixed_hosts),
         "arms": [_run_row(r, targets) for r in used] + [_run_row(r, targets) for r in unfinished],
         "links": links, "validation": _validation(a, links, targets["target"], warmup, used, warmup_at),
@@ -289,5 +300,6 @@ def report(a: argparse.Namespace) -> dict:
     if str(a.plot) not in ("", ".") and result["links"]:
         plot(result, a.plot)
     print(compose.table(result))
+    print(compose.accounting_table(result))
     print(compose.goals_table(result["goals"]))
     return result

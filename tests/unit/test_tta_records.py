@@ -108,7 +108,7 @@ def test_timing_records_of_another_recipe_are_refused():
 
 def test_a_powersgd_timing_run_times_the_hook_and_its_curve_charges_the_plain_steps_at_ddps_rate():
     timed = _timing("ddp-powersgd")
-    timed["command"] += " " + " ".join(tta.TIMING_OVERRIDES["ddp-powersgd"])
+    timed["command"] += " compressor.ddp_start_iter=30"
     assert r.check_timing([timed], "resnet_cifar_tta", tta.ARMS, []) == [timed]
     hook = {"_target_": tta_report.POWERSGD, "rank": 2}
     assert tta_report._warmup({"config": {"trainer": {"mode": "ddp"}, "compressor": hook}}) == (1000, "ddp")
