@@ -82,10 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds per link (default 3)")
     p.add_argument("--workers", type=int, default=2, help="workers (= the recipe's dist.nproc; default 2)")
     p.add_argument("--timeout-s", type=float, default=86400.0, help="per run (default 1 day)")
-    p.add_argument("--stamp-host", action="store_true",
-                   help="a curve record built from a run dir whose summary.json has no host fingerprint (a run "
-                        "of code from before it) gets this host's, marked as stamped; use it only for runs "
-                        "that ran on this host (default: such a record says its host is unknown)")
+    p.add_argument("--stamp-host", default="", metavar="RUNS",
+                   help="comma-separated runs, e.g. ddp-powersgd-s1,ddp-powersgd-s2, whose records, built from run "
+                        "dirs whose summary.json has no host fingerprint (code from before it), get this host's, "
+                        "marked as stamped: name only runs that ran wholly on this host (default: none; such a "
+                        "record says its host is unknown)")
     p.add_argument("--mixed-hosts", action="store_true",
                    help="compose an arm whose seeds ran on different kinds of host (default: refused); the "
                         "JSON says which arms were")
@@ -110,6 +111,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"argument --seeds: {a.seeds!r} is not a comma-separated list of integers")
     if not a.seeds or min(a.seeds) < 0:
         parser.error(f"argument --seeds: {a.seeds!r} must name at least one seed >= 0")
+    a.stamp_host = set(_csv(a.stamp_host))
+    known = {f"{arm}-s{seed}" for arm in a.arms for seed in a.seeds}
+    if a.stamp_host - known:
+        parser.error(f"argument --stamp-host: {','.join(sorted(a.stamp_host - known))} is not a run of --arms and "
+                     f"--seeds (<arm>-s<seed>, e.g. {next(iter(sorted(known)))})")
     if a.validate_steps is not None and a.validate_steps < 1:
         parser.error(f"argument --validate-steps: must be an integer >= 1, got {a.validate_steps}")
     if a.validate_bracket < 0:

@@ -23,12 +23,13 @@ log = logging.getLogger("pipesgd.bench.tta")
 
 def write_curve_record(a: argparse.Namespace, arm: str, seed: int, run_dir: Path) -> dict | None:
     """The run's record in ``--records`` from its summary.json and segments (None if it has no
-    summary yet): what the report uses, small enough to commit when the run ends."""
+    summary yet): what the report uses, small enough to commit when the run ends. A run named in
+    ``--stamp-host`` whose summary has no host gets this one's, marked as stamped."""
     summary = run_dir / "summary.json"
     if not summary.exists():
         return None
     path = records.record_path(a.records, arm, seed)
-    stamp = fingerprint() if a.stamp_host else None
+    stamp = fingerprint() if f"{arm}-s{seed}" in a.stamp_host else None
     record = records.curve_record(arm, seed, ARMS[arm], a.recipe, json.loads(summary.read_text()),
                                   records.read_segments(run_dir), stamp)
     old = json.loads(path.read_text()) if path.exists() else {}

@@ -60,10 +60,10 @@ def test_a_stamp_survives_a_later_refresh_without_the_option(tmp_path):
     run_dir = tmp_path / "d" / "runs" / "sync-s0"
     run_dir.mkdir(parents=True)
     (run_dir / "summary.json").write_text(json.dumps(_summary()))
-    a = SimpleNamespace(records=tmp_path / "records", recipe="resnet_cifar_tta", stamp_host=True)
+    a = SimpleNamespace(records=tmp_path / "records", recipe="resnet_cifar_tta", stamp_host={"sync-s0"})
     first = tta_report.write_curve_record(a, "sync", 0, run_dir)
     assert first["host"] == hostinfo.fingerprint() and first["host_source"].startswith(r.STAMPED)
-    again = tta_report.write_curve_record(SimpleNamespace(**(vars(a) | {"stamp_host": False})), "sync", 0, run_dir)
+    again = tta_report.write_curve_record(SimpleNamespace(**(vars(a) | {"stamp_host": set()})), "sync", 0, run_dir)
     assert again["host"] == first["host"] and again["host_source"] == first["host_source"]
 
 
@@ -138,3 +138,19 @@ def test_bench_and_crossover_cells_record_the_host(tmp_path):
 
     record = base_record(Cell("train", "sync", 2, "100mbit"), Settings(bench_dir=tmp_path, commit="abc"))
     assert record["host"] == hostinfo.fingerprint()
+
+
+def test_only_the_runs_named_are_stamped(tmp_path, capsys):
+    a = tta.parse(["--phase", "report", "--arms", "sync,ddp-powersgd", "--seeds", "0,1",
+                   "--stamp-host", "ddp-powersgd-s1"])
+    assert a.stamp_host == {"ddp-powersgd-s1"}
+    for name in ("sync-s0", "ddp-powersgd-s1"):
+        run_dir = tmp_path / "d" / "runs" / name
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps(_summary()))
+    a.records, a.recipe = tmp_path / "records", "resnet_cifar_tta"
+    assert tta_report.write_curve_record(a, "sync", 0, tmp_path / "d" / "runs" / "sync-s0")["host"] is None
+    assert tta_report.write_curve_record(a, "ddp-powersgd", 1, tmp_path / "d" / "runs" / "ddp-powersgd-s1")["host"]
+    with pytest.raises(SystemExit):
+        tta.parse(["--arms", "sync", "--seeds", "0", "--stamp-host", "sync-s3"])
+    assert "--stamp-host: sync-s3 is not a run of --arms and --seeds" in capsys.readouterr().err

@@ -17,7 +17,7 @@ def _args(tmp_path, **kw):
                               "records": tmp_path / "records", "recipe": "resnet_cifar_tta", "overrides": [],
                               "validate_steps": None, "validate_bracket": 1, "workers": 2, "timeout_s": 60.0,
                               "mtu": 9000, "steps": 40, "skip": 10, "bracket_skip": 100, "bracket_steps": 100,
-                              "stamp_host": False, "mixed_hosts": False} | kw)
+                              "stamp_host": set(), "mixed_hosts": False} | kw)
 
 
 @pytest.fixture
