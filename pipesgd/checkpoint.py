@@ -46,7 +46,7 @@ def param_checksum(model: nn.Module) -> str:
 
 # Keys that do not change the trajectory: where files live, how often to save/check/log, how
 # long to wait, how many processes the launcher spawns (the world size is checked separately).
-NOT_HASHED = ("trainer.resume", "trainer.elastic", "trainer.checkpoint_every", "trainer.keep_checkpoints",
+NOT_HASHED = ("trainer.resume", "trainer.stop_after_step", "trainer.elastic", "trainer.checkpoint_every", "trainer.keep_checkpoints",
               "trainer.check_every", "trainer.log_every", "trainer.trace", "trainer.trace_steps",
               "trainer.eval_max_batches", "trainer.eval_every_steps", "dist.nproc", "dist.timeout_s",
               "dist.max_restarts", "dist.threads_per_worker", "data.root", "data.cache_dir",

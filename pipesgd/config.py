@@ -115,6 +115,7 @@ def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
     _int_at_least(cfg, "trainer.warmup_sync_steps", 0, "synchronous steps before the pipeline starts")
     _int_at_least(cfg, "trainer.epochs", 1)
     _int_at_least(cfg, "trainer.max_steps", 1, "or null for whole epochs", optional=True)
+    _int_at_least(cfg, "trainer.stop_after_step", 1, "or null to run to the end", optional=True)
     _int_at_least(cfg, "trainer.log_every", 1)
     _int_at_least(cfg, "trainer.trace_steps", 1, "steps recorded when trainer.trace=true, or null for all",
                   optional=True)

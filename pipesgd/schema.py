@@ -34,6 +34,7 @@ class TrainerConfig:
     dc_adaptive: Optional[bool] = None
     epochs: int = 1
     max_steps: Optional[int] = None
+    stop_after_step: Optional[int] = None
     eval_max_batches: Optional[int] = None
     eval_every_steps: Optional[int] = None
     log_every: int = 50

@@ -30,6 +30,7 @@ from .config import ConfigError, check_batch, command_line_keys, validate
 from .data import DatasetError
 from .engine import Engine, ModeArgs
 from .faults import Faults
+from .hostinfo import fingerprint
 from .metrics import make_writer
 from .modes import build, get_mode
 from .reliability import Reliability
@@ -131,6 +132,7 @@ def worker(container: dict, run_dir: str) -> None:
         reliability = _reliability(cfg, ctx, run, run_dir, container)
         trainer = Trainer(run.model, run.engine, run.optimizer, run.scheduler, *run.loaders, writer,
                           epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
+                          stop_after_step=cfg.trainer.stop_after_step,
                           log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main,
                           predict=lambda h: predict(h)[0], eval_max_batches=cfg.trainer.eval_max_batches,
                           eval_every_steps=cfg.trainer.eval_every_steps, hooks=reliability)
@@ -223,7 +225,7 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
         h, result, predicted, mode=cfg.trainer.mode, width=run.engine.width, staleness=cfg.trainer.staleness,
         compressor=name, allreduce=run.allreduce, world_size=ctx.world_size, backend=ctx.backend,
         steps=trainer.step, total_steps=trainer.total_steps, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
-        git_commit=git_commit(), config=container, **reliability.summary(), **run.engine.summary()))
+        git_commit=git_commit(), host=fingerprint(), config=container, **reliability.summary(), **run.engine.summary()))
     # Per-step timings for benchmarks that skip warm-up steps (pipesgd.bench).
     write_json_atomic(run_dir / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
 

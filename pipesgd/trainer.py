@@ -96,6 +96,7 @@ class Trainer:
     def __init__(self, model: nn.Module, engine: Engine, optimizer: torch.optim.Optimizer, scheduler,
                  train_loader, eval_loader, writer: MetricWriter, *, epochs: int,
                  max_steps: int | None, log_every: int, device: torch.device, is_main: bool,
+                 stop_after_step: int | None = None,
                  predict: Callable[[History], float | None] | None = None,
                  eval_max_batches: int | None = None, eval_every_steps: int | None = None,
                  hooks: TrainerHooks | None = None):
@@ -106,6 +107,8 @@ class Trainer:
         self.eval_max_batches, self.eval_every_steps = eval_max_batches, eval_every_steps
         per_epoch = len(train_loader)
         self.total_steps = min(epochs * per_epoch, max_steps) if max_steps else epochs * per_epoch
+        # the step this process stops at: the schedule and evaluations still follow total_steps
+        self.stop_step = min(self.total_steps, stop_after_step) if stop_after_step else self.total_steps
         self.is_main = is_main
         self.hooks = hooks or TrainerHooks()
         self.predict = predict
@@ -120,28 +123,38 @@ class Trainer:
         self._last_losses: list[float] = []
 
     def fit(self) -> dict:
-        """Train to ``total_steps``; evaluate after every epoch and at the end. Returns metrics."""
+        """Train to ``total_steps``; evaluate after every epoch and at the end. Returns metrics.
+
+        With ``stop_after_step`` the loop ends at that step as an interrupted run would, and the
+        run's last evaluation is the result if it was taken at that very step (no flush-then-evaluate:
+        a pipeline's in-flight reduction would change the weights the whole run scored)."""
         start = time.perf_counter()
         epoch, consumed = self.hooks.on_fit_start(self)
         log.info("training %d steps (%d per epoch) on %s", self.total_steps, len(self.train_loader), self.device)
         try:
-            while self.step < self.total_steps:
-                self._train_epoch(epoch, start, consumed)
+            while self.step < self.stop_step:
+                if not self._train_epoch(epoch, start, consumed) and self.step < self.total_steps:
+                    break  # stopped inside the epoch (stop_after_step)
                 epoch, consumed = epoch + 1, 0
                 if self.step < self.total_steps:
                     self._evaluate(epoch, start)
                     self.hooks.on_epoch_end(self, epoch)
             self.engine.flush()
             self._read()
-            result = self._evaluate(epoch, start)
+            last = self.history.evals[-1] if self.history.evals else None
+            if self.step < self.total_steps and last is not None and last["step"] == self.step:
+                result = {k: v for k, v in last.items() if k != "epoch"}
+            else:
+                result = self._evaluate(epoch, start)
         finally:
             self.progress.close()
         result["epochs"] = epoch
         result["wall_seconds"] = time.perf_counter() - start
         return result
 
-    def _train_epoch(self, epoch: int, start: float, consumed: int = 0) -> None:
-        """The rest of ``epoch`` after ``consumed`` samples (by all ranks) of its permutation."""
+    def _train_epoch(self, epoch: int, start: float, consumed: int = 0) -> bool:
+        """The rest of ``epoch`` after ``consumed`` samples (by all ranks) of its permutation; True if
+        it ran to the epoch's end."""
         self.model.train()
         self.train_loader.set_epoch(epoch)
         tr = trace.current()
@@ -150,8 +163,8 @@ class Trainer:
         per_step = loader.batch_size * loader.world_size
         left = loader.batches_left(consumed)
         for batch, (x, y) in enumerate(loader.iter_epoch(epoch, 0, consumed), 1):
-            if self.step >= self.total_steps:
-                break
+            if self.step >= self.stop_step:
+                return False
             x, y = to_device(x, self.device), to_device(y, self.device)
             mark = self.clock.start()
             self.optimizer.zero_grad(set_to_none=True)
@@ -185,6 +198,7 @@ class Trainer:
             if self._eval_due(epoch_ends=batch == left):
                 self._evaluate(epoch + (consumed + batch * per_step) / (len(loader) * per_step), start)
             self.hooks.on_step_end(self, epoch, consumed + batch * per_step)
+        return True
 
     def _read(self) -> None:
         """Read the steps not read yet (one host sync for all their losses) into the history, the

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interleave", action="store_true",
                    help="run the repeats as rounds: every selected cell once before the next round "
                    "(always on with --grid crossover)")
+    p.add_argument("--calibrate-each-round", action="store_true",
+                   help="with interleaved rounds: calibrate every condition afresh in each round, so the "
+                   "model's compute comes from the rounds it predicts (always on with --grid crossover)")
     p.add_argument("--allreduce-repeats", type=int, help="timed collectives per allreduce cell (default 20; quick 5)")
     p.add_argument("--out", type=Path, help="JSON list of cells (default docs/benchmarks.json; another --grid: "
                    "docs/<grid>.json)")
@@ -81,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         parser.error(f"unexpected argument(s) {bad}: positional arguments are Hydra overrides key=value")
+    if args.calibrate_each_round and not (args.interleave or args.grid == "crossover"):
+        parser.error("argument --calibrate-each-round: needs rounds; add --interleave")
     try:
         grid = GRIDS[args.grid]()
         cells = select(grid, args.only) if args.only else (
@@ -98,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         repeats=args.repeats or (1 if q else 3 if crossover else 2), interleave=args.interleave or crossover,
         allreduce_repeats=args.allreduce_repeats or (5 if q else 20),
         quick=q, calibration_dir=args.calibrations, overrides=args.overrides, timeout_s=args.timeout_s,
-        mtu=args.mtu)
+        mtu=args.mtu, calibrate_each_round=args.calibrate_each_round or crossover)
     log.info("%d cells, run dirs under %s", len(cells), settings.bench_dir)
     started, latest = time.perf_counter(), {}
     order = [c.name for c in grid]

@@ -14,7 +14,10 @@ number is taken on an otherwise idle group):
    sweep; α: the smallest message's time minus its n·β, i.e. the small-message latency).
 2. γ: ``a.add_(b)`` on fp32 ring chunks (M/p values) on rank 0, seconds per byte.
 3. κ: ``compress`` + ``decompress`` of every registered compressor on the same chunk, per
-   uncompressed byte.
+   uncompressed byte; and ``powersgd_s_per_flop``: PowerSGD's own compute (its matmuls, QR and
+   error feedback: the ``powersgd`` reduction bound to the model's parameters at rank
+   :data:`POWERSGD_RANK`, with an allreduce that sends nothing) per FLOP it declares
+   (``step_flops``), the constant the map prices DDP + PowerSGD's compute with.
 4. compute and update: forward+backward (``compute_ms``) and an SGD-momentum step (``update_ms``)
    of the named model on random inputs of the named dataset's shape, on every rank at once
    (as in training, the ranks share the machine's cores), mean over ranks of each rank's median.
@@ -187,6 +190,29 @@ def compress_costs(numel: int, repeats: int) -> dict[str, float]:
     return out
 
 
+POWERSGD_RANK = 2
+"""The rank PowerSGD's compute is calibrated at (the time-to-accuracy and crossover studies' rank)."""
+
+
+def powersgd_cost(shapes: Sequence[Sequence[int]], repeats: int, group=None,
+                  rank: int = POWERSGD_RANK) -> tuple[float, float]:
+    """(seconds per declared FLOP, seconds per step) of PowerSGD's compute on a model of parameter
+    ``shapes``: the real reduction, bound with an allreduce that sends nothing, so only its own
+    work is timed (``group``: any initialised process group; it is asked its size only)."""
+    import torch
+
+    from pipesgd.comm import CommStats
+    from pipesgd.reduction.powersgd import PowerSGD
+
+    red = PowerSGD(rank=rank)
+    red.bind([torch.Size(s) for s in shapes], lambda buf, chunk, group: CommStats(), torch.device("cpu"))
+    if not red.bound_flops():
+        raise CalibrationError(f"PowerSGD at rank {rank} compresses none of the model's {len(shapes)} tensors")
+    flat = torch.randn(sum(math.prod(s) for s in shapes))
+    seconds = _median_time(lambda: red.reduce(flat, group), repeats, warmup=2)
+    return seconds / red.bound_flops(), seconds
+
+
 def build_model(spec: CalibrationSpec):
     """(model, inputs, labels) of the configured model on random data of the dataset's shape."""
     import torch
@@ -306,9 +332,10 @@ def measure(spec: CalibrationSpec, rank: int, world: int, comm_group) -> dict | 
     dist.barrier()
     one_way = _pingpong(spec.sizes, repeats, 1 - rank, rank == 0) if rank < 2 else []
     dist.barrier()
-    gamma, kappas = 0.0, {}
+    gamma, kappas, powersgd = 0.0, {}, (0.0, 0.0)
     if rank == 0:
         gamma, kappas = reduction_cost(chunk, 5 * repeats), compress_costs(chunk, 3 * repeats)
+        powersgd = powersgd_cost([tuple(p.shape) for p in step.params], repeats, comm_group)
     dist.barrier()
 
     for _ in range(spec.warmup):
@@ -363,6 +390,7 @@ def measure(spec: CalibrationSpec, rank: int, world: int, comm_group) -> dict | 
     nbytes = 4 * numel
     return {
         "alpha_s": alpha, "beta_s_per_byte": beta, "gamma_s_per_byte": gamma, "compress_s_per_byte": kappas,
+        "powersgd_s_per_flop": powersgd[0], "powersgd_rank": POWERSGD_RANK, "powersgd_step_ms": powersgd[1] * 1e3,
         "compute_ms": mean("compute_ms"), "update_ms": mean("update_ms"),
         # < 1 only by noise (compute cannot speed up because a reduction runs beside it).
         "overlap_slowdown": max(1.0, raw_slowdown),

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pipesgd.comm import ring_bytes
 from pipesgd.emulate.netns import DEFAULT_MTU
+from pipesgd.hostinfo import fingerprint
 from pipesgd.runinfo import git_commit, write_json_atomic
 from pipesgd.timing import allreduce_time, load_calibration, parse_bandwidth
 
@@ -58,6 +59,7 @@ class Settings:
     timeout_s: float = 1800.0
     mtu: int = DEFAULT_MTU  # emulated links' MTU, passed to every pipesgd.emulate command (so its record says it)
     interleave: bool = False  # repeats as rounds: every cell once per round (run_rounds)
+    calibrate_each_round: bool = False  # with interleave: calibrate afresh at each round's first cell of a condition
     commit: str = field(default_factory=git_commit)
     root: Path = Path(__file__).resolve().parents[2]
 
@@ -213,15 +215,16 @@ def cpu_split(deltas: list[list[int]]) -> dict[str, float] | None:
 # --- calibration ---------------------------------------------------------------------------------------
 
 
-def calibration_for(cell: Cell, s: Settings, cache: dict[tuple, Path]) -> Path:
-    """The calibration file for the cell's (workload, p, link), measured once per bench run (or
-    taken from ``calibration_dir`` when it already holds one)."""
+def calibration_for(cell: Cell, s: Settings, cache: dict[tuple, Path], tag: str = "") -> Path:
+    """The calibration file for the cell's (workload, p, link), measured once per ``cache`` (a bench
+    run, or one round of it) and named with ``tag`` (e.g. ``-r1``; or taken from ``calibration_dir``
+    when it already holds one of that name)."""
     key = cell.calibration_key
     if key in cache:
         return cache[key]
     workload, p, link = key
     w = WORKLOADS[workload]
-    name = f"{workload}-p{p}-{link}.json"
+    name = f"{workload}-p{p}-{link}{tag}.json"
     if s.calibration_dir is not None and (s.calibration_dir / name).exists():
         cache[key] = (s.calibration_dir / name).resolve()
         log.info("calibration %s: reusing %s", name, cache[key])
@@ -249,7 +252,7 @@ def calibration_for(cell: Cell, s: Settings, cache: dict[tuple, Path]) -> Path:
 def _calibration_summary(path: Path) -> dict:
     cal = load_calibration(path)
     keep = ("alpha_s", "beta_s_per_byte", "gamma_s_per_byte", "compress_s_per_byte", "compute_ms", "update_ms",
-            "overlap_slowdown", "bandwidth_mbit_s")
+            "overlap_slowdown", "bandwidth_mbit_s", "powersgd_s_per_flop", "created")
     return {"file": str(path), **{k: cal[k] for k in keep if k in cal},
             "ring_ms": cal.get("measurements", {}).get("ring_ms"),
             "ring_predicted_ms": cal.get("measurements", {}).get("ring_predicted_ms")}
@@ -368,11 +371,11 @@ def base_record(cell: Cell, s: Settings) -> dict:
     return {
         "name": cell.name, "kind": cell.kind, "mode": cell.mode, "comm": cell.comm if cell.kind == "train" else None,
         "width": cell.width, "compressor": cell.compressor, "world_size": cell.world_size, "link": cell.link,
-        "workload": cell.workload if cell.kind == "train" else None, "commit": s.commit,
+        "workload": cell.workload if cell.kind == "train" else None, "commit": s.commit, "host": fingerprint(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "loadavg_before": list(os.getloadavg()),
         "config": {"steps": s.steps, "skip": s.skip, "repeats": s.repeats if cell.kind == "train" else 1,
                    "allreduce_repeats": s.allreduce_repeats, "quick": s.quick, "threads_per_worker": 1,
-                   "interleaved": s.interleave, "mtu": s.mtu,
+                   "interleaved": s.interleave, "calibrate_each_round": s.calibrate_each_round, "mtu": s.mtu,
                    "overrides": list(s.overrides), "cpus": os.cpu_count()},
     }
 
@@ -407,19 +410,27 @@ def run_rounds(cells: Sequence[Cell], s: Settings) -> Iterator[dict]:
     the cells that happened to run during it. Yields the cell's record, pooled over the rounds done
     so far, after each of its runs (a sweep stopped early keeps complete rounds). Allreduce cells
     run whole in round 0. A cell whose run fails yields a record with ``error`` and sits out the
-    rounds after."""
+    rounds after. With ``s.calibrate_each_round`` every round calibrates each condition afresh
+    (files ``<condition>-r<round>.json``), its cells run against that round's calibration, and the
+    record keeps each round's (``round_calibrations``): the model's compute then comes from the
+    same rounds as the cells it predicts, not from one sample minutes before them."""
     calibrations: dict[tuple, Path] = {}
     runs: dict[str, list[dict]] = {c.name: [] for c in cells}
     records: dict[str, dict] = {}  # made at a cell's first run: its date and load are that run's
     for r in range(s.repeats):
         todo = [c for c in cells if "error" not in records.get(c.name, {}) and (c.kind == "train" or r == 0)]
+        tag = f"-r{r}" if s.calibrate_each_round else ""
+        if s.calibrate_each_round:
+            calibrations = {}
         for i, cell in enumerate(todo, 1):
             log.info("round %d/%d [%d/%d] %s", r + 1, s.repeats, i, len(todo), cell.name)
             record = records.setdefault(cell.name, base_record(cell, s))
             t0 = time.perf_counter()
             try:
-                cal = calibration_for(cell, s, calibrations)
+                cal = calibration_for(cell, s, calibrations, tag)
                 record["calibration"] = _calibration_summary(cal)
+                if s.calibrate_each_round:
+                    record.setdefault("round_calibrations", []).append(record["calibration"])
                 if cell.kind == "train":
                     runs[cell.name].append(run_train_repeat(cell, cal, s, r))
                     record |= train_record(cell, runs[cell.name])

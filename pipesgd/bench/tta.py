@@ -28,10 +28,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipesgd.emulate.netns import DEFAULT_MTU
+from pipesgd.hostinfo import fingerprint
 from pipesgd.runinfo import git_commit, write_json_atomic
 
 from . import tta_records as records
-from .tta_arms import ARMS, RECIPE, TIMING_ONLY, TIMING_OVERRIDES
+from .tta_arms import ARMS, RECIPE, TIMING_ONLY, WARMUP_KEYS
 from .tta_report import report, write_curve_record
 from .runner import CellFailed, CpuSampler, Stopped, cpu_split, recorded, run_logged, stop_on_signals
 
@@ -81,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds per link (default 3)")
     p.add_argument("--workers", type=int, default=2, help="workers (= the recipe's dist.nproc; default 2)")
     p.add_argument("--timeout-s", type=float, default=86400.0, help="per run (default 1 day)")
+    p.add_argument("--stamp-host", default="", metavar="RUNS",
+                   help="comma-separated runs, e.g. ddp-powersgd-s1,ddp-powersgd-s2, whose records, built from run "
+                        "dirs whose summary.json has no host fingerprint (code from before it), get this host's, "
+                        "marked as stamped: name only runs that ran wholly on this host (default: none; such a "
+                        "record says its host is unknown)")
+    p.add_argument("--mixed-hosts", action="store_true",
+                   help="compose an arm whose seeds ran on different kinds of host (default: refused); the "
+                        "JSON says which arms were")
     p.add_argument("--mtu", type=int, default=DEFAULT_MTU,
                    help=f"MTU of the emulated links (default {DEFAULT_MTU}; 1500: the earlier link)")
     return p
@@ -102,6 +111,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"argument --seeds: {a.seeds!r} is not a comma-separated list of integers")
     if not a.seeds or min(a.seeds) < 0:
         parser.error(f"argument --seeds: {a.seeds!r} must name at least one seed >= 0")
+    a.stamp_host = set(_csv(a.stamp_host))
+    known = {f"{arm}-s{seed}" for arm in a.arms for seed in a.seeds}
+    if a.stamp_host - known:
+        parser.error(f"argument --stamp-host: {','.join(sorted(a.stamp_host - known))} is not a run of --arms and "
+                     f"--seeds (<arm>-s<seed>, e.g. {next(iter(sorted(known)))})")
     if a.validate_steps is not None and a.validate_steps < 1:
         parser.error(f"argument --validate-steps: must be an integer >= 1, got {a.validate_steps}")
     if a.validate_bracket < 0:
@@ -200,28 +214,34 @@ def timing_arms(a: argparse.Namespace) -> list[str]:
 
 
 WARMUP_TIMED = 20
-"""Synchronous warm-up steps a pipe arm's timing run times (after ``--skip``), in its own process:
-a compressed arm's warm-up already carries its compressor, so ``sync``'s rate would over-charge it."""
+"""Warm-up steps an arm's timing run times as they run (after ``--skip``), in its own process: a
+pipe arm's synchronous steps (with a compressor they already carry it, so ``sync``'s rate would
+over-charge them), ``ddp-powersgd``'s plain allreduce steps through torch's hook."""
 
 
 def timing_plan(a: argparse.Namespace, arm: str) -> dict:
-    """A timing run's steps: ``--skip`` left out, then for a pipe arm :data:`WARMUP_TIMED` timed
-    synchronous warm-up steps (``warmup`` = their [start, end) indices) and ``--skip`` more left out
-    while the pipeline fills; then ``--steps`` timed steps of the arm itself from index ``first``."""
-    if "trainer.mode=pipe" not in ARMS[arm]:
-        return {"total": a.skip + a.steps, "warmup_sync_steps": 0, "warmup": None, "first": a.skip}
+    """A timing run's steps: ``--skip`` left out, then for an arm with a warm-up (:data:`WARMUP_KEYS`)
+    :data:`WARMUP_TIMED` timed warm-up steps (``warmup`` = their [start, end) indices) and ``--skip``
+    more left out while the arm's own scheme starts (the pipeline fills, PowerSGD's first factors);
+    then ``--steps`` timed steps of the arm itself from index ``first``. ``overrides``: the settings
+    that make the run do so."""
+    key = WARMUP_KEYS.get(arm)
+    if key is None:
+        return {"total": a.skip + a.steps, "overrides": ["trainer.warmup_sync_steps=0"], "warmup": None,
+                "first": a.skip}
     sync_end = a.skip + WARMUP_TIMED
-    return {"total": sync_end + a.skip + a.steps, "warmup_sync_steps": sync_end, "warmup": (a.skip, sync_end),
-            "first": sync_end + a.skip}
+    overrides = [] if key == "trainer.warmup_sync_steps" else ["trainer.warmup_sync_steps=0"]
+    return {"total": sync_end + a.skip + a.steps, "overrides": [*overrides, f"{key}={sync_end}"],
+            "warmup": (a.skip, sync_end), "first": sync_end + a.skip}
 
 
 def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: int) -> dict | None:
     """One short timing run of ``arm`` on ``link`` (see :func:`timing_plan`): its row, or None if
     the run failed."""
     plan = timing_plan(a, arm)
-    extra = [f"trainer.max_steps={plan['total']}", f"trainer.warmup_sync_steps={plan['warmup_sync_steps']}",
+    extra = [f"trainer.max_steps={plan['total']}", *plan["overrides"],
              "trainer.eval_every_steps=null", f"trainer.log_every={plan['total']}",
-             "trainer.checkpoint_every=null", "trainer.resume=never", *TIMING_OVERRIDES.get(arm, ())]
+             "trainer.checkpoint_every=null", "trainer.resume=never"]
     cmd = train_command(a, arm, link, run_dir, extra)
     load = list(os.getloadavg())
     start = records.now()
@@ -242,6 +262,7 @@ def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: i
            "median_exposed_comm_ms": statistics.median(history["exposed_comm_ms"][first:]),
            "cpu": cpu_split([sampler.between(t0, history["wall_time"][-1])]),
            "loadavg_before": load, "command": recorded(cmd), "commit": git_commit(),
+           "host": summary.get("host") or fingerprint(),
            "recipe": a.recipe, "start": start, "date": records.now()}
     log.info("timing %s %s r%d: median %.1f ms/step, eval %.1f s", link, arm, rep, row["median_iter_ms"],
              row["eval_s"])

@@ -22,10 +22,11 @@ ARMS: dict[str, tuple[str, ...]] = {
     compose.COMPUTE_ARM: ("trainer.mode=local", *_K1, "compressor=none"),
 }
 """Arm name (as in the bench grid) -> its overrides on the recipe. Spelled here only."""
-TIMING_OVERRIDES = {"ddp-powersgd": ("compressor.ddp_start_iter=2",)}
-"""What a timing run adds to an arm so that it times the arm's own step: torch's PowerSGD hook
-compresses from its third step (not its 1001st); the composition charges the curve's plain steps
-at the ``ddp`` arm's rate."""
+WARMUP_KEYS = {arm: "trainer.warmup_sync_steps" for arm, o in ARMS.items() if "trainer.mode=pipe" in o} | {
+    arm: "compressor.ddp_start_iter" for arm, o in ARMS.items() if "trainer.mode=ddp" in o and "compressor=powersgd" in o}
+"""Arm -> the setting that counts its warm-up steps, for the arms that have one: a pipe arm's
+synchronous steps, and the plain allreduce steps torch's PowerSGD hook takes before it compresses.
+A timing run sets it to time those steps as they run, then the arm's own steps."""
 TIMING_ONLY = (compose.COMPUTE_ARM,)
 """Arms that are timed but never trained to a curve: ``compute`` (every worker trains alone, no
 communication) is the ceiling, the step time no scheme can beat on this machine."""

@@ -7,11 +7,12 @@ evaluation after step ``s`` (the ``i``-th evaluation of the run) is::
 
     t(s) = min(s, w) * sync_ms[l] + max(0, s - w) * step_ms[a, l] + i * eval_s[l]
 
-with ``w`` the arm's warm-up steps, charged at their own measured rate where the timing run
-measured it (a pipe arm's synchronous warm-up, which carries the arm's compressor), else at the
-step time of the arm that runs them: ``sync`` for a pipe arm's warm-up, ``ddp`` for the plain
-allreduce steps torch's PowerSGD hook takes before it compresses (``sync_ms`` above stands for
-whichever applies).
+with ``w`` the arm's warm-up steps (a pipe arm's synchronous steps, the plain allreduce steps
+torch's PowerSGD hook takes before it compresses) and ``sync_ms`` their price, in one of two
+accountings (:data:`ACCOUNTINGS`): ``own_rate`` (the headline) charges them at the rate the arm's
+own timing run measured them running at, or, where it did not time them, at the arm's own step
+time; ``other_arm_rate`` (the reports up to 2026-11-27) charges them at the step time of the arm
+that runs such steps plainly: ``sync`` for a pipe arm, ``ddp`` for the PowerSGD hook.
 Accuracies here are in percent.
 """
 
@@ -86,31 +87,55 @@ def targets_from(finals: Sequence[float], slacks: Sequence[float] = SLACKS_PP,
     return out | {f"{f:g}": float(f) for f in fixed}
 
 
+OWN_RATE = "own_rate"
+OTHER_ARM_RATE = "other_arm_rate"
+ACCOUNTINGS = {
+    OWN_RATE: "each arm's warm-up at the rate its own timing run measured it running at (where a timing "
+              "run did not time it: at the arm's own step time)",
+    OTHER_ARM_RATE: "each arm's warm-up at the step time of the arm that runs such steps plainly "
+                    "(sync for a pipe arm's synchronous steps, ddp for the PowerSGD hook's plain allreduce steps)",
+}
+"""How warm-up steps are priced; the report composes both, the headline with :data:`HEADLINE_ACCOUNTING`."""
+HEADLINE_ACCOUNTING = OWN_RATE
+
+
 def warmup_rate(arm: str, step_ms: dict[str, float], warmup_at: dict[str, str] | None = None,
-                warmup_ms: dict[str, float] | None = None) -> float | None:
-    """ms per warm-up step of ``arm``: its own warm-up steps' measured rate where the timing run
-    measured it (``warmup_ms``), else the step time of the arm that runs them (``warmup_at``,
-    default ``sync``); None if neither is known."""
-    if warmup_ms and arm in warmup_ms:
-        return warmup_ms[arm]
-    return step_ms.get((warmup_at or {}).get(arm, "sync"))
+                warmup_ms: dict[str, float] | None = None, accounting: str = OWN_RATE) -> float | None:
+    """ms per warm-up step of ``arm`` in ``accounting`` (:data:`ACCOUNTINGS`): ``own_rate``, its
+    warm-up's measured rate (``warmup_ms``), else its own step time; ``other_arm_rate``, the step
+    time of the arm that runs such steps (``warmup_at``, default ``sync``). None if not known."""
+    if accounting not in ACCOUNTINGS:
+        raise ValueError(f"accounting={accounting!r} is not one of {', '.join(ACCOUNTINGS)}")
+    if accounting == OTHER_ARM_RATE:
+        return step_ms.get((warmup_at or {}).get(arm, "sync"))
+    return warmup_ms[arm] if warmup_ms and arm in warmup_ms else step_ms.get(arm)
+
+
+def warmup_source(arm: str, warmup_at: dict[str, str] | None, warmup_ms: dict[str, float] | None,
+                  accounting: str) -> str:
+    """Where :func:`warmup_rate`'s rate comes from, for the JSON."""
+    if accounting == OTHER_ARM_RATE:
+        return f"{(warmup_at or {}).get(arm, 'sync')} step time"
+    return "timed warm-up" if warmup_ms and arm in warmup_ms else "own step time (warm-up not timed)"
 
 
 def compose_link(runs: Sequence[dict], step_ms: dict[str, float], eval_s: float, warmup: dict[str, int],
                  targets: dict[str, float] | float, warmup_at: dict[str, str] | None = None,
-                 warmup_ms: dict[str, float] | None = None) -> dict:
+                 warmup_ms: dict[str, float] | None = None, accounting: str = HEADLINE_ACCOUNTING) -> dict:
     """One link's block of the result: per target (a float is ``{"target": it}``), each arm's time
     (the mean over its seeds) and the speedups against every baseline arm that has one, including
     the fastest DDP arm (``best ddp``).
 
     ``runs`` are finished runs ``{"name", "seed", "curve"}``; arms without a step time are left out.
-    ``warmup[arm]`` warm-up steps are charged at :func:`warmup_rate`; without one such an arm is
-    not priced at all (``unpriced`` says why) rather than charged at its own rate.
+    ``warmup[arm]`` warm-up steps are charged at :func:`warmup_rate` in ``accounting``
+    (``warmup_source`` says where each rate came from); without one such an arm is not priced at all
+    (``unpriced`` says why).
     """
     if not isinstance(targets, dict):
         targets = {"target": float(targets)}
     warmup_at = warmup_at or {}
-    out: dict = {"step_ms": dict(step_ms), "eval_s": eval_s, "unpriced": {}, "targets": {}, "warmup_ms": {}}
+    out: dict = {"step_ms": dict(step_ms), "eval_s": eval_s, "accounting": accounting, "unpriced": {}, "targets": {},
+                 "warmup_ms": {}, "warmup_source": {}}
     by_arm: dict[str, list[dict]] = {}
     for r in runs:
         by_arm.setdefault(r["name"], []).append(r)
@@ -118,13 +143,14 @@ def compose_link(runs: Sequence[dict], step_ms: dict[str, float], eval_s: float,
     for arm, rs in by_arm.items():
         if arm not in step_ms:
             continue
-        rate = warmup_rate(arm, step_ms, warmup_at, warmup_ms)
+        rate = warmup_rate(arm, step_ms, warmup_at, warmup_ms, accounting)
         if warmup.get(arm, 0) and rate is None:
             out["unpriced"][arm] = (f"its {warmup[arm]} warm-up steps need the {warmup_at.get(arm, 'sync')} arm's "
                                     "step time, which this link has not measured")
             continue
         if warmup.get(arm, 0):
             out["warmup_ms"][arm] = rate
+            out["warmup_source"][arm] = warmup_source(arm, warmup_at, warmup_ms, accounting)
         priced[arm] = rs
     for name, accuracy in targets.items():
         times = {arm: _mean_or_none([time_to(r["curve"], accuracy, step_ms[arm], eval_s, warmup.get(arm, 0),
@@ -141,6 +167,48 @@ def compose_link(runs: Sequence[dict], step_ms: dict[str, float], eval_s: float,
     if "target" in out["targets"]:  # the headline rule, also under the names earlier reports used
         out["time_to_target_s"] = out["targets"]["target"]["time_s"]
         out["speedup"] = out["targets"]["target"]["speedup"]
+    return out
+
+
+def verdict(low: float, high: float) -> str:
+    """``sooner`` if every combination is faster, ``later`` if every one is slower, else ``tie``:
+    a ratio whose range includes 1.0 is not a win."""
+    return "sooner" if low > 1 else "later" if high < 1 else "tie"
+
+
+def speedup_ranges(block: dict, runs: Sequence[dict], round_ms: dict[str, list[float]], warmup: dict[str, int],
+                   warmup_at: dict[str, str] | None = None, warmup_ms: dict[str, float] | None = None) -> dict:
+    """Per baseline (:data:`BASELINES` and ``best ddp``) and arm of a composed link ``block`` at its headline
+    target: ``range`` [low, high] of the baseline's time over the arm's across every pairing of a
+    seed of each and every timing round (both priced at that round's median step, in the block's
+    accounting), and its :func:`verdict`. ``round_ms[arm]``: the arm's per-round medians, rounds
+    in the same order for every arm (they interleave). Pairs where a seed never reaches the target
+    are left out; an arm with none left has no range."""
+    head = block["targets"].get("target")
+    if head is None:
+        return {}
+    n = min((len(v) for v in round_ms.values()), default=0)
+    by_arm: dict[str, list[dict]] = {}
+    for r in runs:
+        by_arm.setdefault(r["name"], []).append(r)
+
+    def times(arm: str, i: int) -> list[float]:
+        ms = {a: v[i] for a, v in round_ms.items()}
+        rate = warmup_rate(arm, ms, warmup_at, warmup_ms, block["accounting"])
+        got = [time_to(r["curve"], head["accuracy"], ms[arm], block["eval_s"], warmup.get(arm, 0), rate)
+               for r in by_arm[arm]]
+        return [t for t in got if t]
+
+    out: dict = {}
+    bases = {b: b for b in BASELINES} | ({"best ddp": head["best_ddp"]} if head["best_ddp"] else {})
+    for name, base in bases.items():
+        for arm in head["time_s"]:
+            if base not in by_arm or arm == base or arm not in round_ms or base not in round_ms or not n:
+                continue
+            ratios = [tb / ta for i in range(n) for tb in times(base, i) for ta in times(arm, i)]
+            if ratios:
+                out.setdefault(name, {})[arm] = {"range": [min(ratios), max(ratios)],
+                                                 "verdict": verdict(min(ratios), max(ratios))}
     return out
 
 
@@ -218,7 +286,9 @@ def validation_row(arm: str, link: str, curve: Sequence[Sequence[float]], measur
 def table(result: dict) -> str:
     """The Markdown tables of docs/time-to-accuracy.md: one row per arm (finished runs only) with its
     step time, time to the headline target and speedups against ``sync`` and the fastest DDP arm per
-    link; then the pipe arms' speedup over the fastest DDP arm for every target of the sweep."""
+    link (``(tie)`` where the ratio's range over seeds and timing rounds includes 1.0,
+    :func:`speedup_ranges`); then the pipe arms' speedup over the fastest DDP arm for every target
+    of the sweep. ``±`` is half the range of the seeds' final accuracies."""
     target = result["target_accuracy"]
     links = list(result["links"])
     head = ["arm", "seeds", "final test acc %", f"steps to {target:.2f} %"]
@@ -235,9 +305,10 @@ def table(result: dict) -> str:
         for link in links:
             block = result["links"][link]
             ms, t = block["step_ms"].get(arm), block["time_to_target_s"].get(arm)
-            ups = [block.get("speedup", {}).get(b, {}).get(arm) for b in ("sync", "best ddp")]
+            ups = [(block.get("speedup", {}).get(b, {}).get(arm),
+                    block.get("speedup_range", {}).get(b, {}).get(arm, {}).get("verdict")) for b in ("sync", "best ddp")]
             cells += ["–" if ms is None else f"{ms:.0f}", "–" if t is None else f"{t / 60:.1f} min",
-                      " / ".join("–" if u is None else f"{u:.2f}×" for u in ups)]
+                      " / ".join("–" if u is None else f"{u:.2f}×" + (" (tie)" if v == "tie" else "") for u, v in ups)]
         lines.append("| " + " | ".join(cells) + " |")
     sweep = sweep_table(result)
     return "\n".join(lines) + "\n" + ("\n" + sweep if sweep else "")
@@ -267,6 +338,30 @@ def sweep_table(result: dict) -> str:
             rows.append("| " + " | ".join(cells) + " |")
     if not rows:
         return ""
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows]) + "\n"
+
+
+def accounting_table(result: dict) -> str:
+    """Markdown: per link and pipe arm, the speedup over the fastest DDP arm at the headline target
+    in each accounting of the warm-ups (the headline first), and the rates each charged."""
+    names = [result.get("warmup_accounting", {}).get("headline", HEADLINE_ACCOUNTING),
+             *result.get("warmup_accounting", {}).get("also", [])]
+    rows = []
+    for link, block in result["links"].items():
+        views = [block if i == 0 else block.get("accountings", {}).get(name) for i, name in enumerate(names)]
+        for arm in block.get("time_to_target_s", {}):
+            if not arm.startswith("pipe"):
+                continue
+            cells = [link, arm]
+            for view in views:
+                t = (view or {}).get("targets", {}).get("target", {})
+                up = t.get("speedup", {}).get("best ddp", {}).get(arm)
+                cells.append("–" if up is None else f"{up:.2f}× ({t['best_ddp']})")
+            rows.append("| " + " | ".join(cells) + " |")
+    if not rows:
+        return ""
+    head = ["link", "arm", *[f"vs best DDP, warm-ups at {n.replace('_', ' ')}" + (" (headline)" if i == 0 else "")
+                             for i, n in enumerate(names)]]
     return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows]) + "\n"
 
 

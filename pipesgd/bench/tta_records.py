@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipesgd.checkpoint import NOT_HASHED, config_diff, config_digest, drop_keys, hashed_config
+from pipesgd.hostinfo import UNKNOWN, host_kind
 
 SUMMARY_FACTS = {"trainer.mode": "mode", "trainer.width": "width", "trainer.staleness": "staleness",
                  "compressor": "compressor"}
@@ -83,11 +84,31 @@ def arm_mismatch(summary_facts: Mapping, arm_overrides: Sequence[str], config: M
     return None
 
 
+STAMPED = "stamped"
+"""``host_source`` of a record whose run's summary.json did not say its host, stamped with the host
+that built the record on request (``--stamp-host``: a run that ran here under code from before the
+fingerprint)."""
+
+
+def host_fields(summary: Mapping, stamp: Mapping | None = None) -> dict:
+    """``host``, ``host_source`` and ``host_kind`` of a record: summary.json's fingerprint where it
+    has one; else ``stamp`` (the host building the record, only when asked); else unknown, never
+    guessed."""
+    if summary.get("host"):
+        host, source = dict(summary["host"]), "summary.json"
+    elif stamp:
+        host, source = dict(stamp), f"{STAMPED} at {now()} (summary.json has no host)"
+    else:
+        host, source = None, None
+    return {"host": host, "host_source": source, "host_kind": host_kind(host)}
+
+
 def curve_record(arm: str, seed: int, arm_overrides: Sequence[str], recipe: str, summary: Mapping,
-                 segments: Sequence[Mapping]) -> dict:
+                 segments: Sequence[Mapping], stamp_host: Mapping | None = None) -> dict:
     """The record of a run that wrote summary.json. ``complete``: it ran the recipe's whole step
     count (summary.json's ``total_steps``; for a summary written before that field existed, the
-    step of its last evaluation, which the trainer runs at the end)."""
+    step of its last evaluation, which the trainer runs at the end). Its host is summary.json's
+    (:func:`host_fields`; ``stamp_host`` only where the summary has none)."""
     evals = list(summary.get("evals") or [])
     total = summary.get("total_steps") or (evals[-1]["step"] if evals else None)
     facts = {field: summary.get(field) for field in SUMMARY_FACTS.values()}
@@ -100,10 +121,33 @@ def curve_record(arm: str, seed: int, arm_overrides: Sequence[str], recipe: str,
         "steps": steps, "total_steps": total, "final_test_accuracy": 100 * summary["test_accuracy"],
         "curve": [[e["step"], 100 * e["test_accuracy"]] for e in evals],
         "eval_elapsed_s": [e.get("elapsed_s") for e in evals], "eval_s": [e.get("eval_s") for e in evals],
+        "eval_loss": [e.get("test_loss") for e in evals],
         "facts": facts, "config": hashed_config(summary["config"]), "config_digest": config_digest(summary["config"]),
         "world_size": summary.get("world_size"), "git_commit_at_end": summary.get("git_commit"),
-        "segments": list(segments),
+        "segments": list(segments), **host_fields(summary, stamp_host),
     }
+
+
+def seed_hosts(used: Sequence[Mapping], allow_mixed: bool = False) -> dict[str, dict]:
+    """Per arm: ``kinds`` (host kind -> the seeds run on it) and ``mixed``. Raises :class:`Refused`
+    for an arm whose seeds ran on more than one kind of host (a record without a fingerprint counts
+    as a kind of its own, :data:`~pipesgd.hostinfo.UNKNOWN`) unless ``allow_mixed``; the arm then
+    says ``composed_across_host_kinds``."""
+    out: dict[str, dict] = {}
+    for r in used:
+        kind = r.get("host_kind") or host_kind(r.get("host"))
+        out.setdefault(r["arm"], {"kinds": {}})["kinds"].setdefault(kind, []).append(r["seed"])
+    for arm, block in out.items():
+        block["mixed"] = len(block["kinds"]) > 1
+        if block["mixed"] and not allow_mixed:
+            listing = "; ".join(f"seeds {seeds} on {kind}" for kind, seeds in block["kinds"].items())
+            raise Refused(f"{arm}'s seeds ran on {len(block['kinds'])} kinds of host ({listing}): their curves "
+                          "are not reruns of one another; report them apart, or compose them anyway with "
+                          "--mixed-hosts (the JSON then says so)")
+        if block["mixed"]:
+            block["composed_across_host_kinds"] = True
+        block["unknown"] = UNKNOWN in block["kinds"]
+    return out
 
 
 def record_path(records: Path, arm: str, seed: int, kind: str = "curve", suffix: str = "") -> Path:

@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 
 from pipesgd.checkpoint import CheckpointDir, CheckpointError
+from pipesgd.hostinfo import fingerprint, host_kind
 from pipesgd.runinfo import git_commit, write_json_atomic
 
 from . import tta_compose as compose
@@ -22,14 +23,21 @@ log = logging.getLogger("pipesgd.bench.tta")
 
 def write_curve_record(a: argparse.Namespace, arm: str, seed: int, run_dir: Path) -> dict | None:
     """The run's record in ``--records`` from its summary.json and segments (None if it has no
-    summary yet): what the report uses, small enough to commit when the run ends."""
+    summary yet): what the report uses, small enough to commit when the run ends. A run named in
+    ``--stamp-host`` whose summary has no host gets this one's, marked as stamped."""
     summary = run_dir / "summary.json"
     if not summary.exists():
         return None
+    path = records.record_path(a.records, arm, seed)
+    stamp = fingerprint() if f"{arm}-s{seed}" in a.stamp_host else None
     record = records.curve_record(arm, seed, ARMS[arm], a.recipe, json.loads(summary.read_text()),
-                                  records.read_segments(run_dir))
+                                  records.read_segments(run_dir), stamp)
+    old = json.loads(path.read_text()) if path.exists() else {}
+    if record["host"] is None and str(old.get("host_source") or "").startswith(records.STAMPED):
+        # refreshed later without --stamp-host: the stamp made when the run ended still holds
+        record |= {k: old[k] for k in ("host", "host_source", "host_kind")}
     a.records.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(records.record_path(a.records, arm, seed), record)
+    write_json_atomic(path, record)
     return record
 
 
@@ -89,6 +97,7 @@ def timing_by_link(rows: list[dict]) -> dict[str, dict]:
         block["eval_s"].append(r["eval_s"])
         block["cpu"].setdefault(r["arm"], r.get("cpu"))
         block["runs"].append(r.get("commit"))
+        block.setdefault("hosts", set()).add(host_kind(r.get("host")))
         block.setdefault("mtu", set()).add(records.link_mtu(r["command"]))
         block.setdefault("dates", []).append(r.get("date"))
         window = records.timing_window(r)
@@ -99,6 +108,7 @@ def timing_by_link(rows: list[dict]) -> dict[str, dict]:
                    "warmup_ms": {arm: statistics.median(v) for arm, v in b.get("warmup", {}).items()},
                    "repeat_median_ms": b["repeat_medians"], "eval_s": statistics.median(b["eval_s"]),
                    "cpu": b["cpu"], "commits": sorted({c for c in b["runs"] if c}), "mtu": _one_mtu(link, b["mtu"]),
+                   "hosts": sorted(b["hosts"]),
                    "measured": [min(d for d in b["dates"] if d), max(d for d in b["dates"] if d)]}
             for link, b in out.items()}
 
@@ -133,7 +143,8 @@ def _run_row(r: dict, targets: dict[str, float]) -> dict:
     if r["complete"]:
         row |= {"steps_to_target": (compose.steps_to(r["curve"], targets["target"]) or (None,))[0],
                 "crossings": compose.crossings(r["curve"], targets), "segments": r.get("segments", []),
-                "git_commit_at_end": r.get("git_commit_at_end"), "config_digest": r.get("config_digest")}
+                "git_commit_at_end": r.get("git_commit_at_end"), "config_digest": r.get("config_digest"),
+                "host_kind": r.get("host_kind") or host_kind(r.get("host"))}
         if r.get("provenance"):
             row["provenance"] = r["provenance"]
     else:
@@ -202,7 +213,12 @@ def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[
     return rows
 
 
+OTHER_ACCOUNTINGS = tuple(a for a in compose.ACCOUNTINGS if a != compose.HEADLINE_ACCOUNTING)
+"""Accountings composed beside the headline (each link's ``accountings``)."""
+
+
 def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict], timing: dict[str, dict]) -> dict:
+    hosts = records.seed_hosts(used, a.mixed_hosts)
     finished = [{"name": r["arm"], "seed": r["seed"], "curve": r["curve"]} for r in used]
     targets = compose.targets_from([r["final_test_accuracy"] for r in used if r["arm"] == "sync"])
     warm = {r["arm"]: _warmup(r) for r in used}
@@ -210,11 +226,17 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
     warmup_at = {arm: at for arm, (_, at) in warm.items() if at}
     links = {}
     for link, t in timing.items():
-        block = compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, targets, warmup_at,
-                                     t.get("warmup_ms"))
+        block, *others = (compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, targets, warmup_at,
+                                               t.get("warmup_ms"), accounting)
+                          for accounting in (compose.HEADLINE_ACCOUNTING, *OTHER_ACCOUNTINGS))
+        block["accountings"] = {o["accounting"]: {k: v for k, v in o.items() if k not in ("step_ms", "eval_s")}
+                                for o in others}
+        block["speedup_range"] = compose.speedup_ranges(block, finished, t["repeat_median_ms"], warmup, warmup_at,
+                                                        t.get("warmup_ms"))
         links[link] = block | {"repeat_median_ms": t["repeat_median_ms"], "cpu": t["cpu"],
                                "ceiling": compose.link_ceiling(block), "timing_commits": t["commits"],
-                               "timing_measured": t["measured"], "link_mtu": t["mtu"], "timing_windows": t["windows"]}
+                               "timing_measured": t["measured"], "link_mtu": t["mtu"], "timing_windows": t["windows"],
+                               "timing_hosts": t["hosts"]}
     reference = next((r for r in used if r["arm"] == "sync"), used[0] if used else None)
     result = {
         "recipe": {"experiment": a.recipe, "arms": {arm: list(ARMS[arm]) for arm in a.arms},
@@ -225,6 +247,9 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
         "target_accuracy": targets["target"], "same_accuracy_pp": compose.SAME_ACCURACY_PP,
         "targets": targets,
         "warmup": {arm: {"steps": n, "at": warmup_at.get(arm)} for arm, n in warmup.items()},
+        "warmup_accounting": {"headline": compose.HEADLINE_ACCOUNTING, "also": list(OTHER_ACCOUNTINGS),
+                              "meaning": dict(compose.ACCOUNTINGS)},
+        "hosts": hosts, "mixed_hosts_allowed": bool(a.mixed_hosts),
         "arms": [_run_row(r, targets) for r in used] + [_run_row(r, targets) for r in unfinished],
         "links": links, "validation": _validation(a, links, targets["target"], warmup, used, warmup_at),
         # what the timing runs did is in their rows (links: timing_windows, repeat_median_ms), not in
@@ -276,5 +301,6 @@ def report(a: argparse.Namespace) -> dict:
     if str(a.plot) not in ("", ".") and result["links"]:
         plot(result, a.plot)
     print(compose.table(result))
+    print(compose.accounting_table(result))
     print(compose.goals_table(result["goals"]))
     return result

@@ -16,8 +16,9 @@ projection error of the average gradient.
 
 Vectors (biases, norm scales) and matrices too small to gain (r·(n+m) >= n·m) are sent dense,
 appended to the P buffer, so a step is exactly two allreduces. Wire bytes per step are
-2(p-1)/p · 4 · (sum r·(n+m) + dense values) with the ring. Costs: two matmuls and one QR per
-matrix per step, on the communication thread; memory: one residual, the Q factors.
+2(p-1)/p · 4 · (sum r·(n+m) + dense values) with the ring. Costs: three matmuls and one QR per
+matrix per step (:func:`step_flops`, the fact the timing model prices them by), on the
+communication thread; memory: one residual, the Q factors.
 """
 
 from __future__ import annotations
@@ -45,7 +46,17 @@ class _Block:
     rank: int = 0
 
 
-@register("powersgd")
+def step_flops(rows: float, cols: float, rank: float) -> float:
+    """Floating-point operations of one step of PowerSGD's compute on one compressed ``rows`` x
+    ``cols`` matrix at ``rank``: three products with an n x r or m x r factor (P = M Q,
+    Q = M^T P^, and the decompression P^ Q^T), 2nmr each, and the orthogonalisation of P, a QR of
+    an n x r matrix that also forms Q (about 4nr^2). The error feedback's additions (O(nm)) are left
+    to the constant that prices these operations (``powersgd_s_per_flop``, measured by
+    ``python -m pipesgd.bench.calibrate_cli``). The same operations run in torch's PowerSGD hook."""
+    return 6.0 * rows * cols * rank + 4.0 * rows * rank * rank
+
+
+@register("powersgd", step_flops=step_flops)
 class PowerSGD(Reduction):
     def __init__(self, rank: int = 4, error_feedback: bool = True, seed: int = 0, ddp_start_iter: int = 1000):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
@@ -87,6 +98,10 @@ class PowerSGD(Reduction):
         could go to the next forward while the first reduction still reads it)."""
         gen = torch.Generator().manual_seed(self.seed)
         return [torch.randn(b.cols, b.rank, generator=gen, device="cpu").to(self._device) for b in self._matrices]
+
+    def bound_flops(self) -> float:
+        """:func:`step_flops` summed over the matrices :meth:`bind` chose to compress."""
+        return sum(step_flops(b.rows, b.cols, b.rank) for b in self._matrices)
 
     @property
     def _matrices(self) -> list[_Block]:

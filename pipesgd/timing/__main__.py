@@ -220,7 +220,10 @@ def _add_map_parser(commands) -> None:
     mp.add_argument("--intra-latency", type=_arg(parse_latency), help="intra-node α")
     mp.add_argument("--powersgd-rank", type=_int_at_least(1), default=2, help="PowerSGD hook rank (default 2)")
     mp.add_argument("--calibration", metavar="FILE", help="JSON written by `calibrate`: this machine's "
-                    "α, β, γ, κ, compute, update and overlap slowdown (flags win over it)")
+                    "α, β, γ, κ, compute, update, overlap slowdown and PowerSGD's s/FLOP (flags win over it)")
+    mp.add_argument("--powersgd-s-per-flop", type=_float_at_least(0),
+                    help="seconds per FLOP of PowerSGD's matmuls and QR (default: the calibration's, else 0: "
+                    "not modelled)")
     mp.add_argument("--overlap-slowdown", type=_float_at_least(1), help="compute slowdown beside comm (default 1)")
     mp.add_argument("--compress-s-per-byte", type=_arg(_kappa), action="append", default=[],
                     metavar="NAME=SECONDS", help="κ: compress+decompress cost per uncompressed byte")
@@ -300,7 +303,8 @@ def _map_scenario(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     try:
         scenario = Scenario(params, args.workers, link, compute_ms / 1e3, backward, update_ms / 1e3,
                             model.shapes if model else None, args.powersgd_rank, args.per_node, intra,
-                            slowdown, kappas)
+                            slowdown, kappas, powersgd_s_per_flop=args.powersgd_s_per_flop
+                            if args.powersgd_s_per_flop is not None else cal.get("powersgd_s_per_flop", 0.0))
     except ValueError as e:
         parser.error(str(e))
     return scenario, sources
@@ -317,7 +321,8 @@ def _map(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                   "backward_share": s.backward_share, "update_ms": s.update_s * 1e3, "per_node": s.per_node,
                   "intra_bandwidth_bit_s": s.intra.bits_per_second if s.intra else None,
                   "overlap_slowdown": s.overlap_slowdown, "powersgd_rank": s.powersgd_rank,
-                  "powersgd_bytes": s.powersgd_bytes_from, "sources": sources}
+                  "powersgd_bytes": s.powersgd_bytes_from, "powersgd_s_per_flop": s.powersgd_s_per_flop,
+                  "sources": sources}
         print(json.dumps({"inputs": inputs, "rows": rows, "summary": summary}, indent=1))
         return 0
     intra = (f", {s.per_node} per node, intra {format_bandwidth(s.intra.bits_per_second)} α {s.intra.alpha:.3g} s"
@@ -326,7 +331,8 @@ def _map(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
           f"{format_bandwidth(s.link.bits_per_second)} α {s.link.alpha:.3g} s{intra}, compute "
           f"{s.compute_s * 1e3:.4g} ms ({sources['compute']}), backward {s.backward_share:.3g}, update "
           f"{s.update_s * 1e3:g} ms, overlap slowdown {s.overlap_slowdown:g}")
-    print(f"# ddp-powersgd: rank {s.powersgd_rank}, {s.powersgd_bytes_from}")
+    print(f"# ddp-powersgd: rank {s.powersgd_rank}, {s.powersgd_bytes_from}; its matmuls and QR "
+          + (f"at {s.powersgd_s_per_flop:.3g} s/FLOP" if s.powersgd_s_per_flop else "not modelled (0 s/FLOP)"))
     columns = ["arm", "algorithm", "ratio", "iter_ms", "speedup_vs_sync"]
     cells = [[_cell(row[c]) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]

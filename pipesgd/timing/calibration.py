@@ -71,6 +71,8 @@ def load_calibration(path: str | Path) -> dict:
     for key in ("model_params", "batch_size"):
         if key in data and (isinstance(data[key], bool) or not isinstance(data[key], int) or data[key] < 1):
             raise ValueError(f"calibration file {path}: {key} must be an integer >= 1, got {data[key]!r}")
+    if "powersgd_s_per_flop" in data:  # optional: calibrations from before it do not price PowerSGD's compute
+        out["powersgd_s_per_flop"] = _number(path, "powersgd_s_per_flop", data["powersgd_s_per_flop"])
     if "overlap_slowdown" in data:
         out["overlap_slowdown"] = _number(path, "overlap_slowdown", data["overlap_slowdown"])
         if out["overlap_slowdown"] < 1:

@@ -6,7 +6,9 @@ Every arm but one is a :func:`~pipesgd.timing.model.predict_iter_ms` call, the f
 exception is DDP with torch's ``powerSGD_hook``, whose per-bucket traffic the model has no
 compression ratio for: three allreduces per bucket (the uncompressed tensors, then the P factors,
 then the Q factors, each waiting for the one before), sized from the layer shapes, priced with
-:func:`~pipesgd.timing.model.comm_time` and overlapped with backward by
+:func:`~pipesgd.timing.model.comm_time`, plus the hook's own compute on the bucket (its matmuls and
+QR: the FLOPs the ``powersgd`` reduction declares, ``step_flops``, times the measured
+``powersgd_s_per_flop``), and overlapped with backward by
 :func:`~pipesgd.timing.model.ddp_iteration_time`, the same bucket schedule the other DDP rows use.
 """
 
@@ -28,6 +30,7 @@ from .model import (
     ddp_iteration_time,
     predict_iter_ms,
 )
+from ..registry import registry
 from .presets import BACKWARD_SHARE, Shape
 
 ARMS: dict[str, tuple[str, int, str]] = {
@@ -74,6 +77,8 @@ class Scenario:
     intra: Link | None = None
     overlap_slowdown: float = 1.0
     compress_s_per_byte: Mapping[str, float] = field(default_factory=dict)
+    powersgd_s_per_flop: float = 0.0
+    """Seconds per FLOP of PowerSGD's compute (``calibrate`` measures it); 0: not modelled."""
     bucket_cap_bytes: float = DDP_BUCKET_CAP_BYTES
     first_bucket_bytes: float | None = None
     """DDP's first bucket (None: torch's default, 1 MiB or the cap if smaller; torch lifts it to the
@@ -89,7 +94,8 @@ class Scenario:
         if self.intra is not None and not 1 < self.per_node < self.p:
             raise ValueError(f"an intra-node link needs 1 < per_node < p (several nodes of several GPUs), got "
                              f"per_node={self.per_node}, p={self.p}; one node's fabric is the link itself")
-        for name, value in (("compute_s", self.compute_s), ("update_s", self.update_s)):
+        for name, value in (("compute_s", self.compute_s), ("update_s", self.update_s),
+                            ("powersgd_s_per_flop", self.powersgd_s_per_flop)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -133,18 +139,22 @@ def _arm_ms(s: Scenario, mode: str, width: int, compressor: str, algorithm: str)
 
 
 def powersgd_bucket_values(shapes: Sequence[Shape] | None, bucket_bytes: Sequence[float],
-                           rank: int) -> list[tuple[float, float, float]]:
-    """(uncompressed, P, Q) fp32 values each DDP bucket's three allreduces carry under torch's
-    ``powerSGD_hook``: a tensor viewed as n × (numel/n) with r = min(rank, n, m) is sent as P
-    (n·r) and Q (m·r) when (n + m)·r·2 < n·m, else whole. DDP fills buckets in reverse parameter
-    order; a tensor straddling a bucket boundary (the model's buckets are cut by bytes) is shared
-    in proportion. ``shapes=None``: each bucket is one square matrix of its size."""
-    out = [[0.0, 0.0, 0.0] for _ in bucket_bytes]
+                           rank: int) -> list[tuple[float, float, float, float]]:
+    """(uncompressed, P, Q, FLOPs) of each DDP bucket under torch's ``powerSGD_hook``: the fp32
+    values its three allreduces carry, and the floating-point operations of its compute on the
+    compressed tensors (the ``powersgd`` reduction's declared ``step_flops``). A tensor viewed as
+    n × (numel/n) with r = min(rank, n, m) is sent as P (n·r) and Q (m·r) when (n + m)·r·2 < n·m,
+    else whole. DDP fills buckets in reverse parameter order; a tensor straddling a bucket boundary
+    (the model's buckets are cut by bytes) is shared in proportion. ``shapes=None``: each bucket is
+    one square matrix of its size."""
+    flops = registry("reduction").facts("powersgd")["step_flops"]
+    out = [[0.0, 0.0, 0.0, 0.0] for _ in bucket_bytes]
     if shapes is None:
         for j, size in enumerate(bucket_bytes):
             side = math.sqrt(size / FP32_BYTES)
             r = min(rank, side)
             out[j][1] = out[j][2] = side * r
+            out[j][3] = flops(side, side, r)
         return [tuple(v) for v in out]
     edges = [0.0]
     for size in bucket_bytes:
@@ -157,16 +167,16 @@ def powersgd_bucket_values(shapes: Sequence[Shape] | None, bucket_bytes: Sequenc
         m = numel // n if n else 0
         r = min(rank, n, m)
         if (n + m) * r * POWERSGD_MIN_COMPRESSION_RATE < n * m:
-            parts = (0.0, n * r, m * r)
+            parts = (0.0, n * r, m * r, flops(n, m, r))
         else:
-            parts = (numel, 0.0, 0.0)
+            parts = (numel, 0.0, 0.0, 0.0)
         end = start + FP32_BYTES * numel
         while j < len(bucket_bytes) and edges[j + 1] <= start:
             j += 1
         k = j
         while k < len(bucket_bytes) and edges[k] < end:
             share = (min(end, edges[k + 1]) - max(start, edges[k])) / (end - start) if end > start else 1.0
-            for i in range(3):
+            for i in range(4):
                 out[k][i] += share * parts[i]
             k += 1
         start = end
@@ -177,9 +187,11 @@ def _ddp_powersgd_ms(s: Scenario, algorithm: str) -> tuple[float, float]:
     options = _options(s, algorithm)
     sizes = ddp_buckets(s.nbytes, s.bucket_cap_bytes, options["first_bucket_bytes"])
     values = powersgd_bucket_values(s.shapes, sizes, s.powersgd_rank)
+    # a bucket's three allreduces, one after another, and the hook's compute between them
     comms = [sum(comm_time(algorithm, FP32_BYTES * v, s.p, s.link, per_node=options["per_node"],
-                           intra=options["intra"]) for v in bucket) for bucket in values]
-    wire = sum(sum(bucket) for bucket in values)
+                           intra=options["intra"]) for v in bucket[:3]) + bucket[3] * s.powersgd_s_per_flop
+             for bucket in values]
+    wire = sum(sum(bucket[:3]) for bucket in values)
     iter_s = ddp_iteration_time(s.compute_s, sizes, comms, s.update_s, options["forward_fraction"],
                                 s.overlap_slowdown)
     return iter_s * 1e3, s.params / wire if wire else math.inf

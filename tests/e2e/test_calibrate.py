@@ -77,6 +77,8 @@ def test_calibrate_on_two_gloo_ranks(tmp_path, capsys):
     assert set(cal["compress_s_per_byte"]) == {"fp16", "bf16", "int8"}
     assert all(v > 0 for v in cal["compress_s_per_byte"].values())
     assert cal["overlap_slowdown"] >= 1
+    # PowerSGD's compute per declared FLOP on the model's own shapes (the MLP's three weight matrices)
+    assert cal["powersgd_s_per_flop"] > 0 and cal["powersgd_step_ms"] > 0 and cal["powersgd_rank"] == 2
     assert (cal["model_params"], cal["batch_size"], cal["workers"]) == (MODEL_PARAMS["mlp"], 8, 2)
     m = cal["measurements"]
     assert len(m["one_way_s"]) == len(m["sizes_bytes"]) == 3 and len(m["per_rank"]) == 2

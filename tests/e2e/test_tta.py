@@ -51,9 +51,10 @@ def test_compose_link_means_over_seeds_and_refuses_a_partial_mean():
     assert sweep["targets"]["85"]["time_s"] == {"sync": pytest.approx((50 + 25) / 2), "pipe": None}
 
 
-def test_warmup_without_a_sync_step_time_is_not_priced_at_the_arms_rate():
+def test_warmup_without_a_sync_step_time_is_not_priced_at_the_arms_rate_in_the_other_arm_accounting():
     runs = [{"name": "pipe", "seed": 0, "curve": [[100, 90.0]]}, {"name": "ddp-fp16", "seed": 0, "curve": [[100, 90.0]]}]
-    block = c.compose_link(runs, {"pipe": 100.0, "ddp-fp16": 150.0}, 0.0, {"pipe": 20}, 90.0)
+    block = c.compose_link(runs, {"pipe": 100.0, "ddp-fp16": 150.0}, 0.0, {"pipe": 20}, 90.0,
+                           accounting=c.OTHER_ARM_RATE)
     assert "pipe" not in block["time_to_target_s"] and "sync arm's step time" in block["unpriced"]["pipe"]
     assert block["time_to_target_s"]["ddp-fp16"] == pytest.approx(15.0)
 
@@ -61,11 +62,31 @@ def test_warmup_without_a_sync_step_time_is_not_priced_at_the_arms_rate():
 def test_powersgd_plain_steps_are_charged_at_ddps_rate_or_not_priced():
     runs = [{"name": "ddp-powersgd", "seed": 0, "curve": [[300, 90.0]]}]
     block = c.compose_link(runs, {"ddp-powersgd": 100.0, "ddp": 250.0, "sync": 1000.0}, 0.0,
-                           {"ddp-powersgd": 200}, 90.0, {"ddp-powersgd": "ddp"})
+                           {"ddp-powersgd": 200}, 90.0, {"ddp-powersgd": "ddp"}, accounting=c.OTHER_ARM_RATE)
     assert block["time_to_target_s"]["ddp-powersgd"] == pytest.approx((200 * 250 + 100 * 100) / 1e3)
+    assert block["warmup_source"] == {"ddp-powersgd": "ddp step time"}
     block = c.compose_link(runs, {"ddp-powersgd": 100.0, "sync": 1000.0}, 0.0, {"ddp-powersgd": 200}, 90.0,
-                           {"ddp-powersgd": "ddp"})
+                           {"ddp-powersgd": "ddp"}, accounting=c.OTHER_ARM_RATE)
     assert "ddp-powersgd" not in block["time_to_target_s"] and "ddp arm's step time" in block["unpriced"]["ddp-powersgd"]
+
+
+def test_the_headline_charges_each_warmup_at_its_own_rate():
+    runs = [{"name": "ddp-powersgd", "seed": 0, "curve": [[300, 90.0]]},
+            {"name": "pipe+lookahead-int8", "seed": 0, "curve": [[300, 90.0]]}]
+    ms = {"ddp-powersgd": 100.0, "ddp": 250.0, "sync": 200.0, "pipe+lookahead-int8": 90.0}
+    warm = {"ddp-powersgd": 200, "pipe+lookahead-int8": 200}
+    # PowerSGD's plain steps timed as they ran (240 ms); int8's warm-up not timed: its own step time
+    block = c.compose_link(runs, ms, 0.0, warm, 90.0, {"ddp-powersgd": "ddp"}, {"ddp-powersgd": 240.0})
+    assert block["accounting"] == c.HEADLINE_ACCOUNTING == c.OWN_RATE
+    assert block["time_to_target_s"] == {"ddp-powersgd": pytest.approx((200 * 240 + 100 * 100) / 1e3),
+                                         "pipe+lookahead-int8": pytest.approx(300 * 90 / 1e3)}
+    assert block["warmup_source"] == {"ddp-powersgd": "timed warm-up",
+                                      "pipe+lookahead-int8": "own step time (warm-up not timed)"}
+    old = c.compose_link(runs, ms, 0.0, warm, 90.0, {"ddp-powersgd": "ddp"}, {"ddp-powersgd": 240.0}, c.OTHER_ARM_RATE)
+    assert old["time_to_target_s"] == {"ddp-powersgd": pytest.approx((200 * 250 + 100 * 100) / 1e3),
+                                       "pipe+lookahead-int8": pytest.approx((200 * 200 + 100 * 90) / 1e3)}
+    with pytest.raises(ValueError, match="accounting='mine' is not one of own_rate, other_arm_rate"):
+        c.warmup_rate("sync", ms, accounting="mine")
 
 
 def test_a_measured_warmup_rate_is_charged_instead_of_syncs():
@@ -74,15 +95,20 @@ def test_a_measured_warmup_rate_is_charged_instead_of_syncs():
     block = c.compose_link(runs, ms, 0.0, {"pipe+lookahead-int8": 200}, 90.0, {}, {"pipe+lookahead-int8": 130.0})
     assert block["time_to_target_s"]["pipe+lookahead-int8"] == pytest.approx((200 * 130 + 100 * 100) / 1e3)
     assert block["warmup_ms"] == {"pipe+lookahead-int8": 130.0}
-    old = c.compose_link(runs, ms, 0.0, {"pipe+lookahead-int8": 200}, 90.0)
+    old = c.compose_link(runs, ms, 0.0, {"pipe+lookahead-int8": 200}, 90.0, accounting=c.OTHER_ARM_RATE)
     assert old["time_to_target_s"]["pipe+lookahead-int8"] == pytest.approx((200 * 200 + 100 * 100) / 1e3)
 
 
 def test_a_pipe_arms_timing_run_times_its_own_warmup_then_its_steps():
     a = tta.parse(["--skip", "10", "--steps", "40"])
-    assert tta.timing_plan(a, "ddp-fp16") == {"total": 50, "warmup_sync_steps": 0, "warmup": None, "first": 10}
+    assert tta.timing_plan(a, "ddp-fp16") == {"total": 50, "overrides": ["trainer.warmup_sync_steps=0"],
+                                              "warmup": None, "first": 10}
     plan = tta.timing_plan(a, "pipe+lookahead-int8")
-    assert plan == {"total": 80, "warmup_sync_steps": 30, "warmup": (10, 30), "first": 40}
+    assert plan == {"total": 80, "overrides": ["trainer.warmup_sync_steps=30"], "warmup": (10, 30), "first": 40}
+    # PowerSGD's plain allreduce steps are timed the same way: the hook compresses from step 30
+    assert tta.timing_plan(a, "ddp-powersgd") == {
+        "total": 80, "overrides": ["trainer.warmup_sync_steps=0", "compressor.ddp_start_iter=30"],
+        "warmup": (10, 30), "first": 40}
     rows = [{"link": "100mbit", "arm": "pipe+lookahead-int8", "repeat": r, "iter_ms": [100.0 + r], "median_iter_ms": 100.0,
              "warmup_iter_ms": [130.0 + r], "eval_s": 1.0, "command": "python -m pipesgd.train", "date": "d"}
             for r in range(3)]

@@ -26,6 +26,7 @@ from pipesgd.bench.crossover import (
     predict_arms,
     render,
     resnet20_shapes,
+    round_calibration,
 )
 from pipesgd.bench.grid import CROSSOVER_RATES, RESNET20, Cell, crossover_grid
 from pipesgd.timing import Link, ddp_buckets, parse_bandwidth
@@ -112,7 +113,7 @@ def test_rounds_run_every_cell_once_before_the_next_round(tmp_path, monkeypatch)
                 "loadavg_before": [float(r), 0.0, 0.0]}
 
     monkeypatch.setattr(runner, "run_train_repeat", fake_repeat)
-    monkeypatch.setattr(runner, "calibration_for", lambda cell, s, cache: Path("/cal.json"))
+    monkeypatch.setattr(runner, "calibration_for", lambda cell, s, cache, tag="": Path("/cal.json"))
     monkeypatch.setattr(runner, "_calibration_summary", lambda path: {"file": str(path)})
     cells = [Cell("train", m, 2, "100mbit", "none", 1) for m in ("local", "sync", "ddp")]
     s = runner.Settings(bench_dir=tmp_path, repeats=3, interleave=True, commit=COMMIT)
@@ -128,6 +129,56 @@ def test_rounds_run_every_cell_once_before_the_next_round(tmp_path, monkeypatch)
     order.clear()
     list(runner.run_cells(cells[:2], runner.Settings(bench_dir=tmp_path, repeats=2, commit=COMMIT)))
     assert order == [(0, names[0]), (1, names[0]), (0, names[1]), (1, names[1])]  # without: cell-major
+
+
+def test_each_round_calibrates_afresh_and_the_analysis_takes_the_rounds_median(tmp_path, monkeypatch, capsys):
+    """--calibrate-each-round: a calibration per condition per round, named by round, each round's
+    runs against it; the analysis predicts from each constant's median over the rounds."""
+    calibrated, ran = [], []
+
+    def fake_calibration(cell, s, cache, tag=""):
+        if cell.calibration_key not in cache:
+            calibrated.append((cell.calibration_key, tag))
+            cache[cell.calibration_key] = Path(f"/cal{tag}.json")
+        return cache[cell.calibration_key]
+
+    def fake_repeat(cell, cal, s, r):
+        ran.append((r, str(cal)))
+        return {"steps": {k: [100.0] for k in runner.STEP_FIELDS}, "median": 100.0, "predicted": 90.0,
+                "summary": {}, "cpu": None, "run_dir": "/r", "command": "cmd", "loadavg_before": [0.0] * 3}
+
+    compute = {"/cal-r0.json": 100.0, "/cal-r1.json": 130.0, "/cal-r2.json": 110.0}
+    monkeypatch.setattr(runner, "calibration_for", fake_calibration)
+    monkeypatch.setattr(runner, "run_train_repeat", fake_repeat)
+    monkeypatch.setattr(runner, "_calibration_summary", lambda path: _calibration(2, "100mbit") | {
+        "file": str(path), "compute_ms": compute[str(path)], "powersgd_s_per_flop": compute[str(path)] * 1e-12})
+    cells = [Cell("train", m, 2, "100mbit", "none", 1) for m in ("local", "sync")]
+    s = runner.Settings(bench_dir=tmp_path, repeats=3, interleave=True, calibrate_each_round=True, commit=COMMIT)
+    last = {r["name"]: r for r in runner.run_cells(cells, s)}
+    key = cells[0].calibration_key
+    assert calibrated == [(key, "-r0"), (key, "-r1"), (key, "-r2")]
+    assert ran == [(r, f"/cal-r{r}.json") for r in range(3) for _ in cells]
+    record = last[cells[0].name]
+    assert [c["file"] for c in record["round_calibrations"]] == ["/cal-r0.json", "/cal-r1.json", "/cal-r2.json"]
+    assert record["config"]["calibrate_each_round"] is True
+    merged = round_calibration(record)
+    assert merged["compute_ms"] == 110.0 and merged["powersgd_s_per_flop"] == pytest.approx(110e-12)
+    assert merged["rounds"] == 3
+    assert round_calibration({"calibration": {"compute_ms": 5.0}}) == {"compute_ms": 5.0}
+    with pytest.raises(SystemExit):
+        bench_main(["--grid", "full", "--only", "resnet20/p2/100mbit/sync", "--calibrate-each-round", "--list"])
+    assert "--calibrate-each-round: needs rounds" in capsys.readouterr().err
+
+
+def test_the_analysis_prices_powersgds_compute_from_the_calibration():
+    plain = predict_arms(_calibration(2, "100mbit"), RESNET20.params, 2, SHAPES)
+    priced = predict_arms(_calibration(2, "100mbit") | {"powersgd_s_per_flop": 1e-9}, RESNET20.params, 2, SHAPES)
+    assert priced["ddp-powersgd"] > plain["ddp-powersgd"]
+    assert {a: ms for a, ms in priced.items() if a != "ddp-powersgd"} == \
+        {a: ms for a, ms in plain.items() if a != "ddp-powersgd"}
+    records = [{**r, "calibration": r["calibration"] | {"powersgd_s_per_flop": 1e-9}} for r in _sweep(_predicted)]
+    assert analyse(records, SHAPES)["powersgd_compute"].startswith("its declared FLOPs")
+    assert analyse(_sweep(_predicted), SHAPES)["powersgd_compute"].startswith("NOT MODELLED")
 
 
 # --- the analysis -------------------------------------------------------------------------------------------
@@ -290,6 +341,11 @@ def test_mixed_commits_or_settings_are_refused_naming_them():
     records = _sweep(_predicted)
     records[5] = {**records[5], "config": {**CONFIG, "steps": 20}}
     with pytest.raises(CrossoverError, match="2 different bench settings.*\"steps\": 20"):
+        analyse(records, SHAPES)
+    records = [{**r, "host": {"cpu_model": "Xeon A", "cpu_capability": "AVX512"}} for r in _sweep(_predicted)]
+    assert analyse(records, SHAPES)["host_kind"].startswith("Xeon A | AVX512")
+    records[2] = {**records[2], "host": {"cpu_model": "EPYC B", "cpu_capability": "AVX2"}}
+    with pytest.raises(CrossoverError, match=f"2 kinds of host.*EPYC B.*: 1 cells \\({records[2]['name']}"):
         analyse(records, SHAPES)
     with pytest.raises(CrossoverError, match="no crossover cells"):
         analyse([{**_record(2, "100mbit", "pipe", 1.0), "name": "resnet20/p2/loopback/pipe"}], SHAPES)

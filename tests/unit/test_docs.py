@@ -121,4 +121,26 @@ def test_readme_time_to_accuracy_table_matches_its_json():
         cells = [c.strip() for c in line.split("|")[1:-1]]
         assert cells[1].startswith(f"{final[arm]:.2f} %"), (arm, cells[1])
         for cell, link in zip(cells[2:], ("100mbit", "50mbit", "25mbit")):
-            assert cell.startswith(f"{result['links'][link]['time_to_target_s'][arm] / 60:.1f} min"), (arm, link)
+            block = result["links"][link]
+            assert cell.startswith(f"{block['time_to_target_s'][arm] / 60:.1f} min"), (arm, link)
+            ratio = re.search(r"\(([0-9.]+)×", cell)  # the pipe arms' ratio against DDP + PowerSGD
+            if ratio:
+                assert ratio.group(1) == f"{block['speedup']['ddp-powersgd'][arm]:.2f}", (arm, link, cell)
+                verdict = block["speedup_range"]["ddp-powersgd"][arm]["verdict"]
+                assert ("tie" in cell) == (verdict == "tie"), (arm, link, cell, verdict)
+            assert ratio or not arm.startswith("pipe"), (arm, link, cell)
+
+
+def test_readme_claims_no_win_where_the_range_includes_one():
+    """Every ratio the README calls a tie is one in the JSON, and every pipe arm's ratio against
+    DDP + PowerSGD whose range includes 1.0 is called a tie; the README says what ± means."""
+    import json
+
+    result = json.loads((ROOT / "docs" / "time-to-accuracy.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    assert result["warmup_accounting"]["headline"] == "own_rate" and "own rate (the headline accounting" in readme
+    assert "`±` is half\nthe range" in readme or "± is half the range" in readme.replace("`", "").replace("\n", " ")
+    ties = [(link, arm) for link, block in result["links"].items()
+            for arm, r in block["speedup_range"]["ddp-powersgd"].items() if arm.startswith("pipe") and r["verdict"] == "tie"]
+    assert ties, "the JSON has ties against DDP + PowerSGD"
+    assert "sooner at every link" not in readme

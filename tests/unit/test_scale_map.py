@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from pipesgd.timing import Link, predict
+from pipesgd.timing import Link, comm_time, predict
 from pipesgd.timing.__main__ import main
 from pipesgd.timing.presets import (
     COMPUTE,
@@ -123,7 +124,7 @@ def test_powersgd_bytes_follow_torchs_hook():
     hook = pytest.importorskip("torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook")
     for name in ("resnet50", "vit-b16"):
         shapes = MODELS[name].shapes
-        dense = p_vals = q_vals = 0
+        dense = p_vals = q_vals = flops = 0
         for shape in shapes:
             n = shape[0]
             m = math.prod(shape) // n
@@ -132,6 +133,7 @@ def test_powersgd_bytes_follow_torchs_hook():
             if compress:
                 p_vals += n * r
                 q_vals += m * r
+                flops += 6 * n * m * r + 4 * n * r * r  # three products and P's QR
             else:
                 dense += numel
         nbytes = 4 * sum(math.prod(s) for s in shapes)
@@ -141,16 +143,17 @@ def test_powersgd_bytes_follow_torchs_hook():
             assert sum(b[0] for b in got) == pytest.approx(dense)
             assert sum(b[1] for b in got) == pytest.approx(p_vals)
             assert sum(b[2] for b in got) == pytest.approx(q_vals)
+            assert sum(b[3] for b in got) == pytest.approx(flops)
     # DDP fills buckets from the last parameters: ResNet-50's first bucket holds the fc layer.
     fc = powersgd_bucket_values(MODELS["resnet50"].shapes, [4 * (1000 * 2048 + 1000), 4 * 1e9], 2)[0]
-    assert fc == pytest.approx((1000, 2 * 1000, 2 * 2048))
+    assert fc == pytest.approx((1000, 2 * 1000, 2 * 2048, 6 * 1000 * 2048 * 2 + 4 * 1000 * 4))
 
 
 def test_powersgd_without_shapes_is_the_stated_approximation():
     s = Scenario(25_000_000, 8, Link.from_bandwidth(10e9, 14e-6), 0.1)
     assert "APPROXIMATION" in s.powersgd_bytes_from
-    (dense, p_vals, q_vals), = powersgd_bucket_values(None, [4 * 1_000_000], 2)
-    assert (dense, p_vals, q_vals) == (0.0, 2000.0, 2000.0)
+    (dense, p_vals, q_vals, flops), = powersgd_bucket_values(None, [4 * 1_000_000], 2)
+    assert (dense, p_vals, q_vals, flops) == (0.0, 2000.0, 2000.0, 6 * 1000 * 1000 * 2 + 4 * 1000 * 4)
     row = next(r for r in arm_rows(s) if r["arm"] == "ddp-powersgd")
     assert row["ratio"] > 100
 
@@ -280,3 +283,60 @@ def test_gpu_is_a_preset_or_an_existing_file(capsys):
     with pytest.raises(SystemExit):
         main(["map", "--model", "resnet50", "--gpu", "rtx4090", "--link", "10gbe", "--workers", "8"])
     assert "a step_times.json written by make gpu-check, got 'rtx4090'" in capsys.readouterr().err
+
+
+def test_powersgds_compute_is_priced_at_the_calibrated_rate_per_declared_flop():
+    """The hook's matmuls and QR lengthen each bucket's chain by its declared FLOPs times the
+    measured seconds per FLOP; with the constant at 0 (a calibration from before it) nothing moves."""
+    from pipesgd.registry import registry
+    from pipesgd.timing import ddp_buckets, ddp_iteration_time
+
+    assert registry("reduction").facts("powersgd")["step_flops"](100, 50, 2) == 6 * 100 * 50 * 2 + 4 * 100 * 4
+    shapes = MODELS["resnet50"].shapes
+    params = sum(math.prod(x) for x in shapes)
+    base = Scenario(params, 8, Link.from_bandwidth(10e9, 14e-6), 0.2, shapes=shapes)
+    priced = replace(base, powersgd_s_per_flop=1e-10)
+
+    def ms(s):
+        return next(r for r in arm_rows(s, ["ddp-powersgd"]))["iter_ms"]
+
+    sizes = ddp_buckets(base.nbytes, base.bucket_cap_bytes, min(2**20, base.bucket_cap_bytes))
+    values = powersgd_bucket_values(shapes, sizes, 2)
+    comms = [sum(comm_time("ring", 4 * v, 8, base.link) for v in b[:3]) + b[3] * 1e-10 for b in values]
+    assert ms(priced) == pytest.approx(1e3 * ddp_iteration_time(0.2, sizes, comms, 0.0, 1 - base.backward_share))
+    assert ms(priced) > ms(base)
+    with pytest.raises(ValueError, match="powersgd_s_per_flop"):
+        replace(base, powersgd_s_per_flop=-1.0)
+
+
+@pytest.mark.timeout(60)
+def test_calibrate_times_powersgds_own_compute_per_declared_flop(tmp_path):
+    """The constant is the real reduction's time over the FLOPs it declares for the shapes it bound."""
+    import torch.distributed as dist
+
+    from pipesgd.bench.calibrate import powersgd_cost
+    from pipesgd.reduction.powersgd import step_flops
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        shapes = [(64, 32, 3, 3), (64,), (10, 64)]
+        per_flop, step_s = powersgd_cost(shapes, repeats=5)
+    finally:
+        dist.destroy_process_group()
+    flops = step_flops(64, 32 * 9, 2) + step_flops(10, 64, 2)  # the bias travels dense: no FLOPs
+    assert step_s > 0 and per_flop == pytest.approx(step_s / flops)
+
+
+def test_map_cli_prices_powersgds_compute_from_the_calibration_or_the_flag(tmp_path, capsys):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"alpha_s": 1e-4, "beta_s_per_byte": 8e-8, "gamma_s_per_byte": 0.0,
+                               "compress_s_per_byte": {}, "compute_ms": 100.0, "update_ms": 1.0,
+                               "powersgd_s_per_flop": 2e-10}))
+
+    def powersgd(*extra):
+        assert main(["map", "--model", "resnet50", "--workers", "8", "--calibration", str(cal), "--json", *extra]) == 0
+        out = json.loads(capsys.readouterr().out)
+        return out["inputs"]["powersgd_s_per_flop"], next(r for r in out["rows"] if r["arm"] == "ddp-powersgd")["iter_ms"]
+
+    (k_cal, ms_cal), (k_off, ms_off) = powersgd(), powersgd("--powersgd-s-per-flop", "0")
+    assert (k_cal, k_off) == (2e-10, 0.0) and ms_cal > ms_off

@@ -108,7 +108,7 @@ def test_timing_records_of_another_recipe_are_refused():
 
 def test_a_powersgd_timing_run_times_the_hook_and_its_curve_charges_the_plain_steps_at_ddps_rate():
     timed = _timing("ddp-powersgd")
-    timed["command"] += " " + " ".join(tta.TIMING_OVERRIDES["ddp-powersgd"])
+    timed["command"] += " compressor.ddp_start_iter=30"
     assert r.check_timing([timed], "resnet_cifar_tta", tta.ARMS, []) == [timed]
     hook = {"_target_": tta_report.POWERSGD, "rank": 2}
     assert tta_report._warmup({"config": {"trainer": {"mode": "ddp"}, "compressor": hook}}) == (1000, "ddp")
@@ -125,7 +125,7 @@ def test_the_report_uses_records_and_lists_what_it_did_not_use(tmp_path):
         (records / f"{arm}-s0.json").write_text(json.dumps(_record(arm, summary)))
     a = SimpleNamespace(arms=["sync", "pipe+lookahead", "pipe"], seeds=[0], dir=tmp_path / "d", records=records,
                         recipe="resnet_cifar_tta", overrides=[], timing=None, validate_arms=[], steps=1, skip=0,
-                        repeats=1, workers=2)
+                        repeats=1, workers=2, stamp_host=set(), mixed_hosts=False)
     used, unfinished = tta_report.load_runs(a)
     assert [u["arm"] for u in used] == ["sync"]
     assert {(u["arm"], u["why_incomplete"]) for u in unfinished} == {("pipe+lookahead", "150 of 300 steps"),
