@@ -41,6 +41,8 @@ def test_schema_rejects_unknown_keys_and_wrong_types_with_hydras_message(overrid
     ("trainer.checkpoint_every=0", "trainer.checkpoint_every=0 is invalid: must be an integer >= 1 (steps between "
                                    "checkpoints, or null for none)"),
     ("trainer.check_every=-1", "trainer.check_every=-1 is invalid"),
+    ("trainer.stop_after_step=0", "trainer.stop_after_step=0 is invalid: must be an integer >= 1 (or null to run "
+                                  "to the end)"),
     ("trainer.resume=/nonexistent/step-00000008.pt", "trainer.resume='/nonexistent/step-00000008.pt' is not a "
                                                      "checkpoint file; allowed: auto"),
 ])
@@ -147,3 +149,15 @@ def test_a_comm_that_is_not_a_registered_allreduce_fails_validation():
 def test_a_compressor_the_allreduce_cannot_carry_fails_validation():
     with pytest.raises(ConfigError, match="compressor='int8' cannot ride the backend's all_reduce"):
         validate(composed("comm=native", "compressor=int8"))
+
+
+def test_stopping_after_a_step_is_not_part_of_the_recipe():
+    """A rerun stopped at a curve's first evaluation has the digest of the run it reruns (and a
+    checkpoint written before the key existed still matches)."""
+    from pipesgd.checkpoint import config_digest
+
+    whole = OmegaConf.to_container(composed(), resolve=True)
+    stopped = OmegaConf.to_container(composed("trainer.stop_after_step=390"), resolve=True)
+    assert stopped["trainer"]["stop_after_step"] == 390
+    older = {**whole, "trainer": {k: v for k, v in whole["trainer"].items() if k != "stop_after_step"}}
+    assert config_digest(stopped) == config_digest(whole) == config_digest(older)
