@@ -66,6 +66,9 @@ MODES: dict[str, Mode] = {
     "ps_async": Mode("pipesgd.engine.ps:build_async", overlap="async", server=True, nonfinite_skip=False,
                      min_world=2, replicas_agree=False, elastic=False, nccl=False),
     "local": Mode("pipesgd.engine.local:build", compressors=("none",), overlap="none", replicas_agree=False),
+    # torchft's quorums (pipesgd[live]): replica groups without a shared process group, so no replica checks
+    "live": Mode("pipesgd.engine.live:build", width=2, compressors=("none",), fixed_comm="native",
+                 replicas_agree=False, elastic=False, nccl=False),
 }
 
 OVERLAPS = ("pipeline", "backward", "async", "none")

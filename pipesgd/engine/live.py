@@ -45,6 +45,7 @@ class LiveEngine(Engine):
 
     width = WIDTH
     shared_state = ()
+    lighthouse = None  # a lighthouse this engine started for itself (a lone replica group), shut down on close
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: LiveOptions,
                  nonfinite: str = "abort", width: int = WIDTH):
@@ -227,6 +228,8 @@ class LiveEngine(Engine):
         self._thread.close()
         self.manager.shutdown(wait=False)
         self._transport.shutdown()
+        if self.lighthouse is not None:
+            self.lighthouse.shutdown()
 
 
 class _Done:
@@ -277,8 +280,18 @@ class _Snapshot:
 
 
 def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
-    """The live mode from the composition root: the lighthouse, run id and replica come from
-    :func:`pipesgd.live.options.options_from_env`."""
+    """The live mode from the composition root: the lighthouse, run id and replica group come from
+    the environment the live launcher sets (:func:`pipesgd.live.options.options_from_env`); a
+    process started without it is a lone replica group with a lighthouse of its own."""
+    import uuid
+
+    from ..live.lighthouse import Lighthouse
     from ..live.options import options_from_env
 
-    return a.model, LiveEngine(a.model, a.optimizer, options_from_env(), nonfinite=a.nonfinite, width=a.width)
+    options, lighthouse = options_from_env(), None
+    if options is None:
+        lighthouse = Lighthouse()
+        options = LiveOptions(lighthouse.address, f"lone-{uuid.uuid4().hex[:8]}", 0)
+    engine = LiveEngine(a.model, a.optimizer, options, nonfinite=a.nonfinite, width=a.width)
+    engine.lighthouse = lighthouse
+    return a.model, engine

@@ -48,9 +48,12 @@ def replica_env(lighthouse: str, run_id: str, replica: int, host: str, timeout_s
             ENV_TIMEOUT: str(timeout_s)}
 
 
-def options_from_env():
-    """:class:`LiveOptions` from the environment; ValueError naming what is missing."""
+def options_from_env() -> LiveOptions | None:
+    """:class:`LiveOptions` from the environment; None where none of it is set (a lone process);
+    ValueError naming what is missing where some is."""
     missing = [k for k in (ENV_LIGHTHOUSE, ENV_RUN_ID, ENV_REPLICA) if not os.environ.get(k)]
+    if len(missing) == 3:
+        return None
     if missing:
         raise ValueError(f"trainer.mode=live: {', '.join(missing)} not set; the live launcher sets them for each "
                          "replica group (python -m pipesgd.train trainer.mode=live), or set them yourself")
