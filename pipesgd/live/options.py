@@ -40,6 +40,7 @@ ENV_RUN_ID = "PIPESGD_LIVE_RUN_ID"
 ENV_REPLICA = "PIPESGD_LIVE_REPLICA"
 ENV_HOST = "PIPESGD_LIVE_HOST"
 ENV_TIMEOUT = "PIPESGD_LIVE_TIMEOUT_S"
+ENV_REPLICAS = "PIPESGD_LIVE_REPLICAS"
 
 
 def replica_env(lighthouse: str, run_id: str, replica: int, host: str, timeout_s: float) -> dict[str, str]:
@@ -60,3 +61,11 @@ def options_from_env() -> LiveOptions | None:
     return LiveOptions(lighthouse=os.environ[ENV_LIGHTHOUSE], run_id=os.environ[ENV_RUN_ID],
                        replica=int(os.environ[ENV_REPLICA]), host=os.environ.get(ENV_HOST, LOOPBACK),
                        timeout_s=float(os.environ.get(ENV_TIMEOUT, "30")))
+
+
+def replica_shard() -> tuple[int, int] | None:
+    """``(replica, replicas)``: which share of the training data this replica group reads (its data
+    position follows its group, whatever process it runs in), or None outside a live launch."""
+    if not os.environ.get(ENV_REPLICAS):
+        return None
+    return int(os.environ[ENV_REPLICA]), int(os.environ[ENV_REPLICAS])
