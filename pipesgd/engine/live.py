@@ -285,10 +285,13 @@ def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
     process started without it is a lone replica group with a lighthouse of its own."""
     import uuid
 
+    from ..live.launch import start_together
     from ..live.lighthouse import Lighthouse
     from ..live.options import options_from_env
 
     options, lighthouse = options_from_env(), None
+    if options is not None:
+        start_together(options.quorum_timeout_s)
     if options is None:
         lighthouse = Lighthouse()
         options = LiveOptions(lighthouse.address, f"lone-{uuid.uuid4().hex[:8]}", 0)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..launch import WorkerFailed
 from .lighthouse import Lighthouse, LighthouseOptions
-from .options import ENV_REPLICAS, replica_env
+from .options import ENV_REPLICA, ENV_REPLICAS, ENV_START, replica_env
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,23 @@ class ReplicaFailed(WorkerFailed):
 def replica_dir(run_dir: str | Path, replica: int) -> Path:
     """Where replica group ``replica`` writes its log, checkpoints and summary."""
     return Path(run_dir) / f"replica_{replica}"
+
+
+def start_together(timeout_s: float) -> None:
+    """Under the live launcher, wait until every replica group has started once (the first
+    quorum then has them all; a group imported late would otherwise find the others done, or
+    far ahead). A restarted group does not wait: its peers' marks are already there."""
+    address = os.environ.get(ENV_START)
+    if not address:
+        return
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    host, port = address.rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+    store.set(f"started/{os.environ[ENV_REPLICA]}", "1")
+    store.wait([f"started/{r}" for r in range(int(os.environ[ENV_REPLICAS]))])
 
 
 def _replica_main(env: dict[str, str], fn: Callable[..., object], args: tuple) -> None:
@@ -48,12 +65,15 @@ def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_resta
     context = multiprocessing.get_context("spawn")
     procs: dict[int, multiprocessing.process.BaseProcess] = {}
     restarts = dict.fromkeys(range(replicas), 0)
+    import torch.distributed as dist
+
+    store = dist.TCPStore(options.host, 0, is_master=True, wait_for_workers=False)  # start_together's
     with Lighthouse(options) as lighthouse:
         def start(replica: int) -> None:
             out = replica_dir(run_dir, replica)
             out.mkdir(parents=True, exist_ok=True)
             env = {**replica_env(lighthouse.address, run_id, replica, options.host, timeout_s),
-                   ENV_REPLICAS: str(replicas)}
+                   ENV_REPLICAS: str(replicas), ENV_START: f"{options.host}:{store.port}"}
             p = context.Process(target=_replica_main, args=(env, fn, (container, str(out))),
                                 name=f"pipesgd-live-replica-{replica}")
             p.start()

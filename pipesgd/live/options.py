@@ -41,6 +41,7 @@ ENV_REPLICA = "PIPESGD_LIVE_REPLICA"
 ENV_HOST = "PIPESGD_LIVE_HOST"
 ENV_TIMEOUT = "PIPESGD_LIVE_TIMEOUT_S"
 ENV_REPLICAS = "PIPESGD_LIVE_REPLICAS"
+ENV_START = "PIPESGD_LIVE_START_STORE"  # host:port of the launcher's store: the replica groups start together
 
 
 def replica_env(lighthouse: str, run_id: str, replica: int, host: str, timeout_s: float) -> dict[str, str]:
