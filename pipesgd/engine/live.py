@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 from torch import Tensor, nn
 
-from ..comm import CommStats, CommThread, Handle
+from ..comm import CommStats, CommThread, CompletedHandle, Handle
 from ..live import require_torchft
 from ..live.options import LiveOptions
 from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, to_device
@@ -206,7 +206,7 @@ class LiveEngine(Engine):
         """For a checkpoint: waits for the reduction in flight and keeps it (voted on at the next step)."""
         pending = [] if self._pending is None else [self._pending.wait(self.options.timeout_s).clone()]
         if pending:
-            self._pending = _Done(pending[0])
+            self._pending = CompletedHandle(pending[0])
         return {"width": self.width, "steps": self.steps, "pending": pending,
                 "nonfinite": self.nonfinite.state_dict(), "manager": self.manager.state_dict()}
 
@@ -230,16 +230,6 @@ class LiveEngine(Engine):
         self._transport.shutdown()
         if self.lighthouse is not None:
             self.lighthouse.shutdown()
-
-
-class _Done:
-    """A reduction already finished (kept by :meth:`LiveEngine.state_dict`)."""
-
-    def __init__(self, value: Tensor):
-        self.value = value
-
-    def wait(self, timeout: float | None = None) -> Tensor:
-        return self.value
 
 
 class _Snapshot:

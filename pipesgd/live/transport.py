@@ -50,7 +50,7 @@ class RunTransport(CheckpointTransport):
             raise ValueError(f"live.run_id={run_id!r}: must be non-empty and without '/'")
         self.run_id, self.host, self.timeout = run_id, host, timeout
         self.refused = 0  # strangers turned away (tests and the summary read it)
-        self._lock = threading.Lock()
+        self._staged_changed = threading.Condition()
         self._staged: tuple[int, bytes] | None = None
         self._server = _Server(host, self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, name="pipesgd-live-transport",
@@ -71,9 +71,8 @@ class RunTransport(CheckpointTransport):
                                 self.client_address[0], transport.run_id)
                     self.send_error(403, f"not run {transport.run_id}")
                     return
-                with transport._lock:
-                    staged = transport._staged
-                if staged is None or str(staged[0]) != parts[1]:
+                staged = transport._wait_for(parts[1])
+                if staged is None:
                     self.send_error(404, f"no state staged for step {parts[1]}")
                     return
                 self.send_response(200)
@@ -98,12 +97,22 @@ class RunTransport(CheckpointTransport):
     def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict, timeout: timedelta) -> None:
         data = io.BytesIO()
         torch.save({"run_id": self.run_id, "state": state_dict}, data)
-        with self._lock:
+        with self._staged_changed:
             self._staged = (step, data.getvalue())
+            self._staged_changed.notify_all()
 
     def disallow_checkpoint(self) -> None:
-        with self._lock:
+        with self._staged_changed:
             self._staged = None
+
+    def _wait_for(self, step: str) -> tuple[int, bytes] | None:
+        """The state staged for ``step``, waiting up to the timeout for it: a healer asks as soon
+        as the quorum names its donor, and the donor stages its state at its next step boundary."""
+        with self._staged_changed:
+            self._staged_changed.wait_for(lambda: self._staged is not None and str(self._staged[0]) == step,
+                                          self.timeout.total_seconds())
+            staged = self._staged
+        return staged if staged is not None and str(staged[0]) == step else None
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta):
         if not metadata.endswith(f"/{self.run_id}/"):

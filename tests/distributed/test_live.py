@@ -109,17 +109,17 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
     assert len(joint) >= 5 and all(r["digest"] == donor[r["committed"]]["digest"] for r in joint)
 
 
-def _transport(run_id: str):
+def _transport(run_id: str, timeout_s: float = 10):
     from pipesgd.live.transport import RunTransport
 
-    return RunTransport(run_id, "127.0.0.1", timedelta(seconds=10))
+    return RunTransport(run_id, "127.0.0.1", timedelta(seconds=timeout_s))
 
 
 @pytest.mark.timeout(60)
 def test_a_peer_of_another_run_is_refused_and_logged(caplog):
     from pipesgd.live.transport import StrangerRefused
 
-    donor, stranger, peer = _transport("run-a"), _transport("run-b"), _transport("run-a")
+    donor, stranger, peer = _transport("run-a", 2), _transport("run-b"), _transport("run-a")
     try:
         donor.send_checkpoint([1], 7, {"w": torch.arange(3.0)}, timedelta(seconds=10))
         with caplog.at_level(logging.WARNING, logger="pipesgd.live.transport"):
@@ -138,6 +138,26 @@ def test_a_peer_of_another_run_is_refused_and_logged(caplog):
     finally:
         for t in (donor, stranger, peer):
             t.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_a_healer_asking_before_its_donor_staged_the_state_waits_for_it():
+    """The quorum names the donor before the donor has staged its state (it does so at its next
+    step boundary): the request waits for it instead of failing the heal."""
+    import threading
+
+    donor, healer = _transport("run-a"), _transport("run-a")
+    got = {}
+    try:
+        fetch = threading.Thread(target=lambda: got.update(
+            state=healer.recv_checkpoint(0, donor.metadata(), 3, timedelta(seconds=10))))
+        fetch.start()
+        donor.send_checkpoint([1], 3, {"w": torch.ones(2)}, timedelta(seconds=10))
+        fetch.join(timeout=20)
+        assert torch.equal(got["state"]["w"], torch.ones(2))
+    finally:
+        donor.shutdown()
+        healer.shutdown()
 
 
 @pytest.mark.timeout(60)

@@ -23,7 +23,7 @@ def test_the_live_mode_trains_two_replica_groups_to_the_same_model(tmp_path):
     run_dir = tmp_path / "run"
     r = run("+experiment=mnist_mlp", "trainer.mode=live", "trainer.max_steps=20", "data.batch_size=250",
             "optimizer.lr=0.01", "trainer.lr_reference_batch=250", "dist.threads_per_worker=1",
-            "trainer.eval_max_batches=4", "trainer.log_every=10", f"hydra.run.dir={run_dir}", tmp=tmp_path,
+            "trainer.eval_max_batches=4", "trainer.log_every=10", "trainer.checkpoint_every=7", f"hydra.run.dir={run_dir}", tmp=tmp_path,
             timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     first, second = summary(run_dir / "replica_0"), summary(run_dir / "replica_1")
