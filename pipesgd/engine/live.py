@@ -53,6 +53,7 @@ class LiveEngine(Engine):
             raise ValueError(f"trainer.width={width!r} is not available with trainer.mode=live: torchft re-forms "
                              f"the group between steps, so only width {WIDTH} (one reduction in flight) runs")
         require_torchft()
+        _quiet_torchft()
         from torchft.manager import Manager
         from torchft.process_group import ProcessGroupGloo
 
@@ -267,6 +268,14 @@ class _Snapshot:
     def cancel(self) -> None:
         self._cancelled = True
         self._ready.set()
+
+
+def _quiet_torchft() -> None:
+    """torchft logs every quorum and every vote at INFO (thousands of lines a run); this engine
+    logs what matters (skipped updates, heals). A level the caller set is kept."""
+    for name in ("torchft", "torchft_commits", "torchft_quorums"):
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:

@@ -61,6 +61,7 @@ def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_resta
     directory. Every process is gone when this returns or raises."""
     container, run_dir = args
     replicas = nproc
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum tick at info; the groups inherit it
     run_id = f"pipesgd-live-{uuid.uuid4().hex[:12]}"
     context = multiprocessing.get_context("spawn")
     procs: dict[int, multiprocessing.process.BaseProcess] = {}
