@@ -29,6 +29,8 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--stop", required=True)
     p.add_argument("--max-steps", type=int, default=3000)
+    p.add_argument("--checkpoint-every-step", action="store_true",
+                   help="take engine.state_dict() after every step, as the trainer's checkpoint hook does")
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format=f"[replica {a.replica}] %(name)s %(message)s")
     torch.manual_seed(a.replica)  # different initial weights: a healer must take its donor's
@@ -50,6 +52,8 @@ def main() -> None:
             stats = engine.step()
             if stats.applied:
                 scheduler.step()
+            if a.checkpoint_every_step:
+                engine.state_dict()
             weights = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
             out.write(json.dumps({"step": engine.steps, "committed": engine.manager.current_step(),
                                   "applied": stats.applied, "skipped": stats.skipped, "healed": engine.healed,

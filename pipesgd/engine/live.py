@@ -144,17 +144,7 @@ class LiveEngine(Engine):
     def _finish(self, stats: StepStats) -> None:
         t0 = time.perf_counter()
         handle, self._pending = self._pending, None
-        limit = self.options.timeout_s + self.options.quorum_timeout_s
-        deadline = t0 + limit
-        # The reduction waits for its quorum, which may wait for this replica's state (a peer
-        # heals): serve it while waiting; it is still the state between steps, nothing applied yet.
-        while not handle.done():
-            self._snapshot.serve(self._state)
-            if time.perf_counter() > deadline:
-                raise ReductionError(f"the live reduction launched at step {self.steps} did not finish within "
-                                     f"{limit:g} s", self._thread.activity)
-            self._snapshot.asked_or_done(handle, 0.005)
-        buf = handle.wait()
+        buf = self._reduced(handle)
         t1 = time.perf_counter()
         stats.wait_s, stats.comm = t1 - t0, CommStats()
         committed = self.manager.should_commit()  # loads a peer's state here when this replica heals
@@ -181,6 +171,20 @@ class LiveEngine(Engine):
         self.optimizer.step()
         stats.update_s, stats.applied = time.perf_counter() - t1, True
 
+    def _reduced(self, handle: Handle[Tensor]) -> Tensor:
+        """The reduction's result. It waits for its quorum, which may wait for this replica's state
+        (a peer heals): served while waiting, since nothing has been applied since the step
+        boundary. ReductionError after ``timeout_s`` + ``quorum_timeout_s``."""
+        limit = self.options.timeout_s + self.options.quorum_timeout_s
+        deadline = time.perf_counter() + limit
+        while not handle.done():
+            self._snapshot.serve(self._state)
+            if time.perf_counter() > deadline:
+                raise ReductionError(f"the live reduction launched at step {self.steps} did not finish within "
+                                     f"{limit:g} s", self._thread.activity)
+            self._snapshot.asked_or_done(handle, 0.005)
+        return handle.wait()
+
     def _state(self) -> dict:
         """What a healer loads: taken on the training thread between steps, with nothing in flight
         that the healer will not take part in."""
@@ -205,7 +209,7 @@ class LiveEngine(Engine):
 
     def state_dict(self) -> dict:
         """For a checkpoint: waits for the reduction in flight and keeps it (voted on at the next step)."""
-        pending = [] if self._pending is None else [self._pending.wait(self.options.timeout_s).clone()]
+        pending = [] if self._pending is None else [self._reduced(self._pending).clone()]
         if pending:
             self._pending = CompletedHandle(pending[0])
         return {"width": self.width, "steps": self.steps, "pending": pending,

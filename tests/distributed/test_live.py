@@ -59,17 +59,18 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
     procs: list[subprocess.Popen] = []
     lighthouse = Lighthouse(LighthouseOptions(heartbeat_timeout_ms=1000, join_timeout_ms=500))
 
-    def start(replica: int, out: Path) -> subprocess.Popen:
+    def start(replica: int, out: Path, *extra: str) -> subprocess.Popen:
         p = subprocess.Popen(
             [sys.executable, str(ROOT / "tests" / "live_replica.py"), "--lighthouse", lighthouse.address,
-             "--run-id", "live-test", "--replica", str(replica), "--out", str(out), "--stop", str(stop)],
+             "--run-id", "live-test", "--replica", str(replica), "--out", str(out), "--stop", str(stop), *extra],
             env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
         procs.append(p)
         return p
 
     a, b, b2 = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "b2.jsonl"
     try:
-        survivor, victim = start(0, a), start(1, b)
+        # the survivor checkpoints after every step: a heal must not wait on a checkpoint, nor it on the heal
+        survivor, victim = start(0, a, "--checkpoint-every-step"), start(1, b)
         applied = lambda path: sum(r["applied"] for r in _records(path))  # noqa: E731
         _wait_until(lambda: applied(a) >= 5 and applied(b) >= 5, 100, "both replicas applying updates", procs)
         victim.send_signal(signal.SIGKILL)
