@@ -5,6 +5,7 @@ docs/reliability.md, "Live recovery", has the schedule and what is lost.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -187,13 +188,14 @@ class LiveEngine(Engine):
 
     def _state(self) -> dict:
         """What a healer loads: taken on the training thread between steps, with nothing in flight
-        that the healer will not take part in."""
-        return to_device({
-            "model": {k: v.detach().clone() for k, v in self.module.state_dict().items()},
+        that the healer will not take part in. A copy: torchft serializes it on its own thread
+        while this one goes on updating the weights and the momentum in place."""
+        return copy.deepcopy(to_device({
+            "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "engine": {"steps": self.steps, "nonfinite": self.nonfinite.state_dict()},
             **{key: save() for key, (save, _) in self._extra.items()},
-        }, "cpu")
+        }, "cpu"))
 
     def _load_peer_state(self, state: dict) -> None:
         device = self.params[0].device

@@ -177,3 +177,29 @@ def test_widths_other_than_two_are_refused():
     with pytest.raises(ValueError, match="trainer.width=3 is not available with trainer.mode=live"):
         LiveEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), LiveOptions("http://127.0.0.1:1", "r", 0),
                    width=3)
+
+
+@pytest.mark.timeout(60)
+def test_the_state_a_donor_hands_over_is_a_copy_later_updates_do_not_reach():
+    """torchft serializes the donor's state on its quorum thread while the training thread goes on
+    updating the weights and the momentum in place: the snapshot must not alias them."""
+    from pipesgd.engine.base import ModeArgs
+    from pipesgd.engine.live import build
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    _, engine = build(ModeArgs(model, optimizer, 2, None, None, None, 1, 0, torch.device("cpu")))
+    try:
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.ones(4, 3)).sum().backward()
+            engine.step()
+        snapshot = engine._state()
+        weight = snapshot["model"]["weight"].clone()
+        momentum = snapshot["optimizer"]["state"][0]["momentum_buffer"].clone()
+        engine.flush()  # one more update, in place
+        assert not torch.equal(model.weight.detach(), weight)
+        assert torch.equal(snapshot["model"]["weight"], weight)
+        assert torch.equal(snapshot["optimizer"]["state"][0]["momentum_buffer"], momentum)
+    finally:
+        engine.close()
