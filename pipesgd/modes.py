@@ -6,6 +6,7 @@ and the tests read this table; a setting a mode does not use is rejected, never 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import import_module
 from typing import TYPE_CHECKING
@@ -39,7 +40,9 @@ class Mode:
     ``elastic``: a checkpoint resumes on another world size (pipesgd.elastic's rules cover its
     state; a parameter server's master copy on one rank is not covered).
     ``nccl``: runs on the NCCL backend (ps_async's server receives from whichever worker pushes
-    first, a receive from any source, which NCCL does not support)."""
+    first, a receive from any source, which NCCL does not support). ``launcher``: ``"module:function"``
+    that starts the workers in place of :func:`pipesgd.launch.run` (live: one process per replica
+    group behind a lighthouse), or None."""
 
     engine: str
     width: int | None = 1
@@ -55,6 +58,7 @@ class Mode:
     replicas_agree: bool = True
     elastic: bool = True
     nccl: bool = True
+    launcher: str | None = None
 
 
 MODES: dict[str, Mode] = {
@@ -66,6 +70,9 @@ MODES: dict[str, Mode] = {
     "ps_async": Mode("pipesgd.engine.ps:build_async", overlap="async", server=True, nonfinite_skip=False,
                      min_world=2, replicas_agree=False, elastic=False, nccl=False),
     "local": Mode("pipesgd.engine.local:build", compressors=("none",), overlap="none", replicas_agree=False),
+    # torchft's quorums (pipesgd[live]): replica groups without a shared process group, so no replica checks
+    "live": Mode("pipesgd.engine.live:build", width=2, compressors=("none",), fixed_comm="native",
+                 replicas_agree=False, elastic=False, nccl=False, launcher="pipesgd.live.launch:run"),
 }
 
 OVERLAPS = ("pipeline", "backward", "async", "none")
@@ -105,6 +112,16 @@ def check_compressor(name: str, compressor: object) -> None:
     if compressor.error_feedback:
         raise ValueError(f"compressor.error_feedback=true is not used by trainer.mode={name}; error feedback "
                          f"runs with {where} (set compressor.error_feedback=false)")
+
+
+def launcher(name: str) -> Callable[..., None] | None:
+    """The function that starts ``trainer.mode=name``'s workers in place of
+    :func:`pipesgd.launch.run` (same arguments), imported now; None for the default."""
+    mode = get_mode(name)
+    if mode.launcher is None:
+        return None
+    module, function = mode.launcher.split(":")
+    return getattr(import_module(module), function)
 
 
 def build(name: str, args: ModeArgs) -> tuple[nn.Module, Engine]:

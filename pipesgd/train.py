@@ -31,8 +31,9 @@ from .data import DatasetError
 from .engine import Engine, ModeArgs
 from .faults import Faults
 from .hostinfo import fingerprint
+from .live.options import replica_shard
 from .metrics import make_writer
-from .modes import build, get_mode
+from .modes import build, get_mode, launcher
 from .reliability import Reliability
 from .runinfo import git_commit, write_json_atomic
 from .summary import Prediction, summary
@@ -64,9 +65,11 @@ def main(cfg: DictConfig) -> float | None:
     # itself arrives pickled (submitit runs a sweep's jobs on SLURM so) __main__ is not this module.
     from pipesgd.train import worker as importable_worker
 
+    # a mode may start its workers its own way (live: one process per replica group, restarted alone)
+    start = launcher(cfg.trainer.mode) or launch.run
     try:
-        launch.run(importable_worker, (container, str(run_dir)), nproc=cfg.dist.nproc,
-                   max_restarts=cfg.dist.max_restarts)
+        start(importable_worker, (container, str(run_dir)), nproc=cfg.dist.nproc,
+              max_restarts=cfg.dist.max_restarts)
     except (launch.WorkerFailed, pdist.RendezvousError) as e:
         log.error("%s (run dir %s)", e, run_dir)
         sys.exit(1)
@@ -136,6 +139,7 @@ def worker(container: dict, run_dir: str) -> None:
                           log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main,
                           predict=lambda h: predict(h)[0], eval_max_batches=cfg.trainer.eval_max_batches,
                           eval_every_steps=cfg.trainer.eval_every_steps, hooks=reliability)
+        _share_position(run.engine, run.scheduler, trainer)
         with reliability.guard():
             result = trainer.fit()
         if tracer.enabled:
@@ -159,6 +163,16 @@ def worker(container: dict, run_dir: str) -> None:
         pdist.destroy(abort=failed)  # after an error a collective may hang: never wait for it
 
 
+def _share_position(engine: Engine, scheduler, trainer: Trainer) -> None:
+    """What a replica healing from this one takes beside the engine's state (trainer.mode=live):
+    the schedule's position and the loop's step count."""
+    def set_step(step: int) -> None:
+        trainer.step = step
+
+    engine.register_state("scheduler", scheduler.state_dict, scheduler.load_state_dict)
+    engine.register_state("trainer_step", lambda: trainer.step, set_step)
+
+
 def _threads(cfg: DictConfig) -> int:
     """torch threads per worker: the config's, else OMP_NUM_THREADS, else the cores shared by the
     node's workers; set for this process."""
@@ -173,12 +187,14 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
     engine and the schedule over the run's steps."""
     dataset = instantiate(cfg.data)
     train_split, test_split = dataset.load()
-    train_loader = dataset.train_loader(train_split, ctx.rank, ctx.world_size, cfg.seed)
+    # a live run's replica groups are lone processes; each reads its group's share of the data
+    shard, shards = replica_shard() or (ctx.rank, ctx.world_size)
+    train_loader = dataset.train_loader(train_split, shard, shards, cfg.seed)
     eval_loader = dataset.eval_loader(test_split, ctx.rank, ctx.world_size)
     model = instantiate(cfg.model, num_classes=dataset.num_classes, in_channels=dataset.in_channels,
                         image_size=dataset.image_size).to(ctx.device)
     _broadcast_parameters(model)
-    global_batch = train_loader.batch_size * ctx.world_size
+    global_batch = train_loader.batch_size * shards
     ref = cfg.trainer.lr_reference_batch
     lr = cfg.optimizer.lr * (global_batch / ref if ref else 1.0)
     optimizer = instantiate(cfg.optimizer)(model.parameters(), lr=lr)

@@ -153,6 +153,10 @@ class Engine(ABC):
         runs ``fn`` there, after the reductions already queued. Default: ``fn()`` here."""
         return fn()
 
+    def register_state(self, key: str, save: Callable[[], object], load: Callable[[object], None]) -> None:
+        """State outside the engine (the scheduler, the loop's step) that a replica healing from
+        this one must also take (``trainer.mode=live``); default: no replica heals from another."""
+
     def summary(self) -> dict:
         return {}
 

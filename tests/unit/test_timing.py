@@ -277,7 +277,8 @@ def test_predict_rows():
     assert index["sync", "ring", "none"]["speedup_vs_sync"] == 1.0
     # ddp runs the backend's allreduce (its row's fixed_comm), with DDP's own hooks only
     assert ("ddp", "native", "int8") not in index and ("ddp", "native", "fp16") in index
-    assert {r["mode"] for r in rows} == {"sync", "pipe", "ddp", "ps_sync", "ps_async"}
+    assert {r["mode"] for r in rows} == {"sync", "pipe", "ddp", "ps_sync", "ps_async", "live"}
+    assert ("live", "native", "none") in index  # priced as width 2 over Gloo; the quorum round-trip is not
     pipe = index["pipe", "ring", "none"]
     assert pipe["iter_ms"] == pytest.approx(174.0)
     assert pipe["iter_ms"] == predict_iter_ms("pipe", "ring", 4 * MODEL_PARAMS["resnet20"], 2, link, 0.172,

@@ -1,0 +1,305 @@
+"""LiveEngine, Pipe-SGD at width 2 under torchft quorums (``trainer.mode=live``): a replica group
+that dies costs the others at most the update in flight; one that comes back heals from a live peer.
+docs/reliability.md, "Live recovery", has the schedule and what is lost.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+from torch import Tensor, nn
+
+from ..comm import CommStats, CommThread, CompletedHandle, Handle
+from ..live import require_torchft
+from ..live.options import LiveOptions
+from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, to_device
+
+log = logging.getLogger(__name__)
+
+WIDTH = 2  # torchft changes quorums between steps: at most one reduction may be in flight across one
+FLAG, COUNT = -2, -1  # the flat buffer's tail: non-finite flag, then the count of valid contributions
+
+
+class LiveEngine(Engine):
+    """Width-2 Pipe-SGD whose reductions run over torchft's reconfigurable process group.
+
+    ``step()`` after each backward: flatten g_t; wait for reduction t-1 and let the quorum vote
+    (``should_commit``): apply its average, or skip it as a non-finite step is skipped; start the
+    next quorum; launch reduction t on the communication thread, which first waits for the quorum,
+    so the quorum round-trip overlaps the next forward. Nothing is in flight across a quorum
+    change. The flat buffer is ``[gradient, non-finite flag, valid count]``: the summed gradient is
+    divided by the summed count, so a replica that contributes nothing (a healer's stale
+    gradient, zeroed, count 0) does not dilute the average.
+
+    A replica that joins late heals: torchft fetches a peer's state (weights and buffers,
+    optimizer, whatever :meth:`register_state` added, e.g. the scheduler, and this engine's step
+    and policy state) and loads it inside the vote; the gradient it computed before that is on
+    old weights, so its next reduction sends zeros. A donor's state is taken on the training
+    thread at its next step boundary (after the caller's per-update scheduler step), never half
+    way through an update."""
+
+    width = WIDTH
+    shared_state = ()
+    lighthouse = None  # a lighthouse this engine started for itself (a lone replica group), shut down on close
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: LiveOptions,
+                 nonfinite: str = "abort", width: int = WIDTH):
+        if width != WIDTH:
+            raise ValueError(f"trainer.width={width!r} is not available with trainer.mode=live: torchft re-forms "
+                             f"the group between steps, so only width {WIDTH} (one reduction in flight) runs")
+        require_torchft()
+        _quiet_torchft()
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        from ..live.transport import RunTransport
+
+        self.module, self.optimizer, self.options = module, optimizer, options
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the module has no parameter with requires_grad=True: nothing to reduce")
+        self.numel = sum(p.numel() for p in self.params)
+        self.nonfinite = NonFinitePolicy(nonfinite)
+        self.steps = 0
+        self.skipped_commits = 0  # updates dropped because the quorum voted against them
+        self.healed = 0  # times this replica loaded a peer's state
+        self.last = StepStats()
+        self._stale = False  # the gradient in hand was computed before a heal: send zeros
+        self._pending: Handle[Tensor] | None = None
+        self._extra: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {}
+        self._snapshot = _Snapshot()
+        timeout = timedelta(seconds=options.timeout_s)
+        self._store = torch.distributed.TCPStore(options.host, 0, is_master=True, wait_for_workers=False,
+                                                 timeout=timeout)
+        self._transport = RunTransport(options.run_id, options.host, timeout)
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None,
+            min_replica_size=options.min_replicas, use_async_quorum=True, timeout=timeout,
+            quorum_timeout=timedelta(seconds=options.quorum_timeout_s), connect_timeout=timeout, rank=0,
+            world_size=1, store_addr=options.host, store_port=self._store.port, lighthouse_addr=options.lighthouse,
+            replica_id=f"{options.run_id}_{options.replica}", hostname=options.host,
+            checkpoint_transport=self._transport, init_sync=True)
+        self.manager.register_state_dict_fn("pipesgd", self._load_peer_state, self._snapshot.take)
+        self._thread = CommThread("pipesgd-live")
+
+    def register_state(self, key: str, save: Callable[[], object], load: Callable[[object], None]) -> None:
+        """Also hand ``save()`` to a healer, which calls ``load(value)`` (e.g. the scheduler's
+        ``state_dict`` / ``load_state_dict``). Register the same keys on every replica."""
+        if key in self._extra or key in ("model", "optimizer", "engine"):
+            raise ValueError(f"state key {key!r} is already registered")
+        self._extra[key] = (save, load)
+
+    def step(self) -> StepStats:
+        """Reduction t-1 voted on and applied (or skipped), quorum t started, reduction t launched."""
+        self._snapshot.serve(self._state)
+        buf = self._flatten()
+        stats = StepStats()
+        if self._pending is not None:
+            self._finish(stats)
+        self.manager.start_quorum()
+        self._launch(buf)
+        self.steps += 1
+        self.last = stats
+        return stats
+
+    def flush(self) -> StepStats:
+        """Wait for, vote on and apply the reduction in flight."""
+        self._snapshot.serve(self._state)
+        stats = StepStats()
+        if self._pending is not None:
+            self._finish(stats)
+        return stats
+
+    def _flatten(self) -> Tensor:
+        buf = torch.empty(self.numel + 2, dtype=self.params[0].dtype, device=self.params[0].device)
+        torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
+                  out=buf[:COUNT - 1])
+        buf[FLAG] = float("inf") if not torch.isfinite(buf[:FLAG]).all() else 0.0
+        buf[COUNT] = 1.0
+        return buf
+
+    def _launch(self, buf: Tensor) -> None:
+        if self._stale:  # computed on the weights this replica had before it healed
+            buf.zero_()
+            self._stale = False
+        manager = self.manager
+
+        def reduce() -> Tensor:
+            from torch.distributed import ReduceOp
+
+            try:  # a failure is the quorum's to vote on (should_commit), not the thread's to keep
+                manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()  # waits for the quorum first
+            except Exception as e:  # noqa: BLE001 (a dead peer surfaces as any of several errors)
+                log.warning("live reduction failed: %s", e)
+                manager.report_error(e)
+            return buf
+
+        self._pending = self._thread.submit(reduce)
+
+    def _finish(self, stats: StepStats) -> None:
+        t0 = time.perf_counter()
+        handle, self._pending = self._pending, None
+        buf = self._reduced(handle)
+        t1 = time.perf_counter()
+        stats.wait_s, stats.comm = t1 - t0, CommStats()
+        committed = self.manager.should_commit()  # loads a peer's state here when this replica heals
+        count = float(buf[COUNT])
+        stats.metrics = {"live/participants": float(self.manager.num_participants()), "live/valid": count}
+        if not committed:
+            self.skipped_commits += 1
+            stats.skipped = True
+            log.warning("step %d: the quorum did not commit (a replica failed or left); update skipped, %d so far",
+                        self.steps, self.skipped_commits)
+            return
+        if float(buf[FLAG]) != 0.0:
+            self.nonfinite.bad(self.steps, "on some replica")
+            stats.skipped = True
+            return
+        if count < 1:
+            stats.skipped = True  # nobody contributed (every replica was healing): nothing to apply
+            return
+        self.nonfinite.good()
+        grad = buf[:FLAG].div_(count)
+        with torch.no_grad():
+            for p, g in zip(self.params, grad.split([p.numel() for p in self.params])):
+                p.grad = g.view_as(p)
+        self.optimizer.step()
+        stats.update_s, stats.applied = time.perf_counter() - t1, True
+
+    def _reduced(self, handle: Handle[Tensor]) -> Tensor:
+        """The reduction's result. It waits for its quorum, which may wait for this replica's state
+        (a peer heals): served while waiting, since nothing has been applied since the step
+        boundary. ReductionError after ``timeout_s`` + ``quorum_timeout_s``."""
+        limit = self.options.timeout_s + self.options.quorum_timeout_s
+        deadline = time.perf_counter() + limit
+        while not handle.done():
+            self._snapshot.serve(self._state)
+            if time.perf_counter() > deadline:
+                raise ReductionError(f"the live reduction launched at step {self.steps} did not finish within "
+                                     f"{limit:g} s", self._thread.activity)
+            self._snapshot.asked_or_done(handle, 0.005)
+        return handle.wait()
+
+    def _state(self) -> dict:
+        """What a healer loads: taken on the training thread between steps, with nothing in flight
+        that the healer will not take part in. A copy: torchft serializes it on its own thread
+        while this one goes on updating the weights and the momentum in place."""
+        return copy.deepcopy(to_device({
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "engine": {"steps": self.steps, "nonfinite": self.nonfinite.state_dict()},
+            **{key: save() for key, (save, _) in self._extra.items()},
+        }, "cpu"))
+
+    def _load_peer_state(self, state: dict) -> None:
+        device = self.params[0].device
+        self.module.load_state_dict(to_device(state["model"], device))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["engine"]["steps"])
+        self.nonfinite.load_state_dict(state["engine"]["nonfinite"])
+        for key, (_, load) in self._extra.items():
+            load(state[key])
+        self._stale = True
+        self.healed += 1
+        log.info("healed from a peer at its step %d (manager step %d)", self.steps, self.manager.current_step())
+
+    def state_dict(self) -> dict:
+        """For a checkpoint: waits for the reduction in flight and keeps it (voted on at the next step)."""
+        pending = [] if self._pending is None else [self._reduced(self._pending).clone()]
+        if pending:
+            self._pending = CompletedHandle(pending[0])
+        return {"width": self.width, "steps": self.steps, "pending": pending,
+                "nonfinite": self.nonfinite.state_dict(), "manager": self.manager.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["width"] != self.width:
+            raise ValueError(f"checkpoint has width={state['width']}, engine has width={self.width}")
+        self.steps = int(state["steps"])
+        self.nonfinite.load_state_dict(state["nonfinite"])
+        self.manager.load_state_dict(state["manager"])
+        # A checkpointed reduction was voted on by a quorum that no longer exists: it is dropped.
+        self._pending = None
+
+    def summary(self) -> dict:
+        return {"live_skipped_commits": self.skipped_commits, "live_healed": self.healed,
+                "live_strangers_refused": self._transport.refused}
+
+    def close(self) -> None:
+        self._snapshot.cancel()
+        self._thread.close()
+        self.manager.shutdown(wait=False)
+        self._transport.shutdown()
+        if self.lighthouse is not None:
+            self.lighthouse.shutdown()
+
+
+class _Snapshot:
+    """Hands torchft's quorum thread (a donor's) the state the training thread takes at its next
+    step boundary: the quorum runs mid-step, before the caller's scheduler step and the next
+    update, where the state is not one a healer could continue from."""
+
+    def __init__(self):
+        self._asked = threading.Event()
+        self._ready = threading.Event()
+        self._value: dict | None = None
+        self._cancelled = False
+
+    def take(self) -> dict:
+        """On the quorum thread: block until the training thread has served a state."""
+        self._ready.clear()
+        self._asked.set()
+        if not self._ready.wait() or self._cancelled:
+            raise RuntimeError("the engine closed before it could hand its state to a healing peer")
+        value, self._value = self._value, None
+        return value
+
+    def serve(self, state: Callable[[], dict]) -> None:
+        """On the training thread, at a step boundary: take the state if a peer asked for it."""
+        if self._asked.is_set():
+            self._asked.clear()
+            self._value = state()
+            self._ready.set()
+
+    def asked_or_done(self, handle: Handle, poll_s: float) -> None:
+        """Sleep until a peer asks for the state or ``poll_s`` passes (then ``handle`` is checked again)."""
+        if not handle.done():
+            self._asked.wait(poll_s)
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._ready.set()
+
+
+def _quiet_torchft() -> None:
+    """torchft logs every quorum and every vote at INFO (thousands of lines a run); this engine
+    logs what matters (skipped updates, heals). A level the caller set is kept."""
+    for name in ("torchft", "torchft_commits", "torchft_quorums"):
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
+    """The live mode from the composition root: the lighthouse, run id and replica group come from
+    the environment the live launcher sets (:func:`pipesgd.live.options.options_from_env`); a
+    process started without it is a lone replica group with a lighthouse of its own."""
+    import uuid
+
+    from ..live.launch import start_together
+    from ..live.lighthouse import Lighthouse
+    from ..live.options import options_from_env
+
+    options, lighthouse = options_from_env(), None
+    if options is not None:
+        start_together(options.quorum_timeout_s)
+    if options is None:
+        lighthouse = Lighthouse()
+        options = LiveOptions(lighthouse.address, f"lone-{uuid.uuid4().hex[:8]}", 0)
+    engine = LiveEngine(a.model, a.optimizer, options, nonfinite=a.nonfinite, width=a.width)
+    engine.lighthouse = lighthouse
+    return a.model, engine

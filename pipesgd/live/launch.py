@@ -1,0 +1,114 @@
+"""How a live run's workers come to exist (``trainer.mode=live``): the lighthouse in this process,
+then one process per replica group, each a lone worker in its own run subdirectory, each restarted
+on its own when it dies (up to ``max_restarts`` times), while the others train on.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from multiprocessing.connection import wait
+from pathlib import Path
+
+from ..launch import WorkerFailed
+from .lighthouse import Lighthouse, LighthouseOptions
+from .options import ENV_REPLICA, ENV_REPLICAS, ENV_START, replica_env
+
+log = logging.getLogger(__name__)
+
+TERMINATE_GRACE_S = 5.0
+
+
+class ReplicaFailed(WorkerFailed):
+    """A replica group exited non-zero more often than ``max_restarts`` allows."""
+
+
+def replica_dir(run_dir: str | Path, replica: int) -> Path:
+    """Where replica group ``replica`` writes its log, checkpoints and summary."""
+    return Path(run_dir) / f"replica_{replica}"
+
+
+def start_together(timeout_s: float) -> None:
+    """Under the live launcher, wait until every replica group has started once (the first
+    quorum then has them all; a group imported late would otherwise find the others done, or
+    far ahead). A restarted group does not wait: its peers' marks are already there."""
+    address = os.environ.get(ENV_START)
+    if not address:
+        return
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    host, port = address.rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+    store.set(f"started/{os.environ[ENV_REPLICA]}", "1")
+    store.wait([f"started/{r}" for r in range(int(os.environ[ENV_REPLICAS]))])
+
+
+def _replica_main(env: dict[str, str], fn: Callable[..., object], args: tuple) -> None:
+    os.environ.update(env)
+    fn(*args)
+
+
+def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_restarts: int = 0,
+        options: LighthouseOptions = LighthouseOptions(), timeout_s: float = 30.0) -> None:
+    """Run ``fn(container, replica_run_dir)`` in ``nproc`` replica groups behind one lighthouse;
+    return when every group has exited 0, with the first group's summary.json copied into the run
+    directory. Every process is gone when this returns or raises."""
+    container, run_dir = args
+    replicas = nproc
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum tick at info; the groups inherit it
+    run_id = f"pipesgd-live-{uuid.uuid4().hex[:12]}"
+    context = multiprocessing.get_context("spawn")
+    procs: dict[int, multiprocessing.process.BaseProcess] = {}
+    restarts = dict.fromkeys(range(replicas), 0)
+    import torch.distributed as dist
+
+    store = dist.TCPStore(options.host, 0, is_master=True, wait_for_workers=False)  # start_together's
+    with Lighthouse(options) as lighthouse:
+        def start(replica: int) -> None:
+            out = replica_dir(run_dir, replica)
+            out.mkdir(parents=True, exist_ok=True)
+            env = {**replica_env(lighthouse.address, run_id, replica, options.host, timeout_s),
+                   ENV_REPLICAS: str(replicas), ENV_START: f"{options.host}:{store.port}"}
+            p = context.Process(target=_replica_main, args=(env, fn, (container, str(out))),
+                                name=f"pipesgd-live-replica-{replica}")
+            p.start()
+            procs[replica] = p
+
+        try:
+            for replica in range(replicas):
+                start(replica)
+            log.info("live run %s: %d replica group(s) behind the lighthouse at %s", run_id, replicas,
+                     lighthouse.address)
+            while procs:
+                wait([p.sentinel for p in procs.values()])
+                for replica, p in list(procs.items()):
+                    if p.exitcode is None:
+                        continue
+                    del procs[replica]
+                    if p.exitcode == 0:
+                        continue
+                    if restarts[replica] >= max_restarts:
+                        raise ReplicaFailed(f"replica group {replica} exited with status {p.exitcode} after "
+                                            f"{restarts[replica]} restart(s) (dist.max_restarts={max_restarts}); "
+                                            f"its log: {replica_dir(run_dir, replica)}")
+                    restarts[replica] += 1
+                    log.warning("replica group %d exited with status %s; restarting it (%d of %d), the others "
+                                "train on", replica, p.exitcode, restarts[replica], max_restarts)
+                    start(replica)
+            summary = replica_dir(run_dir, 0) / "summary.json"
+            if summary.exists():
+                shutil.copyfile(summary, Path(run_dir) / "summary.json")
+        finally:
+            for p in procs.values():
+                p.terminate()
+            for p in procs.values():
+                p.join(TERMINATE_GRACE_S)
+                if p.exitcode is None:
+                    p.kill()
+                    p.join()

@@ -1,0 +1,72 @@
+"""How a replica group finds its run: :class:`LiveOptions`, given or read from the environment the
+live launcher sets. Pure data (no torch)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """Where this replica group finds the others. ``lighthouse``: the lighthouse's address
+    (``http://host:port``); ``run_id``: the run's id, checked before any state moves between
+    replicas; ``replica``: this group's number (stable across its restarts; its data position
+    follows it); ``host``: the address this replica's store and state server listen on and
+    advertise. ``timeout_s``: a reduction, a commit vote or a state transfer; ``quorum_timeout_s``:
+    forming a quorum. ``min_replicas``: fewest replica groups that may commit a step."""
+
+    lighthouse: str
+    run_id: str
+    replica: int
+    host: str = LOOPBACK
+    timeout_s: float = 30.0
+    quorum_timeout_s: float = 60.0
+    min_replicas: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.replica, bool) or not isinstance(self.replica, int) or self.replica < 0:
+            raise ValueError(f"live.replica={self.replica!r}: must be an integer >= 0")
+        if not self.lighthouse:
+            raise ValueError("live.lighthouse is empty: the lighthouse's address (http://host:port) is needed")
+        if not self.host:
+            raise ValueError("live.host='' would listen on every interface; name the address (e.g. 127.0.0.1)")
+
+
+ENV_LIGHTHOUSE = "PIPESGD_LIVE_LIGHTHOUSE"
+ENV_RUN_ID = "PIPESGD_LIVE_RUN_ID"
+ENV_REPLICA = "PIPESGD_LIVE_REPLICA"
+ENV_HOST = "PIPESGD_LIVE_HOST"
+ENV_TIMEOUT = "PIPESGD_LIVE_TIMEOUT_S"
+ENV_REPLICAS = "PIPESGD_LIVE_REPLICAS"
+ENV_START = "PIPESGD_LIVE_START_STORE"  # host:port of the launcher's store: the replica groups start together
+
+
+def replica_env(lighthouse: str, run_id: str, replica: int, host: str, timeout_s: float) -> dict[str, str]:
+    """The variables :func:`options_from_env` reads, for a replica group's process."""
+    return {ENV_LIGHTHOUSE: lighthouse, ENV_RUN_ID: run_id, ENV_REPLICA: str(replica), ENV_HOST: host,
+            ENV_TIMEOUT: str(timeout_s)}
+
+
+def options_from_env() -> LiveOptions | None:
+    """:class:`LiveOptions` from the environment; None where none of it is set (a lone process);
+    ValueError naming what is missing where some is."""
+    missing = [k for k in (ENV_LIGHTHOUSE, ENV_RUN_ID, ENV_REPLICA) if not os.environ.get(k)]
+    if len(missing) == 3:
+        return None
+    if missing:
+        raise ValueError(f"trainer.mode=live: {', '.join(missing)} not set; the live launcher sets them for each "
+                         "replica group (python -m pipesgd.train trainer.mode=live), or set them yourself")
+    return LiveOptions(lighthouse=os.environ[ENV_LIGHTHOUSE], run_id=os.environ[ENV_RUN_ID],
+                       replica=int(os.environ[ENV_REPLICA]), host=os.environ.get(ENV_HOST, LOOPBACK),
+                       timeout_s=float(os.environ.get(ENV_TIMEOUT, "30")))
+
+
+def replica_shard() -> tuple[int, int] | None:
+    """``(replica, replicas)``: which share of the training data this replica group reads (its data
+    position follows its group, whatever process it runs in), or None outside a live launch."""
+    if not os.environ.get(ENV_REPLICAS):
+        return None
+    return int(os.environ[ENV_REPLICA]), int(os.environ[ENV_REPLICAS])

@@ -1,0 +1,205 @@
+"""Live recovery on torchft (trainer.mode=live): two replica groups in their own processes behind an
+in-process lighthouse on loopback; one is SIGKILLed mid-run, the survivor trains on having lost at
+most one update, and the restarted group heals from it with bit-identical weights at the first
+step they apply together. A peer of another run is refused the state. Skipped without torchft
+(pip install '.[live]'), except under CI=true, where it fails."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+if importlib.util.find_spec("torchft") is None:
+    if os.environ.get("CI") == "true":
+        pytest.fail("torchft is not installed; under CI=true the live tests must run (pip install '.[live]')",
+                    pytrace=False)
+    pytest.skip("torchft is not installed (pip install '.[live]')", allow_module_level=True)
+
+from pipesgd.live.lighthouse import Lighthouse, LighthouseOptions  # noqa: E402
+
+
+def _records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.endswith("}")]  # the last line may be half written
+
+
+def _wait_until(condition, timeout_s: float, what: str, procs: list[subprocess.Popen]) -> None:
+    """Poll ``condition`` (a replica's progress in its file) until true; fail naming ``what`` when
+    ``timeout_s`` passes or a replica that should be running has exited."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        dead = [p.args[p.args.index("--replica") + 1] for p in procs if p.poll() is not None]
+        if dead:
+            pytest.fail(f"replica {', '.join(dead)} exited while waiting for {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout_s:g} s")
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(170)
+def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_identical(tmp_path):
+    stop = tmp_path / "stop"
+    procs: list[subprocess.Popen] = []
+    lighthouse = Lighthouse(LighthouseOptions(heartbeat_timeout_ms=1000, join_timeout_ms=500))
+
+    def start(replica: int, out: Path, *extra: str) -> subprocess.Popen:
+        p = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "live_replica.py"), "--lighthouse", lighthouse.address,
+             "--run-id", "live-test", "--replica", str(replica), "--out", str(out), "--stop", str(stop), *extra],
+            env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+        procs.append(p)
+        return p
+
+    a, b, b2 = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "b2.jsonl"
+    try:
+        # the survivor checkpoints after every step: a heal must not wait on a checkpoint, nor it on the heal
+        survivor, victim = start(0, a, "--checkpoint-every-step"), start(1, b)
+        applied = lambda path: sum(r["applied"] for r in _records(path))  # noqa: E731
+        _wait_until(lambda: applied(a) >= 5 and applied(b) >= 5, 100, "both replicas applying updates", procs)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        procs.remove(victim)
+        killed_at = len(_records(a))
+        _wait_until(lambda: applied(a) >= killed_at + 20, 60, "the survivor training on alone", procs)
+        rejoined_at = len(_records(a))
+        start(1, b2)
+        healed_applied = lambda: sum(r["applied"] and r["healed"] > 0 for r in _records(b2))  # noqa: E731
+        _wait_until(lambda: healed_applied() >= 5, 100, "the restarted replica healing and training", procs)
+        stop.touch()
+        for p in procs:
+            assert p.wait(timeout=30) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+        lighthouse.shutdown()
+
+    alone = _records(a)[killed_at:rejoined_at]
+    assert sum(r["skipped"] for r in alone) <= 1, f"the survivor lost more than one update: {alone[:5]}"
+    assert sum(r["applied"] for r in alone) >= 15
+    healed_before = _records(a)[killed_at - 1]["healed"]  # it may have healed at the start (torchft's init sync)
+    assert all(r["healed"] == healed_before for r in _records(a)[killed_at:]), "the survivor loaded a peer's state"
+    first = next(r for r in _records(b2) if r["applied"] and r["healed"])
+    donor = {r["committed"]: r for r in _records(a) if r["applied"]}
+    assert first["committed"] in donor
+    assert first["digest"] == donor[first["committed"]]["digest"], "the healer's weights differ from its donor's"
+    assert first["lr"] == donor[first["committed"]]["lr"], "the healer's schedule differs from its donor's"
+    # The healer's first reduction (torchft's, while it fetched) and its next (a gradient of its
+    # pre-heal weights) carry nothing from it: one valid contribution, the donor's, not two.
+    healer = [r for r in _records(b2) if r["applied"] and r["healed"]]
+    assert [r["valid"] for r in healer[:3]] == [1.0, 1.0, 2.0], healer[:3]
+    joint = [r for r in _records(b2) if r["applied"] and r["committed"] in donor]
+    assert len(joint) >= 5 and all(r["digest"] == donor[r["committed"]]["digest"] for r in joint)
+
+
+def _transport(run_id: str, timeout_s: float = 10):
+    from pipesgd.live.transport import RunTransport
+
+    return RunTransport(run_id, "127.0.0.1", timedelta(seconds=timeout_s))
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_of_another_run_is_refused_and_logged(caplog):
+    from pipesgd.live.transport import StrangerRefused
+
+    donor, stranger, peer = _transport("run-a", 2), _transport("run-b"), _transport("run-a")
+    try:
+        donor.send_checkpoint([1], 7, {"w": torch.arange(3.0)}, timedelta(seconds=10))
+        with caplog.at_level(logging.WARNING, logger="pipesgd.live.transport"):
+            with pytest.raises(StrangerRefused, match="not a peer of run 'run-b'"):
+                stranger.recv_checkpoint(0, donor.metadata(), 7, timedelta(seconds=10))
+            forged = donor.metadata().replace("/run-a/", "/run-b/")
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"{forged}7", timeout=10)
+        assert refused.value.code == 403
+        assert donor.refused == 1 and "refused a request" in caplog.text
+        assert torch.equal(peer.recv_checkpoint(0, donor.metadata(), 7, timedelta(seconds=10))["w"],
+                           torch.arange(3.0))
+        donor.disallow_checkpoint()  # after the vote, the state is no longer served
+        with pytest.raises(StrangerRefused, match="404"):
+            peer.recv_checkpoint(0, donor.metadata(), 7, timedelta(seconds=10))
+    finally:
+        for t in (donor, stranger, peer):
+            t.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_a_healer_asking_before_its_donor_staged_the_state_waits_for_it():
+    """The quorum names the donor before the donor has staged its state (it does so at its next
+    step boundary): the request waits for it instead of failing the heal."""
+    import threading
+
+    donor, healer = _transport("run-a"), _transport("run-a")
+    got = {}
+    try:
+        fetch = threading.Thread(target=lambda: got.update(
+            state=healer.recv_checkpoint(0, donor.metadata(), 3, timedelta(seconds=10))))
+        fetch.start()
+        donor.send_checkpoint([1], 3, {"w": torch.ones(2)}, timedelta(seconds=10))
+        fetch.join(timeout=20)
+        assert torch.equal(got["state"]["w"], torch.ones(2))
+    finally:
+        donor.shutdown()
+        healer.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_the_lighthouse_listens_on_loopback_only():
+    with Lighthouse() as lighthouse:
+        assert lighthouse.address.startswith("http://127.0.0.1:")
+    with pytest.raises(ValueError, match="every interface"):
+        LighthouseOptions(host="")
+
+
+def test_widths_other_than_two_are_refused():
+    from pipesgd.engine.live import LiveEngine
+    from pipesgd.live.options import LiveOptions
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="trainer.width=3 is not available with trainer.mode=live"):
+        LiveEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), LiveOptions("http://127.0.0.1:1", "r", 0),
+                   width=3)
+
+
+@pytest.mark.timeout(60)
+def test_the_state_a_donor_hands_over_is_a_copy_later_updates_do_not_reach():
+    """torchft serializes the donor's state on its quorum thread while the training thread goes on
+    updating the weights and the momentum in place: the snapshot must not alias them."""
+    from pipesgd.engine.base import ModeArgs
+    from pipesgd.engine.live import build
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    _, engine = build(ModeArgs(model, optimizer, 2, None, None, None, 1, 0, torch.device("cpu")))
+    try:
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.ones(4, 3)).sum().backward()
+            engine.step()
+        snapshot = engine._state()
+        weight = snapshot["model"]["weight"].clone()
+        momentum = snapshot["optimizer"]["state"][0]["momentum_buffer"].clone()
+        engine.flush()  # one more update, in place
+        assert not torch.equal(model.weight.detach(), weight)
+        assert torch.equal(snapshot["model"]["weight"], weight)
+        assert torch.equal(snapshot["optimizer"]["state"][0]["momentum_buffer"], momentum)
+    finally:
+        engine.close()

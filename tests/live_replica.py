@@ -1,0 +1,69 @@
+"""One replica group of a live run, for tests/distributed/test_live.py: a small model trained with
+LiveEngine until ``--stop`` exists; after every step one JSON line: the engine's step, torchft's
+committed step, whether the update was applied or skipped, and the weights' sha256."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipesgd.engine.live import LiveEngine  # noqa: E402
+from pipesgd.live.options import LiveOptions  # noqa: E402
+from pipesgd.replicas import digest  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--lighthouse", required=True)
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--replica", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--stop", required=True)
+    p.add_argument("--max-steps", type=int, default=3000)
+    p.add_argument("--checkpoint-every-step", action="store_true",
+                   help="take engine.state_dict() after every step, as the trainer's checkpoint hook does")
+    a = p.parse_args()
+    logging.basicConfig(level=logging.WARNING, format=f"[replica {a.replica}] %(name)s %(message)s")
+    torch.manual_seed(a.replica)  # different initial weights: a healer must take its donor's
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: 1.0 / (1 + 0.01 * n))  # lr moves every update
+    engine = LiveEngine(model, optimizer, LiveOptions(a.lighthouse, a.run_id, a.replica, timeout_s=10,
+                                                      quorum_timeout_s=20))
+    engine.register_state("scheduler", scheduler.state_dict, scheduler.load_state_dict)
+    out = open(a.out, "a", buffering=1)
+    try:
+        while not os.path.exists(a.stop) and engine.steps < a.max_steps:
+            g = torch.Generator().manual_seed(10_000 * a.replica + engine.steps)  # data follows the replica group
+            x, y = torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            stats = engine.step()
+            if stats.applied:
+                scheduler.step()
+            if a.checkpoint_every_step:
+                engine.state_dict()
+            weights = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
+            out.write(json.dumps({"step": engine.steps, "committed": engine.manager.current_step(),
+                                  "applied": stats.applied, "skipped": stats.skipped, "healed": engine.healed,
+                                  "valid": stats.metrics.get("live/valid"),
+                                  "lr": optimizer.param_groups[0]["lr"], "digest": digest(weights)}) + "\n")
+        engine.flush()
+    finally:
+        engine.close()
+        out.close()
+
+
+if __name__ == "__main__":
+    main()
