@@ -102,12 +102,13 @@ class PipelinedState:
         offsets = torch.tensor([0] + [p.numel() for p in self.params]).cumsum(0).tolist()
         self._flat_at = {id(p): (offsets[i], p.numel()) for i, p in enumerate(self.params)}
         self.numel = offsets[-1]
-        group = process_group if process_group is not None else (
-            self.ddp.process_group if self.ddp is not None else dist.group.WORLD)
-        ranks = dist.get_process_group_ranks(group)
-        self.groups = [dist.new_group(ranks) for _ in range(SLOTS)]
-        self.world_size = len(ranks)
-        self.inner_states = [_slot_state(inner_state, g, self.params) for g in self.groups]
+        self._group, self._inner_state = process_group, inner_state
+        self._pending_inner: list | None = None  # inner states loaded before the groups exist
+        _slot_state(inner_state, None, self.params, check_only=True)
+        self.groups: list = []
+        self.inner_states: list = []
+        if dist.is_initialized():
+            self._setup()
         self.scaler = scaler
         self.rule = _lookahead(staleness, optimizer, self.params)
         self.steps = 0  # rounds launched (steps whose backward ran the hook)
@@ -118,10 +119,24 @@ class PipelinedState:
         self._local: Tensor | None = None  # lookahead: this rank's gradient of the round
         self._joined = False
 
+    def _setup(self) -> None:
+        """The two process groups and the inner hook's state per slot: at construction once the
+        default group exists, else (a trainer that builds DDP later) at the first step, where every
+        rank's first bucket arrives in the same order."""
+        group = self._group if self._group is not None else (
+            self.ddp.process_group if self.ddp is not None else dist.group.WORLD)
+        ranks = dist.get_process_group_ranks(group)
+        self.groups = [dist.new_group(ranks) for _ in range(SLOTS)]
+        self.inner_states = [_slot_state(self._inner_state, g, self.params) for g in self.groups]
+        if self._pending_inner is not None:
+            self._load_inner(self._pending_inner)
+
     # -- the hook -------------------------------------------------------------------------------
     def run(self, inner: Callable, bucket) -> torch.futures.Future:
         """One bucket of this step: launch ``inner`` on a private copy, return the previous step's
         average of the same parameters (zeros at the first step; :meth:`ready` says False)."""
+        if not self.groups:
+            self._setup()
         if self._current is None:
             self._begin_round()
         buf = bucket.buffer()
@@ -290,11 +305,18 @@ class PipelinedState:
             self._inflight = _Round(float(state.get("pending_scale", 1.0)))
             self._inflight.where = {id(p): (done, *self._flat_at[id(p)]) for p in self.params}
         self.steps = int(state["steps"])
-        for mine, saved in zip(self.inner_states, state["inner"]):
-            if isinstance(mine, HookState):
-                mine.load_state_dict(saved)
+        if self.inner_states:
+            self._load_inner(state["inner"])
+        else:
+            self._pending_inner = state["inner"]
         if self.rule is not None:
             self.rule.load_state_dict(state.get("staleness", {}))
+
+    def _load_inner(self, saved: list) -> None:
+        for mine, theirs in zip(self.inner_states, saved):
+            if isinstance(mine, HookState):
+                mine.load_state_dict(theirs)
+        self._pending_inner = None
 
 
 def pipelined(inner: Callable | None = None) -> Callable:
@@ -337,19 +359,20 @@ def _check_ddp(ddp: nn.Module) -> None:
             "never used")
 
 
-def _slot_state(inner_state: Any, group, params: list[Tensor]):
-    """The inner hook's state for one in-flight slot, on that slot's ``group``."""
+def _slot_state(inner_state: Any, group, params: list[Tensor], check_only: bool = False):
+    """The inner hook's state for one in-flight slot, on that slot's ``group`` (``check_only``:
+    only refuse what cannot be one)."""
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
     if inner_state is None or isinstance(inner_state, dist.ProcessGroup):
         return group
     if isinstance(inner_state, PowerSGDState):
-        return PowerSGDHookState(powersgd_state(group, like=inner_state), params)
+        return None if check_only else PowerSGDHookState(powersgd_state(group, like=inner_state), params)
     if isinstance(inner_state, HookState):
         raise TypeError("inner_state: a HookState serves one step; pass a function group -> state so each "
                         "in-flight step gets its own")
     if callable(inner_state):
-        return inner_state(group)
+        return None if check_only else inner_state(group)
     raise TypeError(
         f"inner_state={type(inner_state).__name__} cannot be shared by the two steps in flight: a stateful hook "
         "must not share its state or its process group between them; pass a function group -> state (called "
