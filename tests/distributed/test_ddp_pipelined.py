@@ -269,3 +269,133 @@ def test_pipelined_powersgd_is_torchs_hook_one_step_late(delay_s):
         assert (mine[-1] - plain[-1]).abs().max() > 1e-4, "PowerSGD compressed from its third step on"
     for t, (a, b) in enumerate(zip(results[0][0], results[1][0])):
         assert torch.equal(a, b), f"step {t}: replicas differ"
+
+
+def _resume(rank, world, powersgd):
+    """Straight through, and saved after half the steps then resumed into a fresh DDP (whose first
+    step buckets in model order, then re-buckets): the same weights."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
+
+    steps = 12  # saved after 6: both PowerSGD slots have compressed (from their third step), so the
+    # random start of their factors, drawn in the bucket's order at the first compressed step, is saved too
+    options = ({"inner": powerSGD_hook, "inner_state": _powersgd_template(), "ddp_options": {"bucket_cap_mb": 25}}
+               if powersgd else {})
+    straight = _hooked(rank, steps=range(steps), **options)
+    saved: dict = {}
+    _hooked(rank, steps=range(steps // 2), keep=saved, **options)
+    model = _model()
+    model.load_state_dict(saved["model"])
+    resumed = _hooked(rank, steps=range(steps // 2, steps), model=model, resume=saved, **options)
+    lost = {k: v for k, v in saved.items() if k != "hook"}
+    model = _model()
+    model.load_state_dict(saved["model"])
+    without = _hooked(rank, steps=range(steps // 2, steps), model=model,
+                      resume=lost | {"hook": saved["hook"] | {"pending": {}}}, **options)
+    return straight[steps // 2:], resumed, without, sorted(saved["hook"]["pending"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("powersgd", [False, True])
+def test_a_resume_continues_as_if_uninterrupted(powersgd):
+    for straight, resumed, without, names in run_workers(_resume, 2, powersgd, timeout=280):
+        assert names == sorted(n for n, _ in _model().named_parameters()), "in-flight averages by name"
+        for t, (a, b) in enumerate(zip(straight, resumed)):
+            if powersgd:
+                assert (a - b).abs().max() <= 1e-6, f"step {t} after the resume differs"
+            else:
+                assert torch.equal(a, b), f"step {t} after the resume differs"
+        assert (straight[-1] - without[-1]).abs().max() > 1e-5, "without the in-flight averages the run differs"
+
+
+def _scaler_and_join(rank, world):
+    """A GradScaler whose scale grows every step against none (the scale is a power of two: the
+    same weights), and Join with uneven inputs (rank 0: 5 batches, rank 1: 8)."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from pipesgd.hooks import register
+
+    def run(scaled: bool):
+        model = _model()
+        opt = _opt(model)
+        ddp = DDP(model, bucket_cap_mb=0.01)
+        scaler = torch.amp.GradScaler("cpu", init_scale=4.0, growth_interval=1, enabled=scaled)
+        state = register(ddp, scaler=scaler if scaled else None)
+        for t in range(STEPS):
+            opt.zero_grad()
+            scaler.scale(_loss(ddp, rank, t)).backward()
+            if state.ready():
+                scaler.step(opt)
+                scaler.update()
+        state.flush(opt)
+        return _flat(model), scaler.get_scale()
+
+    scaled, scale = run(True)
+    plain, _ = run(False)
+    model = _model()
+    opt = _opt(model)
+    ddp = DDP(model, bucket_cap_mb=0.01)
+    state = register(ddp)
+    with Join([ddp]):
+        for t in range(5 if rank == 0 else 8):
+            opt.zero_grad()
+            _loss(ddp, rank, t).backward()
+            if state.ready():
+                opt.step()
+    state.flush(opt)
+    return scaled, plain, scale, _flat(model)
+
+
+@pytest.mark.timeout(200)
+def test_gradscaler_and_join():
+    results = run_workers(_scaler_and_join, 2, timeout=180)
+    for scaled, plain, scale, _ in results:
+        assert scale > 4.0, "the scale changed between launch and use"
+        assert torch.equal(scaled, plain), "each average is rescaled from the scale its step launched with"
+    assert torch.equal(results[0][3], results[1][3]), "after Join and the flush every replica agrees"
+
+
+def _refusals(rank, world):
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import batched_powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from pipesgd.hooks import PipelinedState, pipelined, register
+
+    def error(fn) -> str:
+        try:
+            fn()
+        except (TypeError, ValueError, RuntimeError) as e:
+            return f"{type(e).__name__}: {e}"
+        return "accepted"
+
+    model = _model()
+    found = {
+        "find_unused_parameters": error(lambda: register(DDP(_model(), find_unused_parameters=True))),
+        "inner": error(lambda: pipelined(5)),
+        "inner_state": error(lambda: register(DDP(_model()), inner_state=object())),
+        "staleness": error(lambda: register(DDP(_model()), staleness="dc", optimizer=_opt(model))),
+        "optimizer": error(lambda: register(DDP(_model()), staleness="lookahead")),
+    }
+    ddp = DDP(_model(), bucket_cap_mb=25)
+    ddp.register_comm_hook(None, pipelined())
+    found["state"] = error(lambda: _loss(ddp, rank, 0).backward())
+    ddp = DDP(_model(), bucket_cap_mb=25)
+    register(ddp, batched_powerSGD_hook, _powersgd_template())
+    found["batched"] = error(lambda: [_loss(ddp, rank, t).backward() for t in range(4)])
+    static = DDP(_model(), find_unused_parameters=True, static_graph=True)
+    found["static_graph"] = error(lambda: PipelinedState(static))
+    return found
+
+
+@pytest.mark.timeout(200)
+def test_every_refused_option_is_refused_naming_it():
+    for found in run_workers(_refusals, 2, timeout=180):
+        assert "find_unused_parameters=True is refused" in found["find_unused_parameters"]
+        assert "static_graph=True" in found["find_unused_parameters"]
+        assert "pipelined(inner): inner must be a DDP comm hook" in found["inner"]
+        assert "inner_state=object cannot be shared" in found["inner_state"]
+        assert "staleness='dc' is not available" in found["staleness"]
+        assert "staleness='lookahead' needs optimizer=" in found["optimizer"]
+        assert "must be a PipelinedState" in found["state"]
+        assert "batched_powerSGD_hook" in found["batched"]
+        assert found["static_graph"] == "accepted", "a fixed set of unused parameters is fine"
