@@ -160,7 +160,7 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
     mode = get_mode(name)
     pipelined = ", ".join(m for m in MODES if MODES[m].width is None)
     other_width = "trainer.width" in explicit and cfg.trainer.width in mode.widths  # ddp: 2, the pipelined hook
-    if mode.widths and not other_width:
+    if mode.widths and "trainer.width" not in explicit:
         cfg.trainer.width = mode.width  # a file's width is pipe's; this mode takes another only when asked
     if mode.width is not None:
         for key, neutral in (("trainer.width", mode.width), ("trainer.warmup_sync_steps", 0)):
