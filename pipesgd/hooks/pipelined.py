@@ -243,9 +243,10 @@ class PipelinedState:
         scaler). After ``Join``, every rank then takes the last joiner's weights, as DDP does at
         the end of ``Join``. False when nothing was in flight."""
         prev, self._inflight = self._inflight, None
-        self._returned = False
         if prev is None:
+            self._returned = False
             return False
+        self._returned = True  # an optimizer whose step() asks ready() (the HF Trainer recipe) steps
         scaler = scaler or self.scaler
         now = scaler.get_scale() if scaler is not None and scaler.is_enabled() else 1.0
         values = prev.values()
@@ -263,6 +264,7 @@ class PipelinedState:
             scaler.update()
         else:
             optimizer.step()
+        self._returned = False
         if self._joined:
             self._sync_after_join()
         return True
