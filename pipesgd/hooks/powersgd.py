@@ -4,6 +4,7 @@ pipelined hook (:mod:`pipesgd.hooks.pipelined`)."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -11,19 +12,22 @@ import torch
 from torch import Tensor, nn
 
 
-class HookState:
+class HookState(ABC):
     """A DDP comm hook's state that a checkpoint carries: ``run(hook, bucket)`` calls ``hook`` with
     the state torch's hook expects; ``state_dict`` / ``load_state_dict`` hold plain tensors and
     Python values (loadable with ``weights_only=True``)."""
 
+    @abstractmethod
     def run(self, hook: Callable, bucket) -> torch.futures.Future:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
+        ...
 
 
 def powersgd_state(process_group=None, *, rank: int = 1, error_feedback: bool = True, seed: int = 0,
@@ -82,12 +86,6 @@ class PowerSGDHookState(HookState):
             self._unpark(idx, order)
         self._layout[idx] = order
         return hook(self.state, bucket)
-
-    def hook(self, state, bucket):  # no annotation: DDP rejects a string one (future annotations)
-        """DDP's comm hook (registered with ``self.state``): torch's ``powerSGD_hook``, re-laid out."""
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-
-        return self.run(powerSGD_hook.powerSGD_hook, bucket)
 
     def _factors(self, i: int) -> tuple[int, int] | None:
         """(rows, cols) x rank of parameter ``i``'s P and Q if torch's hook compresses it, else None
