@@ -160,20 +160,30 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
     name = cfg.trainer.mode
     mode = get_mode(name)
     pipelined = ", ".join(m for m in MODES if MODES[m].width is None)
+    other_width = "trainer.width" in explicit and cfg.trainer.width in mode.widths  # ddp: 2, the pipelined hook
+    if mode.widths and "trainer.width" not in explicit:
+        cfg.trainer.width = mode.width  # a file's width is pipe's; this mode takes another only when asked
     if mode.width is not None:
         for key, neutral in (("trainer.width", mode.width), ("trainer.warmup_sync_steps", 0)):
             value = OmegaConf.select(cfg, key)
-            if key in explicit and value != neutral:
+            if key in explicit and value != neutral and not (key == "trainer.width" and other_width):
+                also = f" or {', '.join(map(str, mode.widths))}" if mode.widths and key == "trainer.width" else ""
                 raise ConfigError(f"{key}={value} is not used by trainer.mode={name}, which runs at width "
-                                  f"{mode.width}; drop {key} or use trainer.mode={pipelined}")
-    if not mode.staleness and cfg.trainer.staleness != "none":
+                                  f"{mode.width}{also}; drop {key} or use trainer.mode={pipelined}")
+    applies = mode.staleness or other_width
+    if applies and mode.stalenesses is not None and cfg.trainer.staleness not in mode.stalenesses:
+        raise ConfigError(f"staleness={cfg.trainer.staleness} is not available with trainer.mode={name}"
+                          f"{f' trainer.width={cfg.trainer.width}' if other_width else ''}; allowed: "
+                          f"{', '.join(mode.stalenesses)}")
+    if not applies and cfg.trainer.staleness != "none":
         if explicit and not {"staleness", "trainer.staleness"} & set(explicit):
             # an experiment file's rule for pipe (resnet_cifar: lookahead), like its width: not this mode's
             cfg.staleness = {"_target_": _target_of(rule_class("none"))}
             cfg.trainer.staleness = "none"
         else:
+            wider = "".join(f" (and {m} at trainer.width={w})" for m in MODES for w in MODES[m].widths)
             raise ConfigError(f"staleness={cfg.trainer.staleness} is not used by trainer.mode={name}; only "
-                              f"{', '.join(modes_with('staleness'))} apply a staleness rule (use staleness=none)")
+                              f"{', '.join(modes_with('staleness'))} apply a staleness rule{wider} (use staleness=none)")
     if not mode.nonfinite_skip and cfg.trainer.nonfinite == "skip":
         raise ConfigError(f"trainer.nonfinite=skip is not available with trainer.mode={name}: its ranks do not "
                           "decide a non-finite gradient together; use trainer.nonfinite=abort")

@@ -26,6 +26,11 @@ class Mode:
     ``width``: the engine's fixed width, or None when it runs at ``trainer.width`` (pipelined).
     ``staleness``: applies ``trainer.staleness`` (other modes take only ``none``).
     ``compressors``: the compressor names it carries, or None for every per-chunk compressor.
+    ``ddp_hooks``: it carries exactly the compressors and reductions that declare a DDP comm hook
+    (their ``ddp_hook()``), error feedback their hook's own.
+    ``widths``: other widths a mode of fixed width runs at when ``trainer.width`` names one on the
+    command line (ddp: 2, through the pipelined hook); there it applies ``stalenesses``.
+    ``stalenesses``: the staleness rules it applies (None: every registered rule).
     ``reductions``: also carries top-k / PowerSGD and error feedback (state kept across steps).
     ``allreduce``: reduces over the configured ``comm``; otherwise ``comm`` is not used.
     Its timing shape, what :mod:`pipesgd.timing` prices: ``overlap``, what a reduction runs
@@ -48,6 +53,9 @@ class Mode:
     width: int | None = 1
     staleness: bool = False
     compressors: tuple[str, ...] | None = None
+    ddp_hooks: bool = False
+    widths: tuple[int, ...] = ()
+    stalenesses: tuple[str, ...] | None = None
     reductions: bool = False
     allreduce: bool = False
     overlap: str = "pipeline"
@@ -64,7 +72,7 @@ class Mode:
 MODES: dict[str, Mode] = {
     "sync": Mode("pipesgd.engine.pipe:build", width=1, staleness=True, reductions=True, allreduce=True),
     "pipe": Mode("pipesgd.engine.pipe:build", width=None, staleness=True, reductions=True, allreduce=True),
-    "ddp": Mode("pipesgd.engine.ddp:build", compressors=("none", "fp16", "bf16", "powersgd"),  # DDP's own hooks
+    "ddp": Mode("pipesgd.engine.ddp:build", ddp_hooks=True, widths=(2,), stalenesses=("none", "lookahead"),
                 overlap="backward", fixed_comm="native"),
     "ps_sync": Mode("pipesgd.engine.ps:build_sync", server=True, nonfinite_skip=False, min_world=2, elastic=False),
     "ps_async": Mode("pipesgd.engine.ps:build_async", overlap="async", server=True, nonfinite_skip=False,
@@ -96,15 +104,33 @@ def modes_with(setting: str) -> list[str]:
     return [name for name in MODES if REGISTRY.facts(name)[setting]]
 
 
+def carries(name: str, compressor: object) -> bool:
+    """Whether ``trainer.mode=name`` has a row for ``compressor`` (an instance): one that declares a
+    DDP hook where the row says ``ddp_hooks``, one its row names, else any (:func:`check_compressor`
+    says what else a configuration must meet)."""
+    mode = get_mode(name)
+    if mode.ddp_hooks:
+        return compressor.ddp_hook() is not None
+    return mode.compressors is None or compressor.name in mode.compressors
+
+
+def ddp_carried() -> list[str]:
+    """The compressors and reductions that declare a DDP comm hook (at their defaults)."""
+    return [n for kind in ("compressor", "reduction") for n in registry(kind) if registry(kind)[n]().ddp_hook()]
+
+
 def check_compressor(name: str, compressor: object) -> None:
     """ValueError unless ``trainer.mode=name`` carries ``compressor`` (a per-chunk Compressor or a
     Reduction) as configured, error feedback included."""
     mode = get_mode(name)
+    if mode.ddp_hooks and compressor.ddp_hook() is None:
+        raise ValueError(f"compressor={compressor.name} is not available with trainer.mode={name}: it declares no "
+                         f"DDP comm hook (ddp_hook()); allowed: {', '.join(ddp_carried())}")
     if mode.compressors is not None and compressor.name not in mode.compressors:
         raise ValueError(f"compressor={compressor.name} is not available with trainer.mode={name}; "
                          f"allowed: {', '.join(mode.compressors)}")
-    if mode.reductions or mode.compressors is not None and compressor.name in registry("reduction"):
-        return  # a reduction the mode names itself is its own (ddp: torch's PowerSGD hook, with its error feedback)
+    if mode.reductions or (mode.compressors is not None or mode.ddp_hooks) and compressor.name in registry("reduction"):
+        return  # a reduction the mode carries is its own (ddp: torch's PowerSGD hook, with its error feedback)
     where = f"trainer.mode={'|'.join(modes_with('reductions'))}"
     if compressor.name in registry("reduction"):
         raise ValueError(f"compressor={compressor.name} is not available with trainer.mode={name}, which carries "
@@ -132,10 +158,10 @@ def build(name: str, args: ModeArgs) -> tuple[nn.Module, Engine]:
     mode = get_mode(name)
     check_compressor(name, args.compressor)
     module, function = mode.engine.split(":")
-    model, engine = getattr(import_module(module), function)(replace(args, width=mode.width or args.width))
+    width = args.width if args.width in mode.widths else mode.width or args.width
+    model, engine = getattr(import_module(module), function)(replace(args, width=width))
     if not isinstance(engine, Engine):
         raise TypeError(f"{mode.engine} built a {type(engine).__name__}, not a pipesgd Engine")
-    if engine.width != (mode.width or args.width):
-        raise TypeError(f"{mode.engine} built an engine of width {engine.width}; trainer.mode={name} runs at "
-                        f"{mode.width or args.width}")
+    if engine.width != width:
+        raise TypeError(f"{mode.engine} built an engine of width {engine.width}; trainer.mode={name} runs at {width}")
     return model, engine

@@ -41,7 +41,7 @@ from pipesgd.timing.model import FP32_BYTES
 from pipesgd.timing.scale import ARMS as ARM_MODES
 from pipesgd.timing.scale import Scenario, arm_rows
 
-from .grid import CROSSOVER_ARMS, CROSSOVER_RATES, RESNET20, crossover_grid
+from .grid import CROSSOVER_ARMS, CROSSOVER_PIPELINED_DDP, CROSSOVER_RATES, RESNET20, arm_name, crossover_grid
 from .render import _table
 
 log = logging.getLogger("pipesgd.bench.crossover")
@@ -66,10 +66,14 @@ class CrossoverError(ValueError):
 
 def arm_of(record: dict) -> str:
     """A train record's arm: its mode, with ``-<compressor>`` when it compresses (as the grid names it)."""
-    return record["mode"] if record["compressor"] == "none" else f"{record['mode']}-{record['compressor']}"
+    return arm_name(record["mode"], record["compressor"], record.get("width", 1))
 
 
 ARMS = tuple(arm_of({"mode": m, "compressor": c}) for m, c in CROSSOVER_ARMS)
+PIPELINED_DDP_ARMS = tuple(arm_name("ddp", c, 2) for c in CROSSOVER_PIPELINED_DDP)
+"""Pipe-SGD inside DDP (pipesgd.hooks): each row reports their measured medians and speedups over the
+best DDP arm (``pipelined_ddp``); the timing map has no row for them yet, so they take no part in the
+predictions, the crossover or the missing-cell count of :data:`ARMS`."""
 
 
 def _ok(record: dict | None) -> bool:
@@ -169,8 +173,10 @@ def analyse(records: Sequence[dict], shapes: tuple[tuple[int, ...], ...] | None 
     ResNet-20's parameter shapes for ddp-powersgd's prediction (None: each DDP bucket one square
     matrix, the map's stated approximation). Raises CrossoverError when the input holds no
     crossover cell, mixes commits or settings, or (``strict``) misses cells."""
-    grid = {c.name: c for c in crossover_grid()}
+    cells = {c.name: c for c in crossover_grid()}
+    grid = {n: c for n, c in cells.items() if arm_name(c.mode, c.compressor, c.width) in ARMS}
     ours = [r for r in records if r.get("name") in grid]
+    pipelined = {r["name"]: r for r in records if r.get("name") in cells and r["name"] not in grid and _ok(r)}
     if not ours:
         raise CrossoverError(f"no crossover cells among {len(records)} records; names look like "
                              f"{next(iter(grid))!r} (python -m pipesgd.bench --grid crossover --list)")
@@ -188,7 +194,14 @@ def analyse(records: Sequence[dict], shapes: tuple[tuple[int, ...], ...] | None 
     rows = []
     for p in ps:
         for rate in CROSSOVER_RATES:
-            rows.append(_row(p, rate, {a: ok.get(f"{RESNET20.label}/p{p}/{rate}/{a}") for a in ARMS}, shapes))
+            row = _row(p, rate, {a: ok.get(f"{RESNET20.label}/p{p}/{rate}/{a}") for a in ARMS}, shapes)
+            best = row["measured"]["best_ddp"]
+            row["pipelined_ddp"] = {}
+            for a in PIPELINED_DDP_ARMS:
+                cell = pipelined.get(f"{RESNET20.label}/p{p}/{rate}/{a}")
+                ms = None if cell is None else cell["median_iter_ms"]
+                row["pipelined_ddp"][a] = {"ms": ms, "speedup": None if ms is None or best is None else best["ms"] / ms}
+            rows.append(row)
     errors = [abs(e) for row in rows for e in row["error"].values() if e is not None]
     errors_local = [abs(e) for row in rows for e in row["error_local_compute"].values() if e is not None]
     result = {

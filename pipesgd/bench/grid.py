@@ -11,7 +11,7 @@ grids the bench can run (``--grid``): the suite, and the ring at larger p (docs/
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipesgd.modes import MODES
 from pipesgd.timing import MODEL_PARAMS
@@ -76,8 +76,8 @@ class Cell:
         if self.kind == "allreduce":
             return f"allreduce/p{self.world_size}/{self.link}/{self.mode}-{_size(self.nbytes)}"
         via = "" if self.comm == "ring" else f"+{self.comm}"
-        suffix = "" if self.compressor == "none" else f"-{self.compressor}"
-        return f"{self.workload}/p{self.world_size}/{self.link}/{self.mode}{via}{suffix}"
+        arm = arm_name(self.mode, self.compressor, self.width)
+        return f"{self.workload}/p{self.world_size}/{self.link}/{arm.replace(self.mode, self.mode + via, 1)}"
 
     @property
     def emulated(self) -> bool:
@@ -91,6 +91,15 @@ class Cell:
         if self.kind == "train":
             return (self.workload, self.world_size, self.link)
         return (RESNET20.label, self.calibrated_at or self.world_size, self.link)
+
+
+def arm_name(mode: str, compressor: str, width: int) -> str:
+    """How a cell's arm is named: its mode, ``-pipelined`` where a mode of fixed width runs at
+    another it offers (ddp at width 2: the pipelined DDP hook), and ``-<compressor>`` when it
+    compresses: ``ddp-fp16``, ``ddp-pipelined-powersgd``."""
+    row = MODES[mode]
+    label = f"{mode}-pipelined" if row.width is not None and width in row.widths else mode
+    return label if compressor == "none" else f"{label}-{compressor}"
 
 
 def _size(nbytes: int) -> str:
@@ -180,11 +189,20 @@ POWERSGD_DDP = ("compressor.rank=2", "compressor.ddp_start_iter=2")
 1000 plain steps first, a timing run of a few dozen steps would time plain DDP."""
 
 
+CROSSOVER_PIPELINED_DDP = ("none", "fp16", "powersgd")
+"""DDP with the pipelined hook (``trainer.mode=ddp trainer.width=2``: Pipe-SGD of width 2 inside DDP,
+pipesgd.hooks) around DDP's allreduce, torch's fp16 hook and torch's PowerSGD hook."""
+
+
 def crossover_grid() -> list[Cell]:
     """The crossover sweep (docs/crossover.md): ResNet-20 at p = 2 and 4, every arm at every rate, in
     run order (p, then rate, then arm); run with interleaved rounds."""
-    return [_train(mode, comp, p, rate, extra=POWERSGD_DDP if comp == "powersgd" else ())
-            for p in WORLD_SIZES for rate in CROSSOVER_RATES for mode, comp in CROSSOVER_ARMS]
+    def extra(comp: str) -> tuple[str, ...]:
+        return POWERSGD_DDP if comp == "powersgd" else ()
+
+    return [cell for p in WORLD_SIZES for rate in CROSSOVER_RATES for cell in (
+        *(_train(mode, comp, p, rate, extra=extra(comp)) for mode, comp in CROSSOVER_ARMS),
+        *(replace(_train("ddp", comp, p, rate, extra=extra(comp)), width=2) for comp in CROSSOVER_PIPELINED_DDP))]
 
 
 GRIDS = {"full": full_grid, "ring-scaling": ring_scaling_grid, "crossover": crossover_grid}

@@ -82,9 +82,19 @@ class Compressor(ABC):
         return self.payload_bytes(ctx.numel, ctx.dtype.itemsize)
 
     def ddp_hook(self) -> Callable | None:
-        """The DDP communication hook that carries this compressor (``trainer.mode=ddp``), or None:
-        DDP's own allreduce, uncompressed."""
+        """The DDP communication hook that carries this compressor (``trainer.mode=ddp``; torch's
+        ``hook(state, bucket) -> Future`` contract), or None: DDP cannot carry it (the mode refuses
+        it, naming the compressors that declare one)."""
         return None
+
+    def ddp_state(self, parameters: list, group) -> object:
+        """The state :meth:`ddp_hook` runs with, reducing over ``group`` (None: the world): torch's
+        stateless hooks take the process group itself."""
+        return group
+
+    def ddp_options(self, model) -> dict:
+        """Keyword arguments DDP needs for :meth:`ddp_hook` (e.g. ``bucket_cap_mb``); none by default."""
+        return {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -15,6 +15,11 @@ class NoCompression(Compressor):
     def payload_bytes(self, numel: int, elem_size: int = 4) -> int:
         return numel * elem_size
 
+    def ddp_hook(self):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        return allreduce_hook
+
     def compress(self, t: Tensor) -> tuple[Tensor, Ctx]:
         return t.reshape(-1), Ctx.of(t)
 

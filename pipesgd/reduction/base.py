@@ -53,6 +53,19 @@ class Reduction(ABC):
         of what is communicated; identical bits on every rank. Returns this rank's cost, with
         ``raw_bytes`` = what a dense ring allreduce of ``flat`` would have sent."""
 
+    def ddp_hook(self) -> Callable | None:
+        """The DDP communication hook that carries this reduction (``trainer.mode=ddp``; torch's
+        ``hook(state, bucket) -> Future``), or None: DDP cannot carry it."""
+        return None
+
+    def ddp_state(self, parameters: list, group) -> object:
+        """The state :meth:`ddp_hook` runs with, reducing over ``group`` (None: the world)."""
+        return group
+
+    def ddp_options(self, model) -> dict:
+        """Keyword arguments DDP needs for :meth:`ddp_hook`; none by default."""
+        return {}
+
     def state_dict(self) -> dict:
         """Tensors that must survive a checkpoint (error-feedback residuals, warm starts)."""
         return {} if self.memory is None else self.memory.state_dict()

@@ -154,6 +154,29 @@ class PowerSGD(Reduction):
         return CommStats(wire_bytes=stats.wire_bytes,
                          raw_bytes=ring_bytes(flat.numel(), p, flat.element_size()))
 
+    def ddp_hook(self):
+        """torch's ``powerSGD_hook`` (never this module's code: the DDP baseline is torch's)."""
+        from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
+
+        return powerSGD_hook
+
+    def ddp_state(self, parameters, group):
+        """torch's ``PowerSGDState`` over ``group`` from this compressor's settings (``rank`` ->
+        ``matrix_approximation_rank``, ``error_feedback`` -> ``use_error_feedback``, ``seed`` ->
+        ``random_seed``, ``ddp_start_iter`` -> ``start_powerSGD_iter``), kept per parameter so it
+        follows DDP's bucket rebuild and a resume (:class:`~pipesgd.hooks.PowerSGDHookState`)."""
+        from ..hooks.powersgd import PowerSGDHookState, powersgd_state
+
+        state = powersgd_state(group, rank=self.rank, error_feedback=self.memory is not None, seed=self.seed,
+                               start_iter=self.ddp_start_iter)
+        return PowerSGDHookState(state, parameters)
+
+    def ddp_options(self, model):
+        """One bucket on Gloo: torch's hook waits inside its callbacks (:func:`~pipesgd.hooks.one_bucket_on_gloo`)."""
+        from ..hooks.powersgd import one_bucket_on_gloo
+
+        return one_bucket_on_gloo(model)
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), "q": [q.clone() for q in self.q] if self.q else self._warm_start()}
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..modes import MODES as TRAINER_MODES
-from ..modes import get_mode
+from ..modes import carries, get_mode
 from ..registry import registry
 from .cost import Phase
 from .units import parse_bandwidth, parse_latency
@@ -511,9 +511,8 @@ def predict(numel: int, p: int, link: Link, compute_s: float, update_s: float = 
     _, baseline = _predict_s("sync", "ring", nbytes, p, link, compute_s, update_s, 1, 1.0, 0.0, **options)
     rows = []
     for mode, algorithm, row_width in _plan(width, per_node, p):
-        carried = TRAINER_MODES[mode].compressors
         for comp in comps:
-            if carried is not None and comp.name not in carried:
+            if not carries(mode, comp):
                 continue
             ratio = compression_ratio(comp, numel, chunks_for(algorithm, p, per_node))
             comm, iter_s = _predict_s(mode, algorithm, nbytes, p, link, compute_s, update_s, row_width,

@@ -136,12 +136,11 @@ def test_ddp_start_iter_is_torchs_start_powersgd_iter():
     """``compressor.ddp_start_iter`` reaches torch's ``PowerSGDState`` (a timing run of 50 steps
     with torch's default 1000 would time plain DDP), defaults to torch's 1000, and torch's minimum
     (2, with warm start or error feedback) is checked where the value is given, naming it."""
-    from pipesgd.engine.ddp import PowerSGDHookState
     from pipesgd.reduction.powersgd import PowerSGD
 
     params = list(_model().parameters())
-    assert PowerSGDHookState(PowerSGD(rank=2, ddp_start_iter=2), params).state.start_powerSGD_iter == 2
-    assert PowerSGDHookState(PowerSGD(rank=2), params).state.start_powerSGD_iter == 1000
+    assert PowerSGD(rank=2, ddp_start_iter=2).ddp_state(params, None).state.start_powerSGD_iter == 2
+    assert PowerSGD(rank=2).ddp_state(params, None).state.start_powerSGD_iter == 1000
     for bad in (1, 0, 2.5, True):
         with pytest.raises(ValueError, match=f"ddp_start_iter={bad!r}"):
             PowerSGD(rank=2, ddp_start_iter=bad)

@@ -65,6 +65,20 @@ def test_modes_compressors_and_comms_compose(mode, compressor, comm, tmp_path, s
         assert s["compression_ratio"] > 1.9
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("compressor,staleness", [("fp16", "lookahead"), ("powersgd", "none")])
+def test_ddp_at_width_2_runs_the_pipelined_hook(compressor, staleness, tmp_path, shared_data):
+    run_dir = tmp_path / "run"
+    extra = ["compressor.ddp_start_iter=2"] if compressor == "powersgd" else []
+    r = train("+experiment=mnist_mlp", *fast(tmp_path, shared_data), "trainer.max_steps=6", "trainer.mode=ddp",
+              "trainer.width=2", f"compressor={compressor}", f"staleness={staleness}", *extra, "dist.nproc=2",
+              "trainer.checkpoint_every=3", f"hydra.run.dir={run_dir}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert (s["mode"], s["width"], s["compressor"], s["config"]["trainer"]["staleness"]) == (
+        "ddp", 2, compressor, staleness)
+
+
 BAD_INPUT = [
     (["trainer.width=0"], "trainer.width=0 is invalid: must be an integer >= 1"),
     (["dist.nproc=0"], "dist.nproc=0 is invalid: must be an integer >= 1"),

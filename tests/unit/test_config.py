@@ -54,7 +54,14 @@ def test_forced_keys_and_ranges_are_explained(override, message):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["trainer.mode=ddp", "trainer.width=4"], "trainer.width=4 is not used by trainer.mode=ddp, which runs at width 1"),
+    (["trainer.mode=ddp", "trainer.width=4"], "trainer.width=4 is not used by trainer.mode=ddp, which runs at width 1 "
+                                              "or 2"),
+    (["trainer.mode=ddp", "trainer.width=2", "staleness=dc"], "staleness=dc is not available with trainer.mode=ddp "
+                                                              "trainer.width=2; allowed: none, lookahead"),
+    (["trainer.mode=ddp", "staleness=lookahead"], "staleness=lookahead is not used by trainer.mode=ddp; only sync, "
+                                                  "pipe apply a staleness rule (and ddp at trainer.width=2)"),
+    (["trainer.mode=ddp", "compressor=int8"], "compressor=int8 is not available with trainer.mode=ddp: it declares no "
+                                              "DDP comm hook (ddp_hook()); allowed: none, bf16, fp16, powersgd"),
     (["trainer.mode=sync", "trainer.width=2"], "trainer.width=2 is not used by trainer.mode=sync"),
     (["trainer.mode=local", "trainer.warmup_sync_steps=5"], "trainer.warmup_sync_steps=5 is not used by "
                                                             "trainer.mode=local"),
@@ -68,11 +75,20 @@ def test_a_setting_the_mode_does_not_use_is_an_error(overrides, message):
 
 @pytest.mark.parametrize("overrides", [
     ["trainer.mode=ddp"],                                   # mnist_mlp's width 2 is pipe's default: ddp runs at 1
+    ["trainer.mode=ddp", "trainer.width=2", "staleness=lookahead", "compressor=powersgd"],  # the pipelined hook
     ["trainer.mode=sync", "trainer.width=1", "trainer.warmup_sync_steps=0"],  # the mode's own values
     ["trainer.mode=pipe", "trainer.width=4", "trainer.staleness=dc"],
 ])
 def test_a_mode_ignores_the_config_files_width_but_not_the_command_lines(overrides):
     validate(composed(*overrides), command_line_keys(overrides))
+
+
+def test_ddp_runs_the_pipelined_hook_only_when_the_command_line_asks_for_width_2():
+    for overrides, width in ((["trainer.mode=ddp"], 1), (["trainer.mode=ddp", "trainer.width=2"], 2)):
+        cfg = composed(*overrides)
+        assert cfg.trainer.width == 2, "the config files' width is pipe's"
+        validate(cfg, command_line_keys(overrides))
+        assert cfg.trainer.width == width
 
 
 def test_the_staleness_group_and_its_alias_build_the_same_run():

@@ -19,6 +19,7 @@ from pipesgd.bench.crossover import (
     DDP_ARMS,
     END,
     PIPE_ARMS,
+    PIPELINED_DDP_ARMS,
     CrossoverError,
     analyse,
     crossover,
@@ -67,16 +68,17 @@ SHAPES = resnet20_shapes()
 # --- the grid -------------------------------------------------------------------------------------------
 
 
-def test_grid_is_six_rates_by_two_p_by_eight_arms_with_each_arms_overrides():
+def test_grid_is_six_rates_by_two_p_by_eleven_arms_with_each_arms_overrides():
     cells = crossover_grid()
-    assert len(cells) == 6 * 2 * 8 == len({c.name for c in cells})
+    assert len(cells) == 6 * 2 * 11 == len({c.name for c in cells})
     assert {c.link for c in cells} == {"25mbit", "50mbit", "100mbit", "200mbit", "500mbit", "1gbit"}
     assert [parse_bandwidth(r) / 1e6 for r in CROSSOVER_RATES] == [25, 50, 100, 200, 500, 1000]
     assert {c.world_size for c in cells} == {2, 4}
     by_name = {c.name: c for c in cells}
     for p in (2, 4):
         for rate in CROSSOVER_RATES:
-            assert {n.rsplit("/", 1)[1] for n in by_name if n.startswith(f"resnet20/p{p}/{rate}/")} == set(ARMS)
+            assert {n.rsplit("/", 1)[1] for n in by_name if n.startswith(f"resnet20/p{p}/{rate}/")} == {
+                *ARMS, *PIPELINED_DDP_ARMS}
     ov = by_name["resnet20/p2/100mbit/ddp-powersgd"].train_overrides
     assert {"trainer.mode=ddp", "compressor=powersgd", "compressor.rank=2", "compressor.ddp_start_iter=2",
             "trainer.width=1", "dist.nproc=2"} <= set(ov), ov
@@ -84,16 +86,20 @@ def test_grid_is_six_rates_by_two_p_by_eight_arms_with_each_arms_overrides():
     assert {"trainer.mode=pipe", "trainer.width=2", "compressor=int8"} <= set(
         by_name["resnet20/p2/1gbit/pipe-int8"].train_overrides)
     assert "trainer.mode=local" in by_name["resnet20/p4/500mbit/local"].train_overrides
+    ov = by_name["resnet20/p2/50mbit/ddp-pipelined-powersgd"].train_overrides  # Pipe-SGD inside DDP
+    assert {"trainer.mode=ddp", "trainer.width=2", "compressor=powersgd", "compressor.ddp_start_iter=2"} <= set(ov)
+    assert {"trainer.mode=ddp", "trainer.width=2", "compressor=none"} <= set(
+        by_name["resnet20/p4/25mbit/ddp-pipelined"].train_overrides)
     assert all(c.kind == "train" and c.emulated and c.workload == "resnet20" for c in cells)
     assert not any("compressor.rank" in o for c in cells if c.compressor != "powersgd" for o in c.train_overrides)
 
 
 def test_bench_cli_lists_the_crossover_grid_and_selects_from_it(capsys):
     assert bench_main(["--grid", "crossover", "--list"]) == 0
-    assert len(capsys.readouterr().out.split()) == 96
+    assert len(capsys.readouterr().out.split()) == 132
     assert bench_main(["--grid", "crossover", "--list", "--only", "resnet20/p2/*"]) == 0
     names = capsys.readouterr().out.split()
-    assert len(names) == 48 and names[0] == "resnet20/p2/25mbit/local" and "resnet20/p2/1gbit/ddp-powersgd" in names
+    assert len(names) == 66 and names[0] == "resnet20/p2/25mbit/local" and "resnet20/p2/1gbit/ddp-powersgd" in names
 
 
 # --- interleaved rounds ------------------------------------------------------------------------------------
@@ -396,7 +402,7 @@ def test_every_cells_overrides_validate_and_run_the_papers_rule():
 
 def test_the_documented_commands_select_the_sweep_and_parse(capsys):
     """docs/crossover.md's commands for the lead: the two bench invocations select p = 2 and p = 4
-    (48 cells each) and the analysis' flags exist."""
+    (66 cells each: 8 arms and 3 of pipelined DDP at 6 rates) and the analysis' flags exist."""
     import shlex
 
     from pipesgd.bench.crossover import build_parser
@@ -408,7 +414,21 @@ def test_the_documented_commands_select_the_sweep_and_parse(capsys):
     for argv, p in zip(bench, (2, 4)):
         assert bench_main([*argv, "--list"]) == 0
         names = capsys.readouterr().out.split()
-        assert len(names) == 48 and all(n.startswith(f"resnet20/p{p}/") for n in names)
+        assert len(names) == 66 and all(n.startswith(f"resnet20/p{p}/") for n in names)
     (analysis,) = [c[3:] for c in commands if c[2] == "pipesgd.bench.crossover"]
     args = build_parser().parse_args(analysis)
     assert args.strict and args.plot == Path("docs/img/crossover.png") and args.md == Path("docs/crossover.md")
+
+
+def test_pipelined_ddp_arms_are_measured_beside_the_pipe_arms_and_left_out_of_the_prediction():
+    records = _sweep(lambda p, rate, arm: 200.0)
+    for rate in CROSSOVER_RATES:
+        for comp, arm in zip(("none", "fp16", "powersgd"), PIPELINED_DDP_ARMS):
+            records.append(_record(2, rate, "ddp", 100.0 if comp == "powersgd" else 250.0, compressor=comp, width=2,
+                                   name=f"resnet20/p2/{rate}/{arm}"))
+    result = analyse(records, SHAPES, strict=True)
+    for row in result["rows"]:
+        assert row["pipelined_ddp"]["ddp-pipelined-powersgd"] == {"ms": 100.0, "speedup": 2.0}
+        assert row["pipelined_ddp"]["ddp-pipelined"]["speedup"] == 200.0 / 250.0
+    assert analyse(_sweep(lambda p, rate, arm: 200.0), SHAPES, strict=True)["rows"][0]["pipelined_ddp"][
+        "ddp-pipelined"] == {"ms": None, "speedup": None}, "not measured yet: reported as such, not missing"

@@ -1,0 +1,396 @@
+"""Pipe-SGD of width 2 inside PyTorch DDP: a comm hook that hands DDP the average of the previous
+step and leaves this step's reduction in flight (docs/ddp-hook.md).
+
+    state = PipelinedState(ddp_model)                      # or PipelinedState(ddp_model, PowerSGDState(...))
+    ddp_model.register_comm_hook(state, pipelined(inner))  # inner: allreduce_hook, fp16_compress_hook, ...
+    ...
+    loss.backward()
+    if state.ready():                                      # False at the first step: nothing arrived yet
+        optimizer.step()
+    ...
+    state.flush(optimizer)                                 # after the last step: apply what is in flight
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from .powersgd import HookState, PowerSGDHookState, powersgd_state
+
+SLOTS = 2  # reductions in flight at once: this step's and the one DDP is handed (width 2)
+
+
+class _Bucket:
+    """A ``GradBucket`` whose buffer is the hook's private copy: what torch's hooks read (``buffer``,
+    ``gradients``, ``index``, ``is_last``, ``parameters``) and write (``set_buffer``)."""
+
+    def __init__(self, bucket, buffer: Tensor):
+        self._bucket, self._buffer = bucket, buffer
+        self._params = bucket.parameters()
+
+    def index(self) -> int:
+        return self._bucket.index()
+
+    def is_last(self) -> bool:
+        return self._bucket.is_last()
+
+    def parameters(self) -> list[Tensor]:
+        return self._params
+
+    def buffer(self) -> Tensor:
+        return self._buffer
+
+    def set_buffer(self, buffer: Tensor) -> None:
+        self._buffer = buffer
+
+    def gradients(self) -> list[Tensor]:
+        return [v.view_as(p) for p, v in zip(self._params, self._buffer.split([p.numel() for p in self._params]))]
+
+
+class _Round:
+    """One step's reductions: per parameter, the future of its bucket and where it sits in it."""
+
+    def __init__(self, scale: float = 1.0):
+        self.where: dict[int, tuple[torch.futures.Future, int, int]] = {}
+        self.scale = scale  # the GradScaler's scale the gradients were taken at
+
+    def values(self) -> dict[int, Tensor]:
+        """Wait for every reduction; the flat average of each parameter, by ``id``."""
+        return {i: fut.wait()[at:at + n] for i, (fut, at, n) in self.where.items()}
+
+
+class PipelinedState:
+    """The state registered with :func:`pipelined`: what is in flight, matched by parameter.
+
+    ``model``: the ``DistributedDataParallel`` model (its options are checked here, and ``Join`` at
+    the first step), or the plain module it wraps (Lightning builds the DDP later; then nothing is
+    checked). The reductions run on two process groups of their own (one per in-flight step, over
+    ``process_group``'s ranks, default DDP's or the world; created here, collectively: construct
+    the state at the same point on every rank), so they never queue on DDP's group, nor on the one
+    ``broadcast_buffers`` or SyncBatchNorm use, and a stateful inner hook never shares a group
+    between two steps in flight.
+
+    ``inner_state``: what the inner hook gets, one per in-flight step: None or a process group
+    (torch's ``allreduce_hook``, ``fp16_compress_hook``, ``bf16_compress_hook``: the slot's group),
+    a ``PowerSGDState`` (copied per slot onto the slot's group, with its settings and generator;
+    the object passed is not used further), or ``group -> state``, a function called once per slot
+    (a user's own stateful hook).
+
+    ``scaler``: the ``GradScaler`` of the loop; each average is rescaled from the scale its step
+    launched with to the current one, so ``scaler.step`` unscales it right. ``optimizer`` and
+    ``staleness="lookahead"``: :meth:`forward_context` takes each gradient at the weights the
+    optimizer reaches once the in-flight step lands (``staleness="lookahead"`` of the engine).
+    """
+
+    def __init__(self, model: nn.Module, inner_state: Any = None, *, process_group=None,
+                 scaler: torch.amp.GradScaler | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 staleness: str = "none"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        self.ddp = model if isinstance(model, DDP) else None
+        module = model.module if self.ddp is not None else model
+        if self.ddp is not None:
+            _check_ddp(self.ddp)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.names = {id(p): n for n, p in module.named_parameters() if p.requires_grad}
+        offsets = torch.tensor([0] + [p.numel() for p in self.params]).cumsum(0).tolist()
+        self._flat_at = {id(p): (offsets[i], p.numel()) for i, p in enumerate(self.params)}
+        self.numel = offsets[-1]
+        self._group, self._inner_state = process_group, inner_state
+        self._pending_inner: list | None = None  # inner states loaded before the groups exist
+        _slot_state(inner_state, None, self.params, check_only=True)
+        self.groups: list = []
+        self.inner_states: list = []
+        if dist.is_initialized():
+            self._setup()
+        self.scaler = scaler
+        self.rule = _lookahead(staleness, optimizer, self.params)
+        self.steps = 0  # rounds launched (steps whose backward ran the hook)
+        self._pool: dict[tuple[int, int], Tensor] = {}  # (slot, bucket index) -> private copy
+        self._inflight: _Round | None = None  # the previous step's reductions
+        self._current: _Round | None = None  # this step's, while its backward runs
+        self._returned = False  # the last round handed DDP an earlier step's average
+        self._local: Tensor | None = None  # lookahead: this rank's gradient of the round
+        self._joined = False
+
+    def _setup(self) -> None:
+        """The two process groups and the inner hook's state per slot: at construction once the
+        default group exists, else (a trainer that builds DDP later) at the first step, where every
+        rank's first bucket arrives in the same order."""
+        group = self._group if self._group is not None else (
+            self.ddp.process_group if self.ddp is not None else dist.group.WORLD)
+        ranks = dist.get_process_group_ranks(group)
+        self.groups = [dist.new_group(ranks) for _ in range(SLOTS)]
+        self.inner_states = [_slot_state(self._inner_state, g, self.params) for g in self.groups]
+        if self._pending_inner is not None:
+            self._load_inner(self._pending_inner)
+
+    # -- the hook -------------------------------------------------------------------------------
+    def run(self, inner: Callable, bucket) -> torch.futures.Future:
+        """One bucket of this step: launch ``inner`` on a private copy, return the previous step's
+        average of the same parameters (zeros at the first step; :meth:`ready` says False)."""
+        if not self.groups:
+            self._setup()
+        if self._current is None:
+            self._begin_round()
+        buf = bucket.buffer()
+        slot = self.steps % SLOTS
+        copy = self._copy(slot, bucket.index(), buf)
+        params = bucket.parameters()
+        sizes = [p.numel() for p in params]
+        if sum(sizes) != copy.numel():
+            raise RuntimeError(f"DDP bucket {bucket.index()} holds {copy.numel()} values for parameters of "
+                               f"{sum(sizes)}: the pipelined hook supports dense fp32/fp16/bf16 buckets only")
+        if self._local is not None:
+            at = 0
+            for p, n in zip(params, sizes):
+                start, _ = self._flat_at[id(p)]
+                self._local[start:start + n].copy_(copy[at:at + n])
+                at += n
+        private = _Bucket(bucket, copy)
+        fut = (self.inner_states[slot].run(inner, private) if isinstance(self.inner_states[slot], HookState)
+               else inner(self.inner_states[slot], private))
+        at = 0
+        for p, n in zip(params, sizes):
+            self._current.where[id(p)] = (fut, at, n)
+            at += n
+        out = self._previous(params, buf)
+        if bucket.is_last():
+            self._end_round()
+        return out
+
+    def _begin_round(self) -> None:
+        if self.ddp is not None and self.ddp._join_config.enable:
+            self._joined = True
+        scale = self.scaler.get_scale() if self.scaler is not None and self.scaler.is_enabled() else 1.0
+        self._current = _Round(scale)
+        self._returned = self._inflight is not None
+        if self.rule is not None:
+            self._local = torch.zeros(self.numel, dtype=self.params[0].dtype, device=self.params[0].device)
+
+    def _end_round(self) -> None:
+        if self.rule is not None:
+            if self._returned:
+                self.rule.skip()  # the oldest local gradient lands in this step's optimizer.step()
+            self.rule.launched(self._local.div_(self._current.scale))
+            self._local = None
+        self._inflight, self._current = self._current, None
+        self.steps += 1
+
+    def _copy(self, slot: int, index: int, buf: Tensor) -> Tensor:
+        """``buf`` copied into this slot's buffer for the bucket: DDP writes the next step's
+        gradients into its bucket while this copy may still be reduced. Two buffers per bucket
+        (one per slot), reused; a rebuilt bucket of another size gets new ones."""
+        key = (slot, index)
+        mine = self._pool.get(key)
+        if mine is None or mine.shape != buf.shape or mine.dtype != buf.dtype or mine.device != buf.device:
+            mine = self._pool[key] = torch.empty_like(buf)
+        mine.copy_(buf)
+        if mine.is_cuda:  # the inner collective reads it on its own stream
+            mine.record_stream(torch.cuda.current_stream(mine.device))
+        return mine
+
+    def _previous(self, params: list[Tensor], buf: Tensor) -> torch.futures.Future:
+        """A future of the previous step's average of ``params``, laid out as ``buf``."""
+        prev = self._inflight
+        if prev is None:
+            done = torch.futures.Future()
+            done.set_result(torch.zeros_like(buf))
+            return done
+        missing = [self.names.get(id(p), "?") for p in params if id(p) not in prev.where]
+        if missing:
+            raise RuntimeError(f"the in-flight step has no average for {', '.join(missing[:5])}: the model's "
+                               "trainable parameters changed between two steps")
+        where = [prev.where[id(p)] for p in params]
+        futures = list({id(f): f for f, _, _ in where}.values())
+        ratio = self._current.scale / prev.scale
+
+        def assemble(_) -> Tensor:
+            first, at0, _ = where[0]
+            whole = first.value()
+            if len(futures) == 1 and at0 == 0 and whole.numel() == buf.numel():
+                out = whole  # the same layout: hand the reduced copy over as it is
+            else:
+                out = torch.cat([f.value()[at:at + n] for f, at, n in where])
+            return out.mul_(ratio) if ratio != 1.0 else out
+
+        if len(futures) == 1:
+            return futures[0].then(assemble)
+        return torch.futures.collect_all(futures).then(assemble)
+
+    # -- the loop's side ------------------------------------------------------------------------
+    def ready(self) -> bool:
+        """True when the last backward handed DDP an earlier step's average: step the optimizer.
+        False at the first step (nothing has arrived yet), so the loop skips ``optimizer.step()``."""
+        return self._returned
+
+    def forward_context(self) -> AbstractContextManager:
+        """Run each forward and backward inside: with ``staleness="lookahead"``, the weights the
+        optimizer reaches once the in-flight step lands, restored on exit; else nothing."""
+        if self.rule is None or self._inflight is None:
+            return nullcontext()
+        return self.rule.forward_context(1)
+
+    def flush(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> bool:
+        """Apply the step still in flight (after the last step): every ``p.grad`` becomes its
+        average and ``optimizer.step()`` runs (``scaler.step`` and ``scaler.update`` with a
+        scaler). After ``Join``, every rank then takes the last joiner's weights, as DDP does at
+        the end of ``Join``. False when nothing was in flight."""
+        prev, self._inflight = self._inflight, None
+        if prev is None:
+            self._returned = False
+            return False
+        self._returned = True  # an optimizer whose step() asks ready() (the HF Trainer recipe) steps
+        scaler = scaler or self.scaler
+        now = scaler.get_scale() if scaler is not None and scaler.is_enabled() else 1.0
+        values = prev.values()
+        with torch.no_grad():
+            for p in self.params:
+                avg = values[id(p)].view_as(p) * (now / prev.scale)
+                if p.grad is None:
+                    p.grad = avg.clone()
+                else:
+                    p.grad.copy_(avg)
+        if self.rule is not None:
+            self.rule.skip()
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        self._returned = False
+        if self._joined:
+            self._sync_after_join()
+        return True
+
+    def _sync_after_join(self) -> None:
+        """The last joiner's parameters on every rank (the flush applied one update with optimizer
+        states that differ on a rank that joined early)."""
+        src = self.ddp._authoritative_rank
+        with torch.no_grad():
+            for p in self.params:
+                dist.broadcast(p.data, src=src, group=self.ddp.process_group)
+        self._joined = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Waits for the reductions in flight (never applies them): ``pending`` (each parameter's
+        in-flight average by name, ``{}`` when none), the scale it was taken at, the inner hooks'
+        states per slot (PowerSGD: residuals, warm-start factors, iteration, generator) and the
+        lookahead rule's."""
+        prev = self._inflight
+        pending = {} if prev is None else {self.names[i]: v.clone() for i, v in prev.values().items()}
+        return {"steps": self.steps, "pending": pending, "pending_scale": 1.0 if prev is None else prev.scale,
+                "inner": [s.state_dict() if isinstance(s, HookState) else {} for s in self.inner_states],
+                "staleness": {} if self.rule is None else self.rule.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue as if uninterrupted, into any bucket layout (the averages follow their parameter)."""
+        if self._inflight is not None or self._current is not None:
+            raise RuntimeError("load_state_dict on a PipelinedState with a step in flight; call flush() first")
+        pending = state["pending"]
+        if pending:
+            known = {self.names[id(p)] for p in self.params}
+            if set(pending) != known:
+                odd = sorted(set(pending) ^ known)
+                raise ValueError(f"the checkpoint's in-flight averages do not match the model's trainable "
+                                 f"parameters: {', '.join(odd[:5])}")
+            device = self.params[0].device
+            flat = torch.cat([pending[self.names[id(p)]].to(device).reshape(-1) for p in self.params])
+            done = torch.futures.Future()
+            done.set_result(flat)
+            self._inflight = _Round(float(state.get("pending_scale", 1.0)))
+            self._inflight.where = {id(p): (done, *self._flat_at[id(p)]) for p in self.params}
+        self.steps = int(state["steps"])
+        if self.inner_states:
+            self._load_inner(state["inner"])
+        else:
+            self._pending_inner = state["inner"]
+        if self.rule is not None:
+            self.rule.load_state_dict(state.get("staleness", {}))
+
+    def _load_inner(self, saved: list) -> None:
+        for mine, theirs in zip(self.inner_states, saved):
+            if isinstance(mine, HookState):
+                mine.load_state_dict(theirs)
+        self._pending_inner = None
+
+
+def pipelined(inner: Callable | None = None) -> Callable:
+    """A DDP comm hook that runs ``inner`` (any hook of torch's contract ``hook(state, bucket) ->
+    Future``; None: torch's ``allreduce_hook``) one step late: register it with a
+    :class:`PipelinedState`. The update DDP hands the optimizer at step t is ``inner``'s result for
+    step t-1."""
+    if inner is None:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        inner = allreduce_hook
+    if not callable(inner):
+        raise TypeError(f"pipelined(inner): inner must be a DDP comm hook (state, bucket) -> Future, got {inner!r}")
+
+    def hook(state, bucket):  # no annotation: DDP rejects a string one (future annotations)
+        if not isinstance(state, PipelinedState):
+            raise TypeError(f"the pipelined hook's state must be a PipelinedState, got {type(state).__name__}: "
+                            "ddp_model.register_comm_hook(PipelinedState(ddp_model), pipelined(inner))")
+        return state.run(inner, bucket)
+
+    return hook
+
+
+def register(ddp_model: nn.Module, inner: Callable | None = None, inner_state: Any = None, **options) -> PipelinedState:
+    """The one line: ``state = register(ddp_model, fp16_compress_hook)``; ``options`` go to
+    :class:`PipelinedState`. Returns the state (``ready``, ``flush``, ``state_dict``)."""
+    state = PipelinedState(ddp_model, inner_state, **options)
+    ddp_model.register_comm_hook(state, pipelined(inner))
+    return state
+
+
+def _check_ddp(ddp: nn.Module) -> None:
+    """Refuse what cannot be pipelined, naming the option."""
+    if ddp.find_unused_parameters and not ddp.static_graph:
+        raise ValueError(
+            "find_unused_parameters=True is refused by the pipelined hook: DDP decides which parameters to "
+            "write from the current step's graph, while the gradients it writes are the previous step's, so a "
+            "parameter unused in one step but not the next would lose or gain an update. Use static_graph=True "
+            "(the set of unused parameters is then fixed), or set requires_grad=False on parameters that are "
+            "never used")
+
+
+def _slot_state(inner_state: Any, group, params: list[Tensor], check_only: bool = False):
+    """The inner hook's state for one in-flight slot, on that slot's ``group`` (``check_only``:
+    only refuse what cannot be one)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+    if inner_state is None or isinstance(inner_state, dist.ProcessGroup):
+        return group
+    if isinstance(inner_state, PowerSGDState):
+        return None if check_only else PowerSGDHookState(powersgd_state(group, like=inner_state), params)
+    if isinstance(inner_state, HookState):
+        raise TypeError("inner_state: a HookState serves one step; pass a function group -> state so each "
+                        "in-flight step gets its own")
+    if callable(inner_state):
+        return None if check_only else inner_state(group)
+    raise TypeError(
+        f"inner_state={type(inner_state).__name__} cannot be shared by the two steps in flight: a stateful hook "
+        "must not share its state or its process group between them; pass a function group -> state (called "
+        "once per step in flight), a PowerSGDState (copied per step), a process group or None")
+
+
+def _lookahead(staleness: str, optimizer, params: list[Tensor]):
+    if staleness == "none":
+        return None
+    if staleness != "lookahead":
+        raise ValueError(f"staleness={staleness!r} is not available with the pipelined DDP hook; allowed: none, "
+                         "lookahead (docs/ddp-hook.md says which other rules could follow)")
+    if optimizer is None:
+        raise ValueError("staleness='lookahead' needs optimizer=: the lookahead steps are the optimizer's own")
+    from ..staleness.lookahead import LocalLookahead
+
+    rule = LocalLookahead()
+    rule.bind(params, optimizer)
+    return rule
