@@ -173,6 +173,12 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
         else:
             raise ConfigError(f"staleness={cfg.trainer.staleness} is not used by trainer.mode={name}; only "
                               f"{', '.join(modes_with('staleness'))} apply a staleness rule (use staleness=none)")
+    clip = cfg.trainer.get("max_grad_norm")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
+        raise ConfigError(f"trainer.max_grad_norm={clip!r} is invalid: must be a number > 0, or null for no clipping")
+    if clip is not None and mode.server:
+        raise ConfigError(f"trainer.max_grad_norm={clip} is not used by trainer.mode={name}: its server steps its "
+                          "own copy of the optimizer; use trainer.max_grad_norm=null")
     if not mode.nonfinite_skip and cfg.trainer.nonfinite == "skip":
         raise ConfigError(f"trainer.nonfinite=skip is not available with trainer.mode={name}: its ranks do not "
                           "decide a non-finite gradient together; use trainer.nonfinite=abort")
