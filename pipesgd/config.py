@@ -139,6 +139,7 @@ def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
     _check_comm(cfg)
     _check_mode(cfg, explicit)
     _check_scheme_options(cfg)
+    _check_staleness_optimizer(cfg)
 
 
 def _check_comm(cfg: DictConfig) -> None:
@@ -222,6 +223,23 @@ def _check_scheme_options(cfg: DictConfig) -> None:
     if "trust_coefficient" in cfg.optimizer and (isinstance(trust, bool) or not isinstance(trust, (int, float))
                                                  or not trust > 0):
         raise ConfigError(f"optimizer.trust_coefficient={trust!r} is invalid: must be a number > 0 (LARS η)")
+
+
+def _check_staleness_optimizer(cfg: DictConfig) -> None:
+    """A staleness rule that assumes one optimizer's update (dga: SGD's) refuses any other, here
+    before the workers start (the engine's bind checks the same). Builds the optimizer once over a
+    one-value parameter: the same class the workers build."""
+    rule = rule_class(cfg.trainer.staleness)
+    if not registry("staleness").facts(rule.name)["optimizers"]:
+        return
+    import torch
+
+    from .staleness.base import check_optimizer
+
+    try:
+        check_optimizer(rule, instantiate(cfg.optimizer)([torch.nn.Parameter(torch.zeros(1))]))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_resume(resume: str) -> None:
