@@ -26,6 +26,15 @@ TIMING_OVERRIDES = {"ddp-powersgd": ("compressor.ddp_start_iter=2",)}
 """What a timing run adds to an arm so that it times the arm's own step: torch's PowerSGD hook
 compresses from its third step (not its 1001st); the composition charges the curve's plain steps
 at the ``ddp`` arm's rate."""
+METRICS: dict[str, compose.Metric] = {"gpt_shakespeare": compose.LOSS}
+"""Recipe -> what its study compares, where it is not test accuracy (higher is better): the GPT
+recipe's target is sync's final validation loss + 1 % (lower is better)."""
+
+
+def metric_for(recipe: str) -> compose.Metric:
+    return METRICS.get(recipe, compose.ACCURACY)
+
+
 TIMING_ONLY = (compose.COMPUTE_ARM,)
 """Arms that are timed but never trained to a curve: ``compute`` (every worker trains alone, no
 communication) is the ceiling, the step time no scheme can beat on this machine."""

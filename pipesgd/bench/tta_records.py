@@ -24,6 +24,8 @@ from pathlib import Path
 
 from pipesgd.checkpoint import NOT_HASHED, config_diff, config_digest, drop_keys, hashed_config
 
+from .tta_compose import ACCURACY, Metric
+
 SUMMARY_FACTS = {"trainer.mode": "mode", "trainer.width": "width", "trainer.staleness": "staleness",
                  "compressor": "compressor"}
 """Arm override key -> the summary.json field that states what ran."""
@@ -84,7 +86,7 @@ def arm_mismatch(summary_facts: Mapping, arm_overrides: Sequence[str], config: M
 
 
 def curve_record(arm: str, seed: int, arm_overrides: Sequence[str], recipe: str, summary: Mapping,
-                 segments: Sequence[Mapping]) -> dict:
+                 segments: Sequence[Mapping], metric: Metric = ACCURACY) -> dict:
     """The record of a run that wrote summary.json. ``complete``: it ran the recipe's whole step
     count (summary.json's ``total_steps``; for a summary written before that field existed, the
     step of its last evaluation, which the trainer runs at the end)."""
@@ -97,8 +99,9 @@ def curve_record(arm: str, seed: int, arm_overrides: Sequence[str], recipe: str,
         "kind": "curve", "arm": arm, "seed": seed, "recipe": recipe, "arm_overrides": list(arm_overrides),
         "complete": steps is not None and steps == total and mismatch is None,
         "why_incomplete": mismatch if mismatch else (None if steps == total else f"{steps} of {total} steps"),
-        "steps": steps, "total_steps": total, "final_test_accuracy": 100 * summary["test_accuracy"],
-        "curve": [[e["step"], 100 * e["test_accuracy"]] for e in evals],
+        "steps": steps, "total_steps": total, "metric": metric.key,
+        f"final_{metric.key}": metric.scale * summary[metric.key],
+        "curve": [[e["step"], metric.scale * e[metric.key]] for e in evals],
         "eval_elapsed_s": [e.get("elapsed_s") for e in evals], "eval_s": [e.get("eval_s") for e in evals],
         "facts": facts, "config": hashed_config(summary["config"]), "config_digest": config_digest(summary["config"]),
         "world_size": summary.get("world_size"), "git_commit_at_end": summary.get("git_commit"),

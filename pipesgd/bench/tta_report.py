@@ -15,7 +15,7 @@ from pipesgd.runinfo import git_commit, write_json_atomic
 
 from . import tta_compose as compose
 from . import tta_records as records
-from .tta_arms import ARMS
+from .tta_arms import ARMS, metric_for
 
 log = logging.getLogger("pipesgd.bench.tta")
 
@@ -27,7 +27,7 @@ def write_curve_record(a: argparse.Namespace, arm: str, seed: int, run_dir: Path
     if not summary.exists():
         return None
     record = records.curve_record(arm, seed, ARMS[arm], a.recipe, json.loads(summary.read_text()),
-                                  records.read_segments(run_dir))
+                                  records.read_segments(run_dir), metric_for(a.recipe))
     a.records.mkdir(parents=True, exist_ok=True)
     write_json_atomic(records.record_path(a.records, arm, seed), record)
     return record
@@ -127,12 +127,13 @@ def _warmup(run: dict) -> tuple[int, str | None]:
     return 0, None
 
 
-def _run_row(r: dict, targets: dict[str, float]) -> dict:
+def _run_row(r: dict, targets: dict[str, float], metric: compose.Metric = compose.ACCURACY) -> dict:
+    final = f"final_{metric.key}"
     row = {"name": r["arm"], "seed": r["seed"], "complete": r["complete"], "curve": r["curve"],
-           "final_test_accuracy": r.get("final_test_accuracy") if r["complete"] else None}
+           final: r.get(final) if r["complete"] else None}
     if r["complete"]:
-        row |= {"steps_to_target": (compose.steps_to(r["curve"], targets["target"]) or (None,))[0],
-                "crossings": compose.crossings(r["curve"], targets), "segments": r.get("segments", []),
+        row |= {"steps_to_target": (compose.steps_to(r["curve"], targets["target"], metric) or (None,))[0],
+                "crossings": compose.crossings(r["curve"], targets, metric), "segments": r.get("segments", []),
                 "git_commit_at_end": r.get("git_commit_at_end"), "config_digest": r.get("config_digest")}
         if r.get("provenance"):
             row["provenance"] = r["provenance"]
@@ -204,14 +205,15 @@ def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[
 
 def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict], timing: dict[str, dict]) -> dict:
     finished = [{"name": r["arm"], "seed": r["seed"], "curve": r["curve"]} for r in used]
-    targets = compose.targets_from([r["final_test_accuracy"] for r in used if r["arm"] == "sync"])
+    metric = metric_for(a.recipe)
+    targets = metric.targets([r[f"final_{metric.key}"] for r in used if r["arm"] == "sync"])
     warm = {r["arm"]: _warmup(r) for r in used}
     warmup = {arm: steps for arm, (steps, _) in warm.items()}
     warmup_at = {arm: at for arm, (_, at) in warm.items() if at}
     links = {}
     for link, t in timing.items():
         block = compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, targets, warmup_at,
-                                     t.get("warmup_ms"))
+                                     t.get("warmup_ms"), metric)
         links[link] = block | {"repeat_median_ms": t["repeat_median_ms"], "cpu": t["cpu"],
                                "ceiling": compose.link_ceiling(block), "timing_commits": t["commits"],
                                "timing_measured": t["measured"], "link_mtu": t["mtu"], "timing_windows": t["windows"]}
@@ -225,7 +227,8 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
         "target_accuracy": targets["target"], "same_accuracy_pp": compose.SAME_ACCURACY_PP,
         "targets": targets,
         "warmup": {arm: {"steps": n, "at": warmup_at.get(arm)} for arm, n in warmup.items()},
-        "arms": [_run_row(r, targets) for r in used] + [_run_row(r, targets) for r in unfinished],
+        "metric": {"key": metric.key, "lower_is_better": metric.lower_is_better, "unit": metric.unit},
+        "arms": [_run_row(r, targets, metric) for r in used] + [_run_row(r, targets, metric) for r in unfinished],
         "links": links, "validation": _validation(a, links, targets["target"], warmup, used, warmup_at),
         # what the timing runs did is in their rows (links: timing_windows, repeat_median_ms), not in
         # this invocation's --steps/--skip
