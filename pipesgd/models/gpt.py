@@ -45,8 +45,9 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
         self.attn = CausalSelfAttention(n_embd, n_head, dropout)
-        self.down = nn.Linear(4 * n_embd, n_embd)  # a residual projection: scaled at initialisation
-        self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), self.down, nn.Dropout(dropout))
+        # mlp[2] is a residual projection: scaled at initialisation
+        self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd),
+                                 nn.Dropout(dropout))
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln1(x))
@@ -75,14 +76,13 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(n_embd)
         self.head = nn.Linear(n_embd, vocab_size, bias=False)
         self.head.weight = self.tok.weight  # tied: one parameter, counted and reduced once
+        # the projections into the residual stream (2·n_layer terms add up there) start smaller
+        residual = {id(m) for b in self.blocks for m in (b.attn.proj, b.mlp[2])}
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, 0.0, 0.02)
+                nn.init.normal_(m.weight, 0.0, 0.02 / math.sqrt(2 * n_layer) if id(m) in residual else 0.02)
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
-        for block in self.blocks:  # each adds into the residual stream: 2·n_layer terms in all
-            for residual in (block.attn.proj, block.down):
-                nn.init.normal_(residual.weight, 0.0, 0.02 / math.sqrt(2 * n_layer))
 
     def forward(self, tokens: Tensor) -> Tensor:
         t = tokens.shape[1]
