@@ -140,6 +140,7 @@ def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
     _check_comm(cfg)
     _check_mode(cfg, explicit)
     _check_scheme_options(cfg)
+    _check_staleness_optimizer(cfg)
 
 
 def _check_comm(cfg: DictConfig) -> None:
@@ -184,6 +185,12 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
             wider = "".join(f" (and {m} at trainer.width={w})" for m in MODES for w in MODES[m].widths)
             raise ConfigError(f"staleness={cfg.trainer.staleness} is not used by trainer.mode={name}; only "
                               f"{', '.join(modes_with('staleness'))} apply a staleness rule{wider} (use staleness=none)")
+    clip = cfg.trainer.get("max_grad_norm")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
+        raise ConfigError(f"trainer.max_grad_norm={clip!r} is invalid: must be a number > 0, or null for no clipping")
+    if clip is not None and mode.server:
+        raise ConfigError(f"trainer.max_grad_norm={clip} is not used by trainer.mode={name}: its server steps its "
+                          "own copy of the optimizer; use trainer.max_grad_norm=null")
     if not mode.nonfinite_skip and cfg.trainer.nonfinite == "skip":
         raise ConfigError(f"trainer.nonfinite=skip is not available with trainer.mode={name}: its ranks do not "
                           "decide a non-finite gradient together; use trainer.nonfinite=abort")
@@ -227,6 +234,23 @@ def _check_scheme_options(cfg: DictConfig) -> None:
     if "trust_coefficient" in cfg.optimizer and (isinstance(trust, bool) or not isinstance(trust, (int, float))
                                                  or not trust > 0):
         raise ConfigError(f"optimizer.trust_coefficient={trust!r} is invalid: must be a number > 0 (LARS η)")
+
+
+def _check_staleness_optimizer(cfg: DictConfig) -> None:
+    """A staleness rule that assumes one optimizer's update (dga: SGD's) refuses any other, here
+    before the workers start (the engine's bind checks the same). Builds the optimizer once over a
+    one-value parameter: the same class the workers build."""
+    rule = rule_class(cfg.trainer.staleness)
+    if not registry("staleness").facts(rule.name)["optimizers"]:
+        return
+    import torch
+
+    from .staleness.base import check_optimizer
+
+    try:
+        check_optimizer(rule, instantiate(cfg.optimizer)([torch.nn.Parameter(torch.zeros(1))]))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_resume(resume: str) -> None:

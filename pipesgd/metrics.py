@@ -3,7 +3,7 @@
 Tags the trainer writes (all against the step; see docs/observability.md for their meaning):
 ``train/{loss,lr,staleness}``, ``time/{iter,compute,exposed_comm,comm,hidden_comm}_ms``,
 ``time/{predicted,measured}_iter_ms``, ``comm/{bytes_per_step,compression_ratio}``,
-``test/{accuracy,loss}``. The tags in :data:`BY_TIME` are written a second time as
+``test/{accuracy,loss}`` (and ``test/bpc`` for a language model). The tags in :data:`BY_TIME` are written a second time as
 ``by_time/<tag>`` with the step set to the milliseconds since the writer started, so a chart of
 ``by_time/test/accuracy`` is time-to-accuracy with the same x axis for every run and mode
 (TensorBoard's RELATIVE axis starts at each run's first event instead, and WALL at the clock).
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-BY_TIME = ("train/loss", "test/accuracy", "test/loss")
+BY_TIME = ("train/loss", "test/accuracy", "test/loss", "test/bpc")
 
 HParam = bool | int | float | str
 

@@ -19,6 +19,20 @@ def _check_nonneg(name: str, value: float) -> None:
         raise ValueError(f"scheduler.{name} must be >= 0, got {value}")
 
 
+def _warmup_length(warmup_epochs: float, warmup_steps: int | None, steps_per_epoch: int) -> int:
+    """Warm-up updates: ``warmup_steps`` when given (then ``warmup_epochs`` must be 0), else
+    ``warmup_epochs`` of ``steps_per_epoch``."""
+    _check_nonneg("warmup_epochs", warmup_epochs)
+    if warmup_steps is None:
+        return round(warmup_epochs * steps_per_epoch)
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ValueError(f"scheduler.warmup_steps must be an integer >= 0 or null, got {warmup_steps!r}")
+    if warmup_epochs:
+        raise ValueError(f"scheduler.warmup_steps={warmup_steps} and scheduler.warmup_epochs={warmup_epochs} "
+                         f"both set the warm-up; set one (the other to null / 0)")
+    return warmup_steps
+
+
 def constant(optimizer: Optimizer, total_steps: int, steps_per_epoch: int,
              warmup_epochs: float = 0.0) -> LambdaLR:
     _check_nonneg("warmup_epochs", warmup_epochs)
@@ -27,10 +41,10 @@ def constant(optimizer: Optimizer, total_steps: int, steps_per_epoch: int,
 
 
 def cosine(optimizer: Optimizer, total_steps: int, steps_per_epoch: int,
-           warmup_epochs: float = 0.0, min_lr_ratio: float = 0.0) -> LambdaLR:
-    """Linear warm-up, then half a cosine from the base lr down to ``min_lr_ratio`` x base."""
-    _check_nonneg("warmup_epochs", warmup_epochs)
-    w = round(warmup_epochs * steps_per_epoch)
+           warmup_epochs: float = 0.0, min_lr_ratio: float = 0.0, warmup_steps: int | None = None) -> LambdaLR:
+    """Linear warm-up (``warmup_epochs``, or ``warmup_steps`` updates), then half a cosine from the
+    base lr down to ``min_lr_ratio`` x base at ``total_steps``."""
+    w = _warmup_length(warmup_epochs, warmup_steps, steps_per_epoch)
 
     def f(s: int) -> float:
         if s < w:

@@ -47,6 +47,7 @@ class TrainerConfig:
     elastic: bool = False
     nonfinite: NonFinite = NonFinite.abort
     check_every: Optional[int] = 100
+    max_grad_norm: Optional[float] = None
 
 
 @dataclass

@@ -29,11 +29,13 @@ from .comm.native import AUTO, default_allreduce
 from .config import ConfigError, check_batch, command_line_keys, validate
 from .data import DatasetError
 from .engine import Engine, ModeArgs
+from .engine.pipe import clip_applied_gradient
 from .faults import Faults
 from .hostinfo import fingerprint
 from .live.options import replica_shard
 from .metrics import make_writer
 from .modes import build, get_mode, launcher
+from .objective import Objective
 from .reliability import Reliability
 from .runinfo import git_commit, write_json_atomic
 from .summary import Prediction, summary
@@ -110,6 +112,8 @@ class _Run:
     lr: float
     global_batch: int
     allreduce: str
+    objective: Objective
+    data: dict
 
 
 def worker(container: dict, run_dir: str) -> None:
@@ -138,7 +142,8 @@ def worker(container: dict, run_dir: str) -> None:
                           stop_after_step=cfg.trainer.stop_after_step,
                           log_every=cfg.trainer.log_every, device=ctx.device, is_main=ctx.is_main,
                           predict=lambda h: predict(h)[0], eval_max_batches=cfg.trainer.eval_max_batches,
-                          eval_every_steps=cfg.trainer.eval_every_steps, hooks=reliability)
+                          eval_every_steps=cfg.trainer.eval_every_steps, hooks=reliability,
+                          objective=run.objective)
         _share_position(run.engine, run.scheduler, trainer)
         with reliability.guard():
             result = trainer.fit()
@@ -191,8 +196,7 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
     shard, shards = replica_shard() or (ctx.rank, ctx.world_size)
     train_loader = dataset.train_loader(train_split, shard, shards, cfg.seed)
     eval_loader = dataset.eval_loader(test_split, ctx.rank, ctx.world_size)
-    model = instantiate(cfg.model, num_classes=dataset.num_classes, in_channels=dataset.in_channels,
-                        image_size=dataset.image_size).to(ctx.device)
+    model = instantiate(cfg.model, **dataset.model_inputs).to(ctx.device)
     _broadcast_parameters(model)
     global_batch = train_loader.batch_size * shards
     ref = cfg.trainer.lr_reference_batch
@@ -208,12 +212,14 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
         world_size=ctx.world_size, warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
         staleness=instantiate(cfg.staleness),
         nonfinite=cfg.trainer.nonfinite, timeout_s=ctx.engine_timeout_s))
+    if cfg.trainer.max_grad_norm is not None:
+        clip_applied_gradient(optimizer, cfg.trainer.max_grad_norm)
     steps_per_epoch = len(train_loader)
     total = cfg.trainer.epochs * steps_per_epoch
     total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
     scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total, steps_per_epoch=steps_per_epoch)
     return _Run((train_loader, eval_loader), model, optimizer, scheduler, compressor, engine, lr, global_batch,
-                algorithm_for(cfg.trainer.mode, cfg.comm.name))
+                algorithm_for(cfg.trainer.mode, cfg.comm.name), dataset.objective, dataset.report())
 
 
 def _reliability(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, run_dir: str, container: dict) -> Reliability:
@@ -241,7 +247,7 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
         h, result, predicted, mode=cfg.trainer.mode, width=run.engine.width, staleness=cfg.trainer.staleness,
         compressor=name, allreduce=run.allreduce, world_size=ctx.world_size, backend=ctx.backend,
         steps=trainer.step, total_steps=trainer.total_steps, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
-        git_commit=git_commit(), host=fingerprint(), config=container, **reliability.summary(), **run.engine.summary()))
+        git_commit=git_commit(), host=fingerprint(), config=container, data=run.data, **reliability.summary(), **run.engine.summary()))
     # Per-step timings for benchmarks that skip warm-up steps (pipesgd.bench).
     write_json_atomic(run_dir / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from . import trace
 from .comm.streams import Span, clock_for
 from .engine.base import Engine, StepStats
 from .metrics import MetricWriter
+from .objective import Classification, Objective
 from .progress import Status, make_progress
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class Trainer:
                  stop_after_step: int | None = None,
                  predict: Callable[[History], float | None] | None = None,
                  eval_max_batches: int | None = None, eval_every_steps: int | None = None,
-                 hooks: TrainerHooks | None = None):
+                 hooks: TrainerHooks | None = None, objective: Objective | None = None):
         self.model, self.engine, self.optimizer, self.scheduler = model, engine, optimizer, scheduler
         self.train_loader, self.eval_loader = train_loader, eval_loader
         self.writer = writer
@@ -111,6 +111,7 @@ class Trainer:
         self.stop_step = min(self.total_steps, stop_after_step) if stop_after_step else self.total_steps
         self.is_main = is_main
         self.hooks = hooks or TrainerHooks()
+        self.objective = objective or Classification()
         self.predict = predict
         self.progress = make_progress(self.total_steps, log_every, is_main)
         self.history = History()
@@ -172,7 +173,7 @@ class Trainer:
             # backward has used them (autograd saved those very tensors)
             with self.engine.forward_context():
                 with tr.span("forward", "compute", self.step):
-                    loss = F.cross_entropy(self.model(x), y)
+                    loss = self.objective.loss(self.model(x), y)
                 with tr.span("backward", "compute", self.step):
                     loss.backward()
             self.hooks.on_backward_end(self)
@@ -271,9 +272,9 @@ class Trainer:
 
     @torch.no_grad()
     def _evaluate(self, epoch: float, start: float) -> dict:
-        """Accuracy over the test set (its first ``eval_max_batches`` batches per rank when set):
-        each rank scores its shard, counts are summed. ``epoch`` is the epochs trained so far
-        (fractional inside an epoch); ``eval_s`` in the result is the evaluation's own time."""
+        """The objective's metrics over the test set (its first ``eval_max_batches`` batches per rank
+        when set): each rank sums its shard, the sums are added. ``epoch`` is the epochs trained so
+        far (fractional inside an epoch); ``eval_s`` in the result is the evaluation's own time."""
         t0 = time.perf_counter()
         self.hooks.on_eval_start(self)
         # Collectives of the training loop go through the engine: on its communication thread
@@ -282,32 +283,29 @@ class Trainer:
         self.model.eval()
         # On the model's device: NCCL reduces device tensors only, and the sums stay there until
         # read once at the end (no host sync per batch).
-        counts = torch.zeros(3, dtype=torch.float64, device=self.device)
+        totals = torch.zeros(self.objective.width, dtype=torch.float64, device=self.device)
         # consistent_weights: dga evaluates without this rank's pending local step
         with trace.current().span("eval", "eval", self.step), self.engine.consistent_weights():
             for i, (x, y) in enumerate(self.eval_loader):
                 if self.eval_max_batches is not None and i >= self.eval_max_batches:
                     break
                 x, y = x.to(self.device), y.to(self.device)
-                logits = self.model(x)
-                counts[0] += (logits.argmax(1) == y).sum()
-                counts[1] += y.numel()
-                counts[2] += F.cross_entropy(logits, y, reduction="sum")
+                totals += self.objective.sums(self.model(x), y)
         train_loss = torch.tensor([sum(self.last_losses) / max(1, len(self.last_losses))], dtype=torch.float64,
                                   device=self.device)
         if dist.is_initialized():
-            self.engine.collective(lambda: (dist.all_reduce(counts), dist.all_reduce(train_loss)),
+            self.engine.collective(lambda: (dist.all_reduce(totals), dist.all_reduce(train_loss)),
                                    "summing evaluation counts")
             train_loss /= dist.get_world_size()
         self.model.train()
-        acc = counts[0].item() / max(1.0, counts[1].item())
-        result = {"test_accuracy": acc, "test_loss": counts[2].item() / max(1.0, counts[1].item()),
-                  "final_train_loss": train_loss.item(), "step": self.step,
+        metrics = self.objective.results(totals.cpu())
+        result = {**metrics, "final_train_loss": train_loss.item(), "step": self.step,
                   "elapsed_s": time.perf_counter() - start, "eval_s": time.perf_counter() - t0}
         self.history.evals.append({"epoch": epoch, **result})
-        self.writer.scalars({"test/accuracy": acc, "test/loss": result["test_loss"]}, self.step)
-        log.info("eval after epoch %.4g (step %d): test accuracy %.2f%%, test loss %.4f",
-                 epoch, self.step, 100 * acc, result["test_loss"])
+        self.writer.scalars({f"test/{k.removeprefix('test_')}": v for k, v in metrics.items()}, self.step)
+        log.info("eval after epoch %.4g (step %d): %s", epoch, self.step,
+                 ", ".join(f"{k.removeprefix('test_').replace('_', ' ')} "
+                           + (f"{100 * v:.2f}%" if k == "test_accuracy" else f"{v:.4f}") for k, v in metrics.items()))
         return result
 
 

@@ -202,9 +202,10 @@ def run_curves(a: argparse.Namespace) -> bool:
             ok &= _run_segment(cmd, run_dir, a.timeout_s)
             record = write_curve_record(a, arm, seed, run_dir)
             if record is not None:
-                log.info("curve %s seed %d: %s, final %.2f %%; record %s (commit it)", arm, seed,
+                log.info("curve %s seed %d: %s, final %s %.4g; record %s (commit it)", arm, seed,
                          "complete" if record["complete"] else f"NOT complete ({record['why_incomplete']})",
-                         record["final_test_accuracy"], records.record_path(a.records, arm, seed))
+                         record["metric"], record[f"final_{record['metric']}"],
+                         records.record_path(a.records, arm, seed))
     return ok
 
 

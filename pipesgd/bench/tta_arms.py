@@ -27,6 +27,15 @@ WARMUP_KEYS = {arm: "trainer.warmup_sync_steps" for arm, o in ARMS.items() if "t
 """Arm -> the setting that counts its warm-up steps, for the arms that have one: a pipe arm's
 synchronous steps, and the plain allreduce steps torch's PowerSGD hook takes before it compresses.
 A timing run sets it to time those steps as they run, then the arm's own steps."""
+METRICS: dict[str, compose.Metric] = {"gpt_shakespeare": compose.LOSS}
+"""Recipe -> what its study compares, where it is not test accuracy (higher is better): the GPT
+recipe's target is sync's final validation loss + 1 % (lower is better)."""
+
+
+def metric_for(recipe: str) -> compose.Metric:
+    return METRICS.get(recipe, compose.ACCURACY)
+
+
 TIMING_ONLY = (compose.COMPUTE_ARM,)
 """Arms that are timed but never trained to a curve: ``compute`` (every worker trains alone, no
 communication) is the ceiling, the step time no scheme can beat on this machine."""

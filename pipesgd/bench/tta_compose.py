@@ -14,12 +14,16 @@ own timing run measured them running at, or, where it did not time them, at the 
 time; ``other_arm_rate`` (the reports up to 2026-11-27) charges them at the step time of the arm
 that runs such steps plainly: ``sync`` for a pipe arm, ``ddp`` for the PowerSGD hook.
 Accuracies here are in percent.
+A recipe may compare a lower-is-better metric instead (a language
+model's validation loss): :class:`Metric` says which field, its direction and its headline target,
+and every "reaches the target" below goes through :meth:`Metric.reaches`.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 SAME_ACCURACY_PP = 0.3
 """The target is the ``sync`` arm's mean final accuracy minus this many points ("the same accuracy")."""
@@ -34,6 +38,45 @@ COMPUTE_ARM = "compute"
 """The timing-only arm with no communication: the ceiling on this machine."""
 
 
+SAME_LOSS_REL = 0.01
+"""A lower-is-better target is the ``sync`` arm's mean final value times 1 + this ("the same loss")."""
+LOSS_SLACKS_REL = (0.005, 0.01, 0.02)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a recipe's study compares: the summary.json field ``key`` (records keep it times
+    ``scale``, as ``final_<key>`` and the curve), and its direction."""
+
+    key: str
+    scale: float = 1.0
+    lower_is_better: bool = False
+    unit: str = ""
+
+    def reaches(self, value: float, target: float) -> bool:
+        return value <= target if self.lower_is_better else value >= target
+
+    def margin(self, value: float, target: float) -> float:
+        """How far ``value`` is past ``target`` in the better direction (negative: short of it)."""
+        return target - value if self.lower_is_better else value - target
+
+    def targets(self, finals: Sequence[float]) -> dict[str, float]:
+        """The headline target from the reference (``sync``) runs' finals and the sweep around it:
+        accuracy as :func:`targets_from`; a lower-is-better metric at ``mean * (1 + SAME_LOSS_REL)``,
+        swept over ``LOSS_SLACKS_REL``."""
+        if not self.lower_is_better:
+            return targets_from(finals)
+        if not finals:
+            raise ValueError("no finished 'sync' run to set the target from: run the sync arm first (--arms sync)")
+        mean = statistics.fmean(finals)
+        return {"target": mean * (1 + SAME_LOSS_REL)} | {f"slack {100 * s:g} %": mean * (1 + s)
+                                                          for s in LOSS_SLACKS_REL}
+
+
+ACCURACY = Metric("test_accuracy", scale=100.0, unit="%")
+LOSS = Metric("test_loss", lower_is_better=True, unit="nats")
+
+
 def target_accuracy(finals: Sequence[float], slack_pp: float = SAME_ACCURACY_PP) -> float:
     """The mean final accuracy of the reference runs minus ``slack_pp``; ValueError without runs."""
     if not finals:
@@ -41,11 +84,13 @@ def target_accuracy(finals: Sequence[float], slack_pp: float = SAME_ACCURACY_PP)
     return statistics.fmean(finals) - slack_pp
 
 
-def steps_to(curve: Sequence[Sequence[float]], target: float) -> tuple[int, int] | None:
-    """(step, number of evaluations up to and including it) of the first evaluation at or above
-    ``target``; None if the curve never gets there. ``curve`` is ``[[step, accuracy], ...]``."""
+def steps_to(curve: Sequence[Sequence[float]], target: float,
+             metric: Metric = ACCURACY) -> tuple[int, int] | None:
+    """(step, number of evaluations up to and including it) of the first evaluation that reaches
+    ``target`` (at or above it; at or below for a lower-is-better ``metric``); None if the curve
+    never gets there. ``curve`` is ``[[step, value], ...]``."""
     for i, (step, acc) in enumerate(curve, 1):
-        if acc >= target:
+        if metric.reaches(acc, target):
             return int(step), i
     return None
 
@@ -57,9 +102,9 @@ def train_seconds(steps: int, step_ms: float, warmup_steps: int = 0, warmup_ms: 
 
 
 def time_to(curve: Sequence[Sequence[float]], target: float, step_ms: float, eval_s: float,
-            warmup_steps: int = 0, warmup_ms: float | None = None) -> float | None:
-    """Composed wall-clock seconds to the first evaluation at or above ``target`` (None: never)."""
-    hit = steps_to(curve, target)
+            warmup_steps: int = 0, warmup_ms: float | None = None, metric: Metric = ACCURACY) -> float | None:
+    """Composed wall-clock seconds to the first evaluation that reaches ``target`` (None: never)."""
+    hit = steps_to(curve, target, metric)
     if hit is None:
         return None
     step, evals = hit
@@ -121,7 +166,8 @@ def warmup_source(arm: str, warmup_at: dict[str, str] | None, warmup_ms: dict[st
 
 def compose_link(runs: Sequence[dict], step_ms: dict[str, float], eval_s: float, warmup: dict[str, int],
                  targets: dict[str, float] | float, warmup_at: dict[str, str] | None = None,
-                 warmup_ms: dict[str, float] | None = None, accounting: str = HEADLINE_ACCOUNTING) -> dict:
+                 warmup_ms: dict[str, float] | None = None, accounting: str = HEADLINE_ACCOUNTING,
+                 metric: Metric = ACCURACY) -> dict:
     """One link's block of the result: per target (a float is ``{"target": it}``), each arm's time
     (the mean over its seeds) and the speedups against every baseline arm that has one, including
     the fastest DDP arm (``best ddp``).
@@ -154,7 +200,7 @@ def compose_link(runs: Sequence[dict], step_ms: dict[str, float], eval_s: float,
         priced[arm] = rs
     for name, accuracy in targets.items():
         times = {arm: _mean_or_none([time_to(r["curve"], accuracy, step_ms[arm], eval_s, warmup.get(arm, 0),
-                                             out["warmup_ms"].get(arm)) for r in rs])
+                                             out["warmup_ms"].get(arm), metric) for r in rs])
                  for arm, rs in priced.items()}
         ddp = {arm: t for arm, t in times.items() if arm in DDP_ARMS and t}
         block = {"accuracy": accuracy, "time_s": times, "best_ddp": min(ddp, key=ddp.get) if ddp else None}
@@ -177,7 +223,8 @@ def verdict(low: float, high: float) -> str:
 
 
 def speedup_ranges(block: dict, runs: Sequence[dict], round_ms: dict[str, list[float]], warmup: dict[str, int],
-                   warmup_at: dict[str, str] | None = None, warmup_ms: dict[str, float] | None = None) -> dict:
+                   warmup_at: dict[str, str] | None = None, warmup_ms: dict[str, float] | None = None,
+                   metric: Metric = ACCURACY) -> dict:
     """Per baseline (:data:`BASELINES` and ``best ddp``) and arm of a composed link ``block`` at its headline
     target: ``range`` [low, high] of the baseline's time over the arm's across every pairing of a
     seed of each and every timing round (both priced at that round's median step, in the block's
@@ -195,7 +242,7 @@ def speedup_ranges(block: dict, runs: Sequence[dict], round_ms: dict[str, list[f
     def times(arm: str, i: int) -> list[float]:
         ms = {a: v[i] for a, v in round_ms.items()}
         rate = warmup_rate(arm, ms, warmup_at, warmup_ms, block["accounting"])
-        got = [time_to(r["curve"], head["accuracy"], ms[arm], block["eval_s"], warmup.get(arm, 0), rate)
+        got = [time_to(r["curve"], head["accuracy"], ms[arm], block["eval_s"], warmup.get(arm, 0), rate, metric)
                for r in by_arm[arm]]
         return [t for t in got if t]
 
@@ -240,13 +287,16 @@ def link_ceiling(block: dict) -> dict | None:
     return None if cap is None else cap | {"ddp_arms_never_at_target": never}
 
 
-def crossings(curve: Sequence[Sequence[float]], targets: dict[str, float]) -> dict[str, dict | None]:
-    """Per target: the step where the curve first reaches it and the margin (accuracy there minus
-    the target, pp): how close a seed came to not counting. None where it never does."""
+def crossings(curve: Sequence[Sequence[float]], targets: dict[str, float],
+              metric: Metric = ACCURACY) -> dict[str, dict | None]:
+    """Per target: the step where the curve first reaches it and the margin (how far past the
+    target the value there is, in the metric's units: pp for accuracy): how close a seed came to
+    not counting. None where it never does."""
     out = {}
     for name, accuracy in targets.items():
-        hit = steps_to(curve, accuracy)
-        out[name] = None if hit is None else {"step": hit[0], "margin_pp": curve[hit[1] - 1][1] - accuracy}
+        hit = steps_to(curve, accuracy, metric)
+        out[name] = None if hit is None else {"step": hit[0],
+                                              "margin_pp": metric.margin(curve[hit[1] - 1][1], accuracy)}
     return out
 
 

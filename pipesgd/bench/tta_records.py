@@ -25,6 +25,8 @@ from pathlib import Path
 from pipesgd.checkpoint import NOT_HASHED, config_diff, config_digest, drop_keys, hashed_config
 from pipesgd.hostinfo import UNKNOWN, host_kind
 
+from .tta_compose import ACCURACY, Metric
+
 SUMMARY_FACTS = {"trainer.mode": "mode", "trainer.width": "width", "trainer.staleness": "staleness",
                  "compressor": "compressor"}
 """Arm override key -> the summary.json field that states what ran."""
@@ -104,7 +106,8 @@ def host_fields(summary: Mapping, stamp: Mapping | None = None) -> dict:
 
 
 def curve_record(arm: str, seed: int, arm_overrides: Sequence[str], recipe: str, summary: Mapping,
-                 segments: Sequence[Mapping], stamp_host: Mapping | None = None) -> dict:
+                 segments: Sequence[Mapping], stamp_host: Mapping | None = None,
+                 metric: Metric = ACCURACY) -> dict:
     """The record of a run that wrote summary.json. ``complete``: it ran the recipe's whole step
     count (summary.json's ``total_steps``; for a summary written before that field existed, the
     step of its last evaluation, which the trainer runs at the end). Its host is summary.json's
@@ -118,8 +121,9 @@ def curve_record(arm: str, seed: int, arm_overrides: Sequence[str], recipe: str,
         "kind": "curve", "arm": arm, "seed": seed, "recipe": recipe, "arm_overrides": list(arm_overrides),
         "complete": steps is not None and steps == total and mismatch is None,
         "why_incomplete": mismatch if mismatch else (None if steps == total else f"{steps} of {total} steps"),
-        "steps": steps, "total_steps": total, "final_test_accuracy": 100 * summary["test_accuracy"],
-        "curve": [[e["step"], 100 * e["test_accuracy"]] for e in evals],
+        "steps": steps, "total_steps": total, "metric": metric.key,
+        f"final_{metric.key}": metric.scale * summary[metric.key],
+        "curve": [[e["step"], metric.scale * e[metric.key]] for e in evals],
         "eval_elapsed_s": [e.get("elapsed_s") for e in evals], "eval_s": [e.get("eval_s") for e in evals],
         "eval_loss": [e.get("test_loss") for e in evals],
         "facts": facts, "config": hashed_config(summary["config"]), "config_digest": config_digest(summary["config"]),

@@ -16,7 +16,7 @@ from pipesgd.runinfo import git_commit, write_json_atomic
 
 from . import tta_compose as compose
 from . import tta_records as records
-from .tta_arms import ARMS
+from .tta_arms import ARMS, metric_for
 
 log = logging.getLogger("pipesgd.bench.tta")
 
@@ -31,7 +31,7 @@ def write_curve_record(a: argparse.Namespace, arm: str, seed: int, run_dir: Path
     path = records.record_path(a.records, arm, seed)
     stamp = fingerprint() if f"{arm}-s{seed}" in a.stamp_host else None
     record = records.curve_record(arm, seed, ARMS[arm], a.recipe, json.loads(summary.read_text()),
-                                  records.read_segments(run_dir), stamp)
+                                  records.read_segments(run_dir), stamp, metric_for(a.recipe))
     old = json.loads(path.read_text()) if path.exists() else {}
     if record["host"] is None and str(old.get("host_source") or "").startswith(records.STAMPED):
         # refreshed later without --stamp-host: the stamp made when the run ended still holds
@@ -137,12 +137,13 @@ def _warmup(run: dict) -> tuple[int, str | None]:
     return 0, None
 
 
-def _run_row(r: dict, targets: dict[str, float]) -> dict:
+def _run_row(r: dict, targets: dict[str, float], metric: compose.Metric = compose.ACCURACY) -> dict:
+    final = f"final_{metric.key}"
     row = {"name": r["arm"], "seed": r["seed"], "complete": r["complete"], "curve": r["curve"],
-           "final_test_accuracy": r.get("final_test_accuracy") if r["complete"] else None}
+           final: r.get(final) if r["complete"] else None}
     if r["complete"]:
-        row |= {"steps_to_target": (compose.steps_to(r["curve"], targets["target"]) or (None,))[0],
-                "crossings": compose.crossings(r["curve"], targets), "segments": r.get("segments", []),
+        row |= {"steps_to_target": (compose.steps_to(r["curve"], targets["target"], metric) or (None,))[0],
+                "crossings": compose.crossings(r["curve"], targets, metric), "segments": r.get("segments", []),
                 "git_commit_at_end": r.get("git_commit_at_end"), "config_digest": r.get("config_digest"),
                 "host_kind": r.get("host_kind") or host_kind(r.get("host"))}
         if r.get("provenance"):
@@ -220,19 +221,20 @@ OTHER_ACCOUNTINGS = tuple(a for a in compose.ACCOUNTINGS if a != compose.HEADLIN
 def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict], timing: dict[str, dict]) -> dict:
     hosts = records.seed_hosts(used, a.mixed_hosts)
     finished = [{"name": r["arm"], "seed": r["seed"], "curve": r["curve"]} for r in used]
-    targets = compose.targets_from([r["final_test_accuracy"] for r in used if r["arm"] == "sync"])
+    metric = metric_for(a.recipe)
+    targets = metric.targets([r[f"final_{metric.key}"] for r in used if r["arm"] == "sync"])
     warm = {r["arm"]: _warmup(r) for r in used}
     warmup = {arm: steps for arm, (steps, _) in warm.items()}
     warmup_at = {arm: at for arm, (_, at) in warm.items() if at}
     links = {}
     for link, t in timing.items():
         block, *others = (compose.compose_link(finished, t["step_ms"], t["eval_s"], warmup, targets, warmup_at,
-                                               t.get("warmup_ms"), accounting)
+                                               t.get("warmup_ms"), accounting, metric)
                           for accounting in (compose.HEADLINE_ACCOUNTING, *OTHER_ACCOUNTINGS))
         block["accountings"] = {o["accounting"]: {k: v for k, v in o.items() if k not in ("step_ms", "eval_s")}
                                 for o in others}
         block["speedup_range"] = compose.speedup_ranges(block, finished, t["repeat_median_ms"], warmup, warmup_at,
-                                                        t.get("warmup_ms"))
+                                                        t.get("warmup_ms"), metric)
         links[link] = block | {"repeat_median_ms": t["repeat_median_ms"], "cpu": t["cpu"],
                                "ceiling": compose.link_ceiling(block), "timing_commits": t["commits"],
                                "timing_measured": t["measured"], "link_mtu": t["mtu"], "timing_windows": t["windows"],
@@ -250,7 +252,8 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
         "warmup_accounting": {"headline": compose.HEADLINE_ACCOUNTING, "also": list(OTHER_ACCOUNTINGS),
                               "meaning": dict(compose.ACCOUNTINGS)},
         "hosts": hosts, "mixed_hosts_allowed": bool(a.mixed_hosts),
-        "arms": [_run_row(r, targets) for r in used] + [_run_row(r, targets) for r in unfinished],
+                "metric": {"key": metric.key, "lower_is_better": metric.lower_is_better, "unit": metric.unit},
+        "arms": [_run_row(r, targets, metric) for r in used] + [_run_row(r, targets, metric) for r in unfinished],
         "links": links, "validation": _validation(a, links, targets["target"], warmup, used, warmup_at),
         # what the timing runs did is in their rows (links: timing_windows, repeat_median_ms), not in
         # this invocation's --steps/--skip

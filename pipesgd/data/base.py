@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from pipesgd.data.loader import EvalLoader, ShardedLoader
 from pipesgd.data.split import Split
+from pipesgd.objective import Classification
 
 _MD5 = re.compile(r"[0-9a-fA-F]{32}")
 
@@ -56,6 +57,7 @@ class ImageDataset(ABC):
     image_size: ClassVar[int]
     mean: ClassVar[tuple[float, ...]]
     std: ClassVar[tuple[float, ...]]
+    objective: ClassVar[Classification] = Classification()
 
     def __init__(
         self,
@@ -77,6 +79,15 @@ class ImageDataset(ABC):
         self.batch_size = _positive_int(owner, "batch_size", batch_size)
         self.eval_batch_size = _positive_int(owner, "eval_batch_size", eval_batch_size)
         self.augment = _flag(owner, "augment", augment)
+
+    @property
+    def model_inputs(self) -> dict:
+        """What the model is built for: classes, channels and image side."""
+        return {"num_classes": self.num_classes, "in_channels": self.in_channels, "image_size": self.image_size}
+
+    def report(self) -> dict:
+        """The dataset as summary.json records it."""
+        return {"name": type(self).__name__, "train_size": self.train_size}
 
     @property
     def root_path(self) -> Path:

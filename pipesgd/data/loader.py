@@ -79,16 +79,14 @@ class _Normalizer:
         return x.float().mul_(self.scale).sub_(self.shift)
 
 
-class ShardedLoader:
-    """This rank's share of one training epoch, as ``(x float32 N x C x H x W, y int64 N)``.
+class EpochShards:
+    """Which samples of a ``num_samples``-sample split this rank trains, epoch by epoch, in batches.
 
     Each epoch draws one permutation of the split from ``(seed, epoch)``, the same on every
     rank; rank ``r`` takes every ``world_size``-th index starting at ``r``, so shards are
-    disjoint. Each rank keeps ``len(split) // world_size`` samples and drops the last partial
-    batch, so every rank yields exactly ``len(self)`` batches. With ``augment`` each image is
-    randomly cropped (4-pixel zero padding) and flipped with draws from ``(seed, epoch, rank)``,
-    made for the whole epoch up front so that ``iter_epoch(e, start_batch=k)`` yields exactly
-    batches ``k..`` of ``iter_epoch(e)``: a resumed run continues bit-exactly.
+    disjoint. Each rank keeps ``num_samples // world_size`` samples and drops the last partial
+    batch, so every rank yields exactly ``len(self)`` batches; ``iter_epoch(e, start_batch=k)``
+    yields exactly batches ``k..`` of ``iter_epoch(e)``, so a resumed run continues bit-exactly.
 
     Re-sharding (a run resumed on another number of ranks): ``consumed`` is how many samples of
     the epoch's permutation every rank together has trained, a prefix of it whatever the world
@@ -96,38 +94,28 @@ class ShardedLoader:
     is trained twice and none is skipped but the last partial global batch (as in any epoch). At
     the world size that trained the prefix, ``consumed = k * batch_size * world_size`` yields
     exactly batches ``k..`` again.
+
+    Subclasses turn a batch of indices into tensors (``_batches``).
     """
 
-    def __init__(
-        self,
-        split: Split,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        augment: bool = False,
-        mean: Sequence[float] = (0.0,),
-        std: Sequence[float] = (1.0,),
-        shuffle: bool = True,
-    ) -> None:
+    def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int, seed: int,
+                 shuffle: bool = True) -> None:
         owner = type(self).__name__
-        self.split = split
+        self.num_samples = num_samples
         self.batch_size = _check_int(owner, "batch_size", batch_size, 1)
         self.world_size = _check_int(owner, "world_size", world_size, 1)
         self.rank = _check_int(owner, "rank", rank, 0, world_size - 1)
         self.seed = _check_int(owner, "seed", seed, 0)
-        self.augment = bool(augment)
         self.shuffle = bool(shuffle)
         self.epoch = 0
-        self.per_rank = len(split) // world_size
+        self.per_rank = num_samples // world_size
         self.num_batches = self.per_rank // batch_size
         if self.num_batches == 0:
             raise ValueError(
-                f"{owner}: {len(split)} samples over world_size={world_size} ranks give each rank "
+                f"{owner}: {num_samples} samples over world_size={world_size} ranks give each rank "
                 f"{self.per_rank} samples, fewer than batch_size={batch_size}; "
                 f"lower batch_size or world_size"
             )
-        self._normalize = _Normalizer(owner, split.images.shape[1], mean, std)
 
     def __len__(self) -> int:
         return self.num_batches
@@ -141,13 +129,13 @@ class ShardedLoader:
 
     def batches_left(self, consumed: int = 0) -> int:
         """Batches this rank yields for the rest of an epoch after ``consumed`` samples."""
-        _check_int(type(self).__name__, "consumed", consumed, 0, len(self.split))
-        return (len(self.split) - consumed) // self.world_size // self.batch_size
+        _check_int(type(self).__name__, "consumed", consumed, 0, self.num_samples)
+        return (self.num_samples - consumed) // self.world_size // self.batch_size
 
     def indices(self, epoch: int, consumed: int = 0) -> Tensor:
         """The ``batches_left(consumed) * batch_size`` sample indices this rank visits in the rest
         of ``epoch`` after ``consumed`` samples of its permutation, in order."""
-        n = len(self.split)
+        n = self.num_samples
         if self.shuffle:
             g = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
             order = torch.randperm(n, generator=g)
@@ -163,6 +151,35 @@ class ShardedLoader:
         _check_int(owner, "epoch", epoch, 0)
         _check_int(owner, "start_batch", start_batch, 0, self.batches_left(consumed))
         return self._batches(epoch, start_batch, consumed)
+
+    def _batches(self, epoch: int, start_batch: int, consumed: int) -> Iterator[Batch]:
+        raise NotImplementedError
+
+
+class ShardedLoader(EpochShards):
+    """This rank's share of one training epoch of an image split, as
+    ``(x float32 N x C x H x W, y int64 N)``, sharded as :class:`EpochShards` says. With
+    ``augment`` each image is randomly cropped (4-pixel zero padding) and flipped with draws from
+    ``(seed, epoch, rank)``, made for the whole epoch up front so that a resumed epoch reproduces
+    the full pass's draws.
+    """
+
+    def __init__(
+        self,
+        split: Split,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        augment: bool = False,
+        mean: Sequence[float] = (0.0,),
+        std: Sequence[float] = (1.0,),
+        shuffle: bool = True,
+    ) -> None:
+        super().__init__(len(split), batch_size, rank, world_size, seed, shuffle)
+        self.split = split
+        self.augment = bool(augment)
+        self._normalize = _Normalizer(type(self).__name__, split.images.shape[1], mean, std)
 
     def _batches(self, epoch: int, start_batch: int, consumed: int) -> Iterator[Batch]:
         idx = self.indices(epoch, consumed)

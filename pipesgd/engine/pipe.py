@@ -109,8 +109,8 @@ class PipeSGD(Engine):
         self.staleness = make_staleness(staleness)
         self.staleness.bind(self._reducer.params, optimizer)
         self._guard = optimizer.register_step_pre_hook(_guard(self.staleness))
-        self._clip = None if max_grad_norm is None else optimizer.register_step_pre_hook(
-            _clipper(self._reducer.params, float(max_grad_norm)))
+        self._clip = None if max_grad_norm is None else clip_applied_gradient(
+            optimizer, float(max_grad_norm), self._reducer.params)
         self._pending: deque[Handle[Reduced]] = deque()
         self.nonfinite = NonFinitePolicy(nonfinite)
         self.timeout_s = timeout_s
@@ -500,10 +500,17 @@ def _guard(rule: Staleness) -> Callable:
     return check
 
 
-def _clipper(params: list[Tensor], max_norm: float) -> Callable:
+def clip_applied_gradient(optimizer: torch.optim.Optimizer, max_norm: float,
+                          params: list[Tensor] | None = None) -> torch.utils.hooks.RemovableHandle:
+    """Clip the total 2-norm of ``params``' gradients (default: every parameter of ``optimizer``) to
+    ``max_norm`` just before each ``optimizer.step()``: the gradient the optimizer applies, whatever
+    engine handed it over (PipeSGD: the average; DDP: averaged in backward). Returns the hook's handle."""
+    clipped = params if params is not None else [p for g in optimizer.param_groups for p in g["params"]]
+
     def clip(optimizer, args, kwargs) -> None:
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
-    return clip
+        torch.nn.utils.clip_grad_norm_(clipped, max_norm)
+
+    return optimizer.register_step_pre_hook(clip)
 
 
 def _warn_unapplied(pending: deque) -> None:

@@ -1,8 +1,10 @@
-"""Models; conf/model/*.yaml names them by ``_target_``. Input shape (classes, channels, size) is
-passed by the entry point from the dataset, not written into model configs."""
+"""Models; conf/model/*.yaml names them by ``_target_``. Input shape (classes, channels, size; or
+vocabulary and window length) is passed by the entry point from the dataset's ``model_inputs``,
+not written into model configs."""
 
 from torch import nn
 
+from .gpt import GPT
 from .resnet_cifar import CifarResNet, resnet18, resnet20, resnet32, resnet56
 from .small import MLP, SmallCNN
 
@@ -13,4 +15,4 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)
 
 
-__all__ = ["MLP", "CifarResNet", "SmallCNN", "resnet18", "resnet20", "resnet32", "resnet56", "unwrap"]
+__all__ = ["GPT", "MLP", "CifarResNet", "SmallCNN", "resnet18", "resnet20", "resnet32", "resnet56", "unwrap"]

@@ -1,5 +1,6 @@
 """Optimizers that torch.optim does not ship (config group ``optimizer``)."""
 
+from .adamw import adamw
 from .lars import LARS
 
-__all__ = ["LARS"]
+__all__ = ["LARS", "adamw"]

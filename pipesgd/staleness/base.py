@@ -20,7 +20,7 @@ from torch import Tensor
 from ..flat import flat_params, set_grads
 from ..registry import Registry
 
-REGISTRY: Registry[type[Staleness]] = Registry("staleness", facts=("options", "uses_forward_context"))
+REGISTRY: Registry[type[Staleness]] = Registry("staleness", facts=("options", "uses_forward_context", "optimizers"))
 
 
 class Staleness(ABC):
@@ -36,11 +36,17 @@ class Staleness(ABC):
     options: ClassVar[tuple[str, ...]] = ()
     #: the rule only acts inside ``forward_context()``; the engine warns once if a step ran without it
     uses_forward_context: ClassVar[bool] = False
+    #: the optimizers whose update the rule assumes (the optimizer must be an instance of one), or ()
+    #: for any optimizer: the rule takes every step through ``optimizer.step()`` (Adam's direction
+    #: with Adam) and measures what it needs from the weights, never from an assumed update formula
+    optimizers: ClassVar[tuple[type[torch.optim.Optimizer], ...]] = ()
     stepping: bool = False
     #: indices of parameters no rank had a gradient for: ``step_optimizer`` leaves their ``.grad`` None
     without_grad: tuple[int, ...] = ()
 
     def bind(self, params: Sequence[Tensor], optimizer: torch.optim.Optimizer) -> None:
+        """ValueError (:func:`check_optimizer`) for an optimizer whose update the rule cannot follow."""
+        check_optimizer(type(self), optimizer)
         self.params = list(params)
         self.optimizer = optimizer
         self.numel = sum(p.numel() for p in self.params)
@@ -92,6 +98,19 @@ class Staleness(ABC):
         if t.numel() != self.numel:
             raise ValueError(f"{self.name}: checkpoint {what} has {t.numel()} values, model has {self.numel}")
         return t.clone()
+
+
+def check_optimizer(rule: type[Staleness], optimizer: torch.optim.Optimizer) -> None:
+    """ValueError naming ``trainer.staleness``, the optimizer and the choices, unless ``rule`` runs
+    with ``optimizer`` (its ``optimizers`` fact)."""
+    if not rule.optimizers or isinstance(optimizer, rule.optimizers):
+        return
+    general = [name for name in REGISTRY if not REGISTRY.facts(name)["optimizers"]]
+    wanted = " or ".join(f"{c.__module__}.{c.__qualname__}" for c in rule.optimizers)
+    raise ValueError(
+        f"trainer.staleness={rule.name} assumes the update of {wanted} and cannot run with optimizer "
+        f"{type(optimizer).__module__}.{type(optimizer).__qualname__}; use a {wanted} optimizer, or "
+        f"trainer.staleness={'|'.join(general)}, which take the optimizer's own update")
 
 
 def register(name: str, **facts):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -13,7 +12,6 @@ from torch import Tensor
 from ..flat import add_to_params, assign_params, flat_params, has_nonfinite, views
 from .base import Staleness, register
 
-log = logging.getLogger(__name__)
 
 
 @register("dga")
@@ -35,15 +33,16 @@ class DelayedAveraging(Staleness):
     Memory: w̄ and the D+1 pending local steps.
     """
 
+    # The local term -lr·g is SGD's step; Adam's own step on g has another direction and scale
+    # (g / sqrt(v)), so -lr·g would be a wrong local update: refused (check_optimizer).
+    optimizers = (torch.optim.SGD,)
+
     def __init__(self) -> None:
         self._local: deque[Tensor] = deque()
         self._base: Tensor | None = None  # w̄ while local steps are applied, else None
 
     def bind(self, params: Sequence[Tensor], optimizer: torch.optim.Optimizer) -> None:
         super().bind(params, optimizer)
-        if not isinstance(optimizer, torch.optim.SGD):
-            log.warning("trainer.staleness=dga takes plain SGD local steps (-lr * g); with %s their scale "
-                        "differs from the optimizer's own steps", type(optimizer).__name__)
         slot = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
         missing = [i for i, p in enumerate(self.params) if id(p) not in slot]
         if missing:

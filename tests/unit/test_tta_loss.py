@@ -1,0 +1,54 @@
+"""The time-to-target study with a lower-is-better target (issue 46: a language model's validation
+loss): which evaluation reaches the target, the headline target from sync's finals, the margins,
+the composed times and the curve records, on small synthetic data."""
+
+import pytest
+
+from pipesgd.bench import tta_compose as compose
+from pipesgd.bench import tta_records as records
+from pipesgd.bench.tta_arms import ARMS, metric_for
+
+CURVE = [[100, 3.0], [200, 2.0], [300, 1.9]]
+
+
+def test_a_loss_target_is_reached_from_above_and_accuracy_from_below():
+    assert compose.steps_to(CURVE, 2.02, compose.LOSS) == (200, 2)
+    assert compose.steps_to(CURVE, 1.8, compose.LOSS) is None
+    assert compose.steps_to(CURVE, 2.02) == (100, 1), "accuracy (the default) counts values at or above"
+    margins = compose.crossings(CURVE, {"target": 2.02}, compose.LOSS)
+    assert margins["target"] == {"step": 200, "margin_pp": pytest.approx(0.02)}
+
+
+def test_the_loss_target_is_syncs_mean_final_plus_one_percent():
+    targets = compose.LOSS.targets([2.0, 2.2])
+    assert targets["target"] == pytest.approx(2.1 * 1.01)
+    assert sorted(targets) == ["slack 0.5 %", "slack 1 %", "slack 2 %", "target"]
+    assert compose.ACCURACY.targets([90.0])["target"] == pytest.approx(90.0 - compose.SAME_ACCURACY_PP)
+    with pytest.raises(ValueError, match="no finished 'sync' run"):
+        compose.LOSS.targets([])
+
+
+def test_composed_time_to_loss_and_speedup():
+    runs = [{"name": "sync", "seed": 0, "curve": CURVE}, {"name": "pipe", "seed": 0, "curve": [[100, 2.5], [200, 2.1],
+                                                                                           [300, 2.0]]}]
+    block = compose.compose_link(runs, {"sync": 100.0, "pipe": 50.0}, eval_s=1.0, warmup={}, targets=2.02,
+                                 metric=compose.LOSS)
+    times = block["time_to_target_s"]
+    assert times["sync"] == pytest.approx(200 * 0.1 + 2 * 1.0)
+    assert times["pipe"] == pytest.approx(300 * 0.05 + 3 * 1.0)
+    assert block["speedup"]["sync"]["pipe"] == pytest.approx(22.0 / 18.0)
+
+
+def test_a_curve_record_keeps_the_recipes_metric():
+    assert metric_for("gpt_shakespeare") is compose.LOSS and metric_for("resnet_cifar_tta") is compose.ACCURACY
+    summary = {"steps": 300, "total_steps": 300, "world_size": 2, "test_accuracy": 0.5, "test_loss": 1.9,
+               "mode": "sync", "width": 1, "staleness": "none", "compressor": "none",
+               "evals": [{"step": 150, "test_loss": 2.4, "test_accuracy": 0.4}, {"step": 300, "test_loss": 1.9,
+                                                                                 "test_accuracy": 0.5}],
+               "config": {"seed": 0, "trainer": {"mode": "sync", "width": 1, "staleness": "none"},
+                          "compressor": {"_target_": "pipesgd.compress.none.NoCompression"}}}
+    rec = records.curve_record("sync", 0, ARMS["sync"], "gpt_shakespeare", summary, [], compose.LOSS)
+    assert rec["metric"] == "test_loss" and rec["final_test_loss"] == 1.9
+    assert rec["curve"] == [[150, 2.4], [300, 1.9]] and "final_test_accuracy" not in rec
+    acc = records.curve_record("sync", 0, ARMS["sync"], "resnet_cifar_tta", summary, [])
+    assert acc["final_test_accuracy"] == 50.0 and acc["curve"] == [[150, 40.0], [300, 50.0]]
