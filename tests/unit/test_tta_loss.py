@@ -47,7 +47,7 @@ def test_a_curve_record_keeps_the_recipes_metric():
                                                                                  "test_accuracy": 0.5}],
                "config": {"seed": 0, "trainer": {"mode": "sync", "width": 1, "staleness": "none"},
                           "compressor": {"_target_": "pipesgd.compress.none.NoCompression"}}}
-    rec = records.curve_record("sync", 0, ARMS["sync"], "gpt_shakespeare", summary, [], compose.LOSS)
+    rec = records.curve_record("sync", 0, ARMS["sync"], "gpt_shakespeare", summary, [], metric=compose.LOSS)
     assert rec["metric"] == "test_loss" and rec["final_test_loss"] == 1.9
     assert rec["curve"] == [[150, 2.4], [300, 1.9]] and "final_test_accuracy" not in rec
     acc = records.curve_record("sync", 0, ARMS["sync"], "resnet_cifar_tta", summary, [])
