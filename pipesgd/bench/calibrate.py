@@ -42,15 +42,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from importlib import resources
 from pathlib import Path
 
 from pipesgd.runinfo import git_commit, write_json_atomic
 
 from pipesgd.timing.model import allreduce_time
 
-log = logging.getLogger("pipesgd.timing.calibrate")
+log = logging.getLogger(__name__)
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# The packaged configs (pipesgd/conf: the clone's conf/ itself, or the copy a wheel installed).
+CONF_DIR = Path(str(resources.files("pipesgd") / "conf"))
 DEFAULT_SIZES = (4, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20)
 QUICK_SIZES = (4, 64 << 10, 4 << 20)
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
