@@ -23,7 +23,7 @@ from .render import write_markdown
 from .runner import Settings, Stopped, merge, run_cells, save, stop_on_signals
 
 log = logging.getLogger("pipesgd.bench")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path()  # defaults are under the current directory (run from a clone's root to update its docs/)
 
 
 def build_parser() -> argparse.ArgumentParser:

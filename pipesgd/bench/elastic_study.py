@@ -28,7 +28,7 @@ from pipesgd.runinfo import git_commit, write_json_atomic
 from .runner import CellFailed, recorded, run_logged
 
 log = logging.getLogger("pipesgd.bench.elastic_study")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path()  # defaults are under the current directory (run from a clone's root to update its docs/)
 
 WORKLOADS: dict[str, dict] = {
     # Both with staleness=lookahead: the plain rule on 3 ranks is itself unstable on MNIST at this

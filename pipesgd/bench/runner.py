@@ -59,14 +59,14 @@ class Settings:
     mtu: int = DEFAULT_MTU  # emulated links' MTU, passed to every pipesgd.emulate command (so its record says it)
     interleave: bool = False  # repeats as rounds: every cell once per round (run_rounds)
     commit: str = field(default_factory=git_commit)
-    root: Path = Path(__file__).resolve().parents[2]
+    root: Path = field(default_factory=Path.cwd)  # where the records are read from (a clone's root)
 
 
 def recorded(cmd: Sequence[str], s: Settings | None = None) -> str:
     """``cmd`` as a reader re-runs it from the repository root: ``python`` for the interpreter and
     paths under the root relative to it (a run dir outside the root stays absolute). Without
-    ``s``: this interpreter and this checkout."""
-    python, root = (s.python, s.root) if s is not None else (sys.executable, Settings.root)
+    ``s``: this interpreter and the current directory."""
+    python, root = (s.python, s.root) if s is not None else (sys.executable, Path.cwd())
     return shlex.join("python" if a == python else a.replace(f"{root}/", "") for a in cmd)
 
 

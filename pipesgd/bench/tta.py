@@ -36,7 +36,7 @@ from .tta_report import report, write_curve_record
 from .runner import CellFailed, CpuSampler, Stopped, cpu_split, recorded, run_logged, stop_on_signals
 
 log = logging.getLogger("pipesgd.bench.tta")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path()  # paths below are the current directory's (a clone's root keeps its records in place)
 
 RECORDS = ROOT / "docs" / "tta-runs"
 PHASES = ("curves", "timing", "validate", "report")
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, from {', '.join(ARMS)} (the timing phase adds {', '.join(TIMING_ONLY)})")
     p.add_argument("--records", type=Path, default=RECORDS,
                    help="one small JSON per finished curve and validation run, which the report reads "
-                        f"(default {RECORDS.relative_to(ROOT)}: commit them)")
+                        f"(default {RECORDS}: commit them)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds of the full-length runs (default 0)")
     p.add_argument("--links", default="100mbit,50mbit", help="comma-separated tc rates, or loopback")
     p.add_argument("--validate-arms", default="sync,pipe+lookahead", help="arms timed end to end per link")

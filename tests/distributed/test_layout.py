@@ -210,3 +210,35 @@ def test_timing_and_bench_do_not_import_each_other():
     into_bench = [(n, d) for n, deps in graph.items() if n.startswith("pipesgd.timing") for d in deps
                   if d.startswith("pipesgd.bench")]
     assert not into_bench, f"timing/ imports bench/: {into_bench}"
+
+
+# The study and emulation tools; everything else in the package is the training library.
+TOOLS = ("pipesgd.bench", "pipesgd.emulate", "pipesgd.report", "pipesgd.study")
+
+
+def _is_tool(name: str) -> bool:
+    return any(name == t or name.startswith(f"{t}.") for t in TOOLS)
+
+
+def test_the_library_imports_no_tool():
+    """The training library (engine, comm, reduction, compress, staleness, timing, trainer, data,
+    models, checkpoint, reliability, ...) stands without the tools; the tools use the library."""
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    upward = sorted((n, d) for n, deps in graph.items() if not _is_tool(n) for d in deps if _is_tool(d))
+    assert not upward, f"library modules import tools: {upward}"
+    assert any(_is_tool(n) for n in MODULES) and any(not _is_tool(n) for n in MODULES)
+
+
+def test_the_direction_check_sees_an_upward_import(tmp_path):
+    (tmp_path / "x.py").write_text("from .bench import runner\n")
+    assert any(_is_tool(d) for d in _imports("pipesgd.x", tmp_path / "x.py"))
+
+
+def test_no_module_finds_the_repository_by_its_own_path():
+    """An installed copy has no clone around it: files come from arguments, the current directory
+    or the package's own data (``importlib.resources``), never from ``Path(__file__).parents[...]``."""
+    import re
+
+    for name, path in MODULES.items():
+        hits = re.findall(r"__file__\)?(?:\.resolve\(\))?\.(?:parents\[|parent\.parent)", path.read_text())
+        assert not hits, f"{name} climbs out of the package from its own path: {hits}"
