@@ -41,6 +41,9 @@ def test_schema_rejects_unknown_keys_and_wrong_types_with_hydras_message(overrid
     ("trainer.checkpoint_every=0", "trainer.checkpoint_every=0 is invalid: must be an integer >= 1 (steps between "
                                    "checkpoints, or null for none)"),
     ("trainer.check_every=-1", "trainer.check_every=-1 is invalid"),
+    ("optimizer.lr=-1", "optimizer.lr=-1 is invalid: must be a number > 0"),
+    ("optimizer.lr=0", "optimizer.lr=0 is invalid"),
+    ("dist.backend=mpi", "dist.backend='mpi' is not known; allowed: auto, gloo, nccl"),
     ("trainer.resume=/nonexistent/step-00000008.pt", "trainer.resume='/nonexistent/step-00000008.pt' is not a "
                                                      "checkpoint file; allowed: auto"),
 ])
