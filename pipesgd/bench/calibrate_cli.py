@@ -69,7 +69,7 @@ def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     try:
         calibrate(spec, out, workers)
     except launch.WorkerFailed as e:
-        logging.getLogger("pipesgd.timing.calibrate").error("%s", e)
+        logging.getLogger(__name__).error("%s", e)
         return 1
     if not launch.under_torchrun() or os.environ.get("RANK") == "0":
         print(out)

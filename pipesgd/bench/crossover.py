@@ -373,7 +373,7 @@ def plot(result: dict, path: Path) -> Path:
     """One panel per p: each pipe arm's speedup over the best DDP arm against communication / compute,
     measured (solid, filled) and predicted (dashed, open), the 5 % line, and the crossovers marked
     (vertical lines: measured solid, predicted dashed)."""
-    from pipesgd.report.errors import new_figure
+    from pipesgd.report.figure import new_figure
 
     ps = result["world_sizes"]
     fig = new_figure(5.5 * len(ps), 4.3)

@@ -317,7 +317,7 @@ def plot(report: Mapping, path: Path) -> Path:
     """Per link two rows of panels, one panel per p: measured time against size (log-log) with the
     shared fit's predictions as lines, and the relative error of the shared fit (solid) and of the
     calibration (dotted); one colour per algorithm."""
-    from pipesgd.report.errors import new_figure
+    from pipesgd.report.figure import new_figure
 
     cells = report["cells"]
     links = [lk for lk in RING_SCALING_LINKS if any(c["link"] == lk for c in cells)]

@@ -237,7 +237,7 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
 
 def plot(result: dict, path: Path) -> None:
     """Test accuracy against wall-clock seconds on the first link, one curve per arm (its first seed)."""
-    from pipesgd.report.errors import new_figure
+    from pipesgd.report.figure import new_figure
 
     link = next(iter(result["links"]))
     block = result["links"][link]

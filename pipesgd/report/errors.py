@@ -1,15 +1,5 @@
-"""The one error type of the reports, and the plotting import they share."""
+"""The one error type of the reports."""
 
 
 class ReportError(ValueError):
     """A report cannot be built; the message names the path and what was expected there."""
-
-
-def new_figure(width: float, height: float):
-    """A matplotlib Figure drawn by the Agg (file-only) canvas. Built without pyplot, so no global
-    backend state changes and no display is needed."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ReportError("plots need matplotlib: pip install 'pipesgd[plot]'") from None
-    return Figure(figsize=(width, height), dpi=120, layout="constrained")

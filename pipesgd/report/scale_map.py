@@ -11,7 +11,7 @@ from pathlib import Path
 from ..timing.model import Link
 from ..timing.presets import COMPUTE, INTER_NODE_LINKS, LINKS, MODELS, compute_preset
 from ..timing.scale import speedup_grid
-from .errors import new_figure
+from .figure import new_figure
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ReportError, new_figure
+from .errors import ReportError
+from .figure import new_figure
 
 log = logging.getLogger(__name__)
 
