@@ -67,13 +67,18 @@ def test_a_setting_the_mode_does_not_use_is_an_error(overrides, message):
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["trainer.mode=ddp"],                                   # mnist_mlp's width 2 is pipe's default: ddp runs at 1
-    ["trainer.mode=sync", "trainer.width=1", "trainer.warmup_sync_steps=0"],  # the mode's own values
-    ["trainer.mode=pipe", "trainer.width=4", "trainer.staleness=dc"],
+@pytest.mark.parametrize("overrides,width,staleness", [
+    (["trainer.mode=ddp"], 1, "none"),                      # mnist_mlp's width 2 is pipe's default: ddp runs at 1
+    (["trainer.mode=sync", "trainer.width=1", "trainer.warmup_sync_steps=0"], 1, "none"),  # the mode's own values
+    (["trainer.mode=pipe", "trainer.width=4", "trainer.staleness=dc"], 4, "dc"),
 ])
-def test_a_mode_ignores_the_config_files_width_but_not_the_command_lines(overrides):
-    validate(composed(*overrides), command_line_keys(overrides))
+def test_a_mode_ignores_the_config_files_width_but_not_the_command_lines(overrides, width, staleness):
+    from pipesgd.modes import get_mode
+
+    cfg = composed(*overrides)
+    validate(cfg, command_line_keys(overrides))
+    assert (get_mode(cfg.trainer.mode).width or cfg.trainer.width) == width  # what build() runs at
+    assert cfg.trainer.staleness == staleness and cfg.trainer.mode == overrides[0].split("=")[1]
 
 
 def test_the_staleness_group_and_its_alias_build_the_same_run():
