@@ -1,21 +1,15 @@
 """Every ``trainer.mode``, declared once: the engine that builds it and the settings it honours.
 
 Pure data (no torch at import): the config checks, the worker's composition root, the timing model
-and the tests read this table; a setting a mode does not use is rejected, never ignored.
+and the tests read this table; a setting a mode does not use is rejected, never ignored. Building a
+mode's engine is :func:`pipesgd.engine.build.build`'s, so reading the table imports no engine.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from importlib import import_module
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from .registry import Registry, registry
-
-if TYPE_CHECKING:
-    from torch import nn
-
-    from .engine.base import Engine, ModeArgs
 
 
 @dataclass(frozen=True)
@@ -105,20 +99,3 @@ def check_compressor(name: str, compressor: object) -> None:
     if compressor.error_feedback:
         raise ValueError(f"compressor.error_feedback=true is not used by trainer.mode={name}; error feedback "
                          f"runs with {where} (set compressor.error_feedback=false)")
-
-
-def build(name: str, args: ModeArgs) -> tuple[nn.Module, Engine]:
-    """``(model, engine)`` for ``trainer.mode=name``; ``args.width`` is replaced by the mode's own
-    width when it has one. Raises ValueError for a compressor the mode does not carry."""
-    from .engine.base import Engine  # torch, imported only when a mode is built
-
-    mode = get_mode(name)
-    check_compressor(name, args.compressor)
-    module, function = mode.engine.split(":")
-    model, engine = getattr(import_module(module), function)(replace(args, width=mode.width or args.width))
-    if not isinstance(engine, Engine):
-        raise TypeError(f"{mode.engine} built a {type(engine).__name__}, not a pipesgd Engine")
-    if engine.width != (mode.width or args.width):
-        raise TypeError(f"{mode.engine} built an engine of width {engine.width}; trainer.mode={name} runs at "
-                        f"{mode.width or args.width}")
-    return model, engine

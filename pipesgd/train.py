@@ -31,7 +31,8 @@ from .data import DatasetError
 from .engine import Engine, ModeArgs
 from .faults import Faults
 from .metrics import make_writer
-from .modes import build, get_mode
+from .engine.build import build
+from .modes import get_mode
 from .reliability import Reliability
 from .runinfo import git_commit, write_json_atomic
 from .summary import Prediction, summary

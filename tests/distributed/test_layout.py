@@ -19,7 +19,8 @@ from distributed_utils import run_workers
 from pipesgd.comm import ring_allreduce
 from pipesgd.compress import get_compressor
 from pipesgd.engine import Engine, ModeArgs
-from pipesgd.modes import MODES, build
+from pipesgd.engine.build import build
+from pipesgd.modes import MODES
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pipesgd"
 MAX_LINES = 600
@@ -158,7 +159,7 @@ def test_comments_describe_the_code_not_the_tracker():
 # outside the registry: code reads the facts they declare (pipesgd.registry) instead.
 PROBES_ALLOWED = {
     "pipesgd.registry": "the registry itself: reads what a plugin declares",
-    "pipesgd.modes": "the mode table's registry: imports a row's builder, type-checks what it built",
+    "pipesgd.engine.build": "imports a mode row's builder, type-checks what it built",
     "pipesgd.compress.base": "resolves a compressor spec (a name or an instance)",
     "pipesgd.reduction": "resolves a compressor/reduction spec (a name or an instance)",
     "pipesgd.staleness.base": "resolves a staleness spec (a name or an instance)",

@@ -136,7 +136,7 @@ def test_local_mode_steps_without_communication():
 
     from pipesgd.compress import get_compressor
     from pipesgd.engine import ModeArgs
-    from pipesgd.modes import build
+    from pipesgd.engine.build import build
 
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
