@@ -41,7 +41,7 @@ test: setup
 	$(PY) -m pytest -q
 
 bench: setup
-	$(PY) -m pipesgd.bench $(BENCH) data.root=$(DATA)
+	$(PY) -m pipesgd.tools.bench $(BENCH) data.root=$(DATA)
 
 clean:
 	rm -rf outputs multirun .pytest_cache

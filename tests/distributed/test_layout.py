@@ -168,10 +168,10 @@ PROBES_ALLOWED = {
     "pipesgd.progress": "a logging handler's stream",
     "pipesgd.timing.model": "Link's own fields, validated by name",
     "pipesgd.data.download": "an URLError's reason",
-    "pipesgd.emulate.relay": "os.setns exists from Python 3.12",
-    "pipesgd.bench.calibrate": "its own dataclass fields, validated by name",
-    "pipesgd.bench.tta": "argparse values, validated by name",
-    "pipesgd.bench.__main__": "argparse values, validated by name",
+    "pipesgd.tools.emulate.relay": "os.setns exists from Python 3.12",
+    "pipesgd.tools.bench.calibrate": "its own dataclass fields, validated by name",
+    "pipesgd.tools.bench.tta": "argparse values, validated by name",
+    "pipesgd.tools.bench.__main__": "argparse values, validated by name",
 }
 PLUGIN_TYPES = {"Compressor", "NoCompression", "Reduction", "InRing", "TopK", "PowerSGD", "Staleness", "Engine",
                 "PipeSGD", "DirectEngine", "ParameterServerEngine", "HierarchicalAllreduce", "Mode", "partial",
@@ -209,12 +209,12 @@ def test_timing_and_bench_do_not_import_each_other():
     """bench/ measures and reads the model; the model never reaches into the benchmark suite."""
     graph = {name: _imports(name, path) for name, path in MODULES.items()}
     into_bench = [(n, d) for n, deps in graph.items() if n.startswith("pipesgd.timing") for d in deps
-                  if d.startswith("pipesgd.bench")]
+                  if d.startswith("pipesgd.tools.bench")]
     assert not into_bench, f"timing/ imports bench/: {into_bench}"
 
 
 # The study and emulation tools; everything else in the package is the training library.
-TOOLS = ("pipesgd.bench", "pipesgd.emulate", "pipesgd.report", "pipesgd.study")
+TOOLS = ("pipesgd.tools.bench", "pipesgd.tools.emulate", "pipesgd.tools.report", "pipesgd.tools.study")
 
 
 def _is_tool(name: str) -> bool:
@@ -231,7 +231,7 @@ def test_the_library_imports_no_tool():
 
 
 def test_the_direction_check_sees_an_upward_import(tmp_path):
-    (tmp_path / "x.py").write_text("from .bench import runner\n")
+    (tmp_path / "x.py").write_text("from .tools.bench import runner\n")
     assert any(_is_tool(d) for d in _imports("pipesgd.x", tmp_path / "x.py"))
 
 
