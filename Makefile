@@ -41,7 +41,7 @@ test: setup
 	$(PY) -m pytest -q
 
 bench: setup
-	$(PY) -m pipesgd.bench $(BENCH) data.root=$(DATA)
+	$(PY) -m pipesgd.tools.bench $(BENCH) data.root=$(DATA)
 
 # The whole GPU check in one command, at most 8 minutes on one GPU (docs/gpu.md, "The GPU check").
 # It needs only a CUDA build of torch: the .venv's python when there is one (make setup TORCH=torch),

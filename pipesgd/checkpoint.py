@@ -20,13 +20,12 @@ import torch
 from torch import nn
 
 from .models import unwrap
-from .runinfo import write_atomic
+from .runinfo import file_digest, write_atomic
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1
 _NAME = re.compile(r"step-(\d+)\.pt")
-_CHUNK = 1 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -138,14 +137,6 @@ def step_of(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class _HashingWriter:
     """A file wrapper that hashes what ``torch.save`` writes, so saving reads nothing back."""
 
@@ -226,7 +217,7 @@ class CheckpointDir:
             raise CheckpointError(f"checkpoint {path} does not exist")
         if sidecar.is_file():
             expected = sidecar.read_text().split()[0] if sidecar.read_text().split() else ""
-            actual = sha256_file(path)
+            actual = file_digest(path, "sha256")
             if actual != expected:
                 raise CheckpointError(f"checkpoint {path} is corrupt: sha256 {actual} does not match "
                                       f"{expected or 'an empty checksum'} in {sidecar.name}")

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .comm import check_carries
 from .comm.native import AUTO
+from .dist import BACKENDS
 from .launch import under_torchrun
 from .modes import MODES, check_compressor, get_mode, modes_with
 from .registry import registry
@@ -134,6 +135,9 @@ def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
     _check_resume(str(cfg.trainer.resume))
     if cfg.dist.timeout_s is None or cfg.dist.timeout_s <= 0:
         raise ConfigError(f"dist.timeout_s={cfg.dist.timeout_s!r} is invalid: must be > 0 seconds")
+    _check_lr(cfg.optimizer.get("lr"))
+    if cfg.dist.backend not in BACKENDS:
+        raise ConfigError(f"dist.backend={cfg.dist.backend!r} is not known; allowed: {', '.join(BACKENDS)}")
     ref = cfg.trainer.lr_reference_batch
     if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
         raise ConfigError(f"trainer.lr_reference_batch={ref!r} is invalid: must be an integer >= 1 or null")
@@ -251,6 +255,13 @@ def _check_staleness_optimizer(cfg: DictConfig) -> None:
         check_optimizer(rule, instantiate(cfg.optimizer)([torch.nn.Parameter(torch.zeros(1))]))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def _check_lr(lr: object) -> None:
+    """The learning rate as given (``optimizer.lr``), before the linear scaling by the global batch."""
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise ConfigError(f"optimizer.lr={lr!r} is invalid: must be a number > 0 (the rate for "
+                          "trainer.lr_reference_batch samples, scaled linearly to the global batch)")
 
 
 def _check_resume(resume: str) -> None:

@@ -1,22 +1,17 @@
 """Every ``trainer.mode``, declared once: the engine that builds it and the settings it honours.
 
 Pure data (no torch at import): the config checks, the worker's composition root, the timing model
-and the tests read this table; a setting a mode does not use is rejected, never ignored.
+and the tests read this table; a setting a mode does not use is rejected, never ignored. Building a
+mode's engine is :func:`pipesgd.engine.build.build`'s, so reading the table imports no engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import import_module
-from typing import TYPE_CHECKING
 
 from .registry import Registry, registry
-
-if TYPE_CHECKING:
-    from torch import nn
-
-    from .engine.base import Engine, ModeArgs
 
 
 @dataclass(frozen=True)
@@ -67,6 +62,11 @@ class Mode:
     elastic: bool = True
     nccl: bool = True
     launcher: str | None = None
+
+    def runs_at(self, width: int) -> int:
+        """The width this mode runs at when ``trainer.width`` is ``width``: its own fixed width,
+        unless ``width`` is one of its ``widths``; ``width`` itself for a pipelined mode."""
+        return width if width in self.widths else self.width or width
 
 
 MODES: dict[str, Mode] = {
@@ -149,19 +149,3 @@ def launcher(name: str) -> Callable[..., None] | None:
     module, function = mode.launcher.split(":")
     return getattr(import_module(module), function)
 
-
-def build(name: str, args: ModeArgs) -> tuple[nn.Module, Engine]:
-    """``(model, engine)`` for ``trainer.mode=name``; ``args.width`` is replaced by the mode's own
-    width when it has one. Raises ValueError for a compressor the mode does not carry."""
-    from .engine.base import Engine  # torch, imported only when a mode is built
-
-    mode = get_mode(name)
-    check_compressor(name, args.compressor)
-    module, function = mode.engine.split(":")
-    width = args.width if args.width in mode.widths else mode.width or args.width
-    model, engine = getattr(import_module(module), function)(replace(args, width=width))
-    if not isinstance(engine, Engine):
-        raise TypeError(f"{mode.engine} built a {type(engine).__name__}, not a pipesgd Engine")
-    if engine.width != width:
-        raise TypeError(f"{mode.engine} built an engine of width {engine.width}; trainer.mode={name} runs at {width}")
-    return model, engine

@@ -22,7 +22,7 @@ from . import elastic, termination
 from .checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, config_digest, hashed_config,
                          param_checksum, rng_state, set_rng_state)
 from .data.loader import mix_seed
-from .engine.base import Engine, to_device
+from .engine.base import Engine, state_to_device
 from .faults import Faults
 from .models import unwrap
 from .modes import get_mode, modes_with
@@ -153,7 +153,7 @@ class Reliability(TrainerHooks):
         self.watchdog.set("checkpoint (gather of every rank's state to rank 0)")
         t0 = time.perf_counter()
         # On the CPU before the gather: rank 0 would otherwise unpickle rank k's tensors onto cuda:k.
-        engine = to_device(self.engine.state_dict(), "cpu")  # waits for in-flight reductions on every rank alike
+        engine = state_to_device(self.engine.state_dict(), "cpu")  # waits for in-flight reductions on every rank alike
         shared = {k: engine.pop(k) for k in self.engine.shared_state if k in engine}
         mine = {"rng": rng_state(self.device), "engine": engine,
                 "buffers": {k: b.detach().cpu().clone() for k, b in self.module.named_buffers()},

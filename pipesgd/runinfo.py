@@ -1,7 +1,8 @@
-"""Facts about a run that are saved next to its numbers: code version, atomic JSON files."""
+"""Facts about a run that are saved next to its numbers: code version, atomic JSON files, file digests."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -40,6 +41,16 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def file_digest(path: str | os.PathLike, algorithm: str) -> str:
+    """Hex digest of a file's bytes by ``hashlib``'s ``algorithm`` ("sha256", "md5"), read in 1 MiB
+    chunks (md5: about 0.5 s per 200 MB)."""
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def write_json_atomic(path: str | os.PathLike, obj) -> None:

@@ -3,7 +3,7 @@
 ``python -m pipesgd.train +experiment=resnet_cifar`` resolves the config ONCE in the launching
 process, validates it and prepares the data there (bad input fails before any worker starts),
 then starts ``dist.nproc`` workers that share the launcher's run directory. Under torchrun (or
-``pipesgd.emulate``) every process is a worker and rank 0's run directory is the run directory.
+``pipesgd.tools.emulate``) every process is a worker and rank 0's run directory is the run directory.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from .faults import Faults
 from .hostinfo import fingerprint
 from .live.options import replica_shard
 from .metrics import make_writer
-from .modes import build, get_mode, launcher
+from .engine.build import build
+from .modes import get_mode, launcher
 from .objective import Objective
 from .reliability import Reliability
 from .runinfo import git_commit, write_json_atomic
@@ -46,7 +47,7 @@ from .watchdog import Watchdog
 log = logging.getLogger("pipesgd.train")
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
@@ -248,7 +249,7 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
         compressor=name, allreduce=run.allreduce, world_size=ctx.world_size, backend=ctx.backend,
         steps=trainer.step, total_steps=trainer.total_steps, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
         git_commit=git_commit(), host=fingerprint(), config=container, data=run.data, **reliability.summary(), **run.engine.summary()))
-    # Per-step timings for benchmarks that skip warm-up steps (pipesgd.bench).
+    # Per-step timings for benchmarks that skip warm-up steps (pipesgd.tools.bench).
     write_json_atomic(run_dir / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
 
 

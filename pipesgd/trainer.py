@@ -54,7 +54,7 @@ class _StepRecord:
     wall_time: float
 
 
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def batch_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device``; to a GPU through pinned memory, so the copy is asynchronous (from
     pageable memory ``non_blocking=True`` is a staged copy the CPU waits for)."""
     if device.type != "cuda":
@@ -166,7 +166,7 @@ class Trainer:
         for batch, (x, y) in enumerate(loader.iter_epoch(epoch, 0, consumed), 1):
             if self.step >= self.stop_step:
                 return False
-            x, y = to_device(x, self.device), to_device(y, self.device)
+            x, y = batch_to_device(x, self.device), batch_to_device(y, self.device)
             mark = self.clock.start()
             self.optimizer.zero_grad(set_to_none=True)
             # forward_context: the weights the staleness rule wants the gradient at, held until

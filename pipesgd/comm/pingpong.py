@@ -1,5 +1,5 @@
-"""One point-to-point round trip, timed: the measurement behind α and β (pipesgd.bench.calibrate)
-and the emulated-link probe (pipesgd.emulate.probe)."""
+"""One point-to-point round trip, timed: the measurement behind α and β (pipesgd.tools.bench.calibrate)
+and the emulated-link probe (pipesgd.tools.emulate.probe)."""
 
 from __future__ import annotations
 

@@ -39,11 +39,11 @@ from pipesgd.data.download import (
     download,
     local_source,
     make_dir,
-    md5_file,
     resolve_cache_dir,
 )
 from pipesgd.data.errors import DatasetError
 from pipesgd.data.split import Split
+from pipesgd.runinfo import file_digest
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ class CIFAR10(ImageDataset):
                 return
             archive = self._local_archive(root, cache)
             if archive is not None:
-                md5 = md5_file(archive)
+                md5 = file_digest(archive, "md5")
                 if self.md5 is not None and md5 != self.md5:
                     raise DatasetError(
                         f"md5 mismatch for {archive}: expected {self.md5}, got {md5}"

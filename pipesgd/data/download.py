@@ -36,15 +36,6 @@ CACHE_ENV = "PIPESGD_CACHE"
 _CHUNK = 1 << 20
 
 
-def md5_file(path: Path) -> str:
-    """Hex md5 of a file's bytes (about 0.5 s per 200 MB)."""
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _writable(path: Path) -> bool:
     """Whether ``path`` is, or could be created as, a directory this process can write into.
 

@@ -40,10 +40,10 @@ from pipesgd.data.download import (
     download,
     local_source,
     make_dir,
-    md5_file,
     resolve_cache_dir,
 )
 from pipesgd.data.errors import DatasetError
+from pipesgd.runinfo import file_digest
 from pipesgd.data.text import VOCAB_SIZE, TextSplit, WindowEvalLoader, WindowLoader
 from pipesgd.objective import NextToken
 
@@ -290,7 +290,7 @@ class Shakespeare:
                 return
             archive = self._local_archive(root, cache)
             if archive is not None:
-                if self.md5 is not None and (actual := md5_file(archive)) != self.md5:
+                if self.md5 is not None and (actual := file_digest(archive, "md5")) != self.md5:
                     raise DatasetError(f"md5 mismatch for {archive}: expected {self.md5}, got {actual}")
             else:
                 archive = cache / ARCHIVES[1]

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..comm import CommStats, CommThread, CompletedHandle, Handle
 from ..live import require_torchft
 from ..live.options import LiveOptions
-from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, to_device
+from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, state_to_device
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class LiveEngine(Engine):
         """What a healer loads: taken on the training thread between steps, with nothing in flight
         that the healer will not take part in. A copy: torchft serializes it on its own thread
         while this one goes on updating the weights and the momentum in place."""
-        return copy.deepcopy(to_device({
+        return copy.deepcopy(state_to_device({
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "engine": {"steps": self.steps, "nonfinite": self.nonfinite.state_dict()},
@@ -199,7 +199,7 @@ class LiveEngine(Engine):
 
     def _load_peer_state(self, state: dict) -> None:
         device = self.params[0].device
-        self.module.load_state_dict(to_device(state["model"], device))
+        self.module.load_state_dict(state_to_device(state["model"], device))
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["engine"]["steps"])
         self.nonfinite.load_state_dict(state["engine"]["nonfinite"])

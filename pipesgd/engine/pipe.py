@@ -24,7 +24,7 @@ from .exchange import GradientExchange, Reduced
 from ..reduction import Reduction, resolve
 from ..replicas import ReplicaMismatch, describe_mismatch, digest
 from ..staleness import Staleness, make_staleness
-from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, T, to_device
+from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, T, state_to_device
 
 
 class PipeSGD(Engine):
@@ -337,7 +337,7 @@ class PipeSGD(Engine):
         if self._pending:
             raise RuntimeError("load_state_dict on an engine with reductions in flight; call flush() first")
         device = self._reducer.params[0].device
-        state = to_device(state, device)  # a checkpoint is loaded to the CPU; the state lives with the params
+        state = state_to_device(state, device)  # a checkpoint is loaded to the CPU; the state lives with the params
         numel = self._reducer.numel
         for f in state["pending"]:
             if f.numel() != numel:

@@ -23,7 +23,7 @@ from .base import Engine, ModeArgs, StepStats
 
 log = logging.getLogger(__name__)
 
-SERVER = 0
+SERVER_RANK = 0
 _PUSH, _DONE = 0, 1
 ASYNC_NEEDS_ANY_SOURCE = (
     "trainer.mode=ps_async cannot run on NCCL: its server receives from whichever worker pushes first "
@@ -94,7 +94,7 @@ class ParameterServerEngine(Engine):
         self._clock = streams.device_clock(self.device)
         self.ctx = Ctx((self.numel,), torch.float32, self.device)
         self.identity = compressor.identity
-        self.server = _Server(optimizer, self.params) if self.rank == SERVER else None
+        self.server = _Server(optimizer, self.params) if self.rank == SERVER_RANK else None
         self.steps = 0
         self.last = StepStats()
         self._weights = torch.empty(self.numel, device=self.device)  # receive buffer for pulls (workers)
@@ -158,8 +158,8 @@ class ParameterServerEngine(Engine):
             return stats
         t0 = time.perf_counter()
         if self.server is None:
-            req = dist.irecv(self._weights, **self._src(SERVER))
-            dist.isend(self._header(_DONE), **self._dst(SERVER)).wait()
+            req = dist.irecv(self._weights, **self._src(SERVER_RANK))
+            dist.isend(self._header(_DONE), **self._dst(SERVER_RANK)).wait()
             req.wait()
             self._load(self._weights)
         else:
@@ -214,7 +214,7 @@ class ParameterServerEngine(Engine):
         mark = None if self._clock is None else self._clock.start()
         if self.server is None:
             # the pull's receive is posted before the push (one batch on NCCL)
-            (req,), (push,) = post([(self._weights, SERVER)], [(payload, SERVER)], self.group, self._batch)
+            (req,), (push,) = post([(self._weights, SERVER_RANK)], [(payload, SERVER_RANK)], self.group, self._batch)
             push.wait()
             req.wait()
             t1 = time.perf_counter()
@@ -253,9 +253,9 @@ class ParameterServerEngine(Engine):
     def _step_async(self, payload: Tensor, stats: StepStats) -> None:
         t0 = time.perf_counter()
         if self.server is None:
-            req = dist.irecv(self._weights, **self._src(SERVER))
-            dist.isend(self._header(_PUSH), **self._dst(SERVER)).wait()
-            dist.isend(payload, **self._dst(SERVER)).wait()
+            req = dist.irecv(self._weights, **self._src(SERVER_RANK))
+            dist.isend(self._header(_PUSH), **self._dst(SERVER_RANK)).wait()
+            dist.isend(payload, **self._dst(SERVER_RANK)).wait()
             req.wait()
             t1 = time.perf_counter()
             self._load(self._weights)

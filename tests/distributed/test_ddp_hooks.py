@@ -33,7 +33,7 @@ def _batch(rank: int, i: int):
 
 def _mode_engine(model, opt, rank, world):
     from pipesgd.comm import ring_allreduce
-    from pipesgd.modes import build
+    from pipesgd.engine.build import build
     from pipesgd.engine.base import ModeArgs
     from pipesgd.reduction.powersgd import PowerSGD
 

@@ -19,7 +19,8 @@ from distributed_utils import run_workers
 from pipesgd.comm import ring_allreduce
 from pipesgd.compress import get_compressor
 from pipesgd.engine import Engine, ModeArgs
-from pipesgd.modes import MODES, build
+from pipesgd.engine.build import build
+from pipesgd.modes import MODES
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pipesgd"
 MAX_LINES = 600
@@ -158,7 +159,7 @@ def test_comments_describe_the_code_not_the_tracker():
 # outside the registry: code reads the facts they declare (pipesgd.registry) instead.
 PROBES_ALLOWED = {
     "pipesgd.registry": "the registry itself: reads what a plugin declares",
-    "pipesgd.modes": "the mode table's registry: imports a row's builder, type-checks what it built",
+    "pipesgd.engine.build": "imports a mode row's builder, type-checks what it built",
     "pipesgd.compress.base": "resolves a compressor spec (a name or an instance)",
     "pipesgd.reduction": "resolves a compressor/reduction spec (a name or an instance)",
     "pipesgd.staleness.base": "resolves a staleness spec (a name or an instance)",
@@ -166,10 +167,10 @@ PROBES_ALLOWED = {
     "pipesgd.progress": "a logging handler's stream",
     "pipesgd.timing.model": "Link's own fields, validated by name",
     "pipesgd.data.download": "an URLError's reason",
-    "pipesgd.emulate.relay": "os.setns exists from Python 3.12",
-    "pipesgd.bench.calibrate": "its own dataclass fields, validated by name",
-    "pipesgd.bench.tta": "argparse values, validated by name",
-    "pipesgd.bench.__main__": "argparse values, validated by name",
+    "pipesgd.tools.emulate.relay": "os.setns exists from Python 3.12",
+    "pipesgd.tools.bench.calibrate": "its own dataclass fields, validated by name",
+    "pipesgd.tools.bench.tta": "argparse values, validated by name",
+    "pipesgd.tools.bench.__main__": "argparse values, validated by name",
 }
 PLUGIN_TYPES = {"Compressor", "NoCompression", "Reduction", "InRing", "TopK", "PowerSGD", "Staleness", "Engine",
                 "PipeSGD", "DirectEngine", "ParameterServerEngine", "HierarchicalAllreduce", "Mode", "partial",
@@ -207,5 +208,37 @@ def test_timing_and_bench_do_not_import_each_other():
     """bench/ measures and reads the model; the model never reaches into the benchmark suite."""
     graph = {name: _imports(name, path) for name, path in MODULES.items()}
     into_bench = [(n, d) for n, deps in graph.items() if n.startswith("pipesgd.timing") for d in deps
-                  if d.startswith("pipesgd.bench")]
+                  if d.startswith("pipesgd.tools.bench")]
     assert not into_bench, f"timing/ imports bench/: {into_bench}"
+
+
+# The study and emulation tools; everything else in the package is the training library.
+TOOLS = ("pipesgd.tools.bench", "pipesgd.tools.emulate", "pipesgd.tools.report", "pipesgd.tools.study")
+
+
+def _is_tool(name: str) -> bool:
+    return any(name == t or name.startswith(f"{t}.") for t in TOOLS)
+
+
+def test_the_library_imports_no_tool():
+    """The training library (engine, comm, reduction, compress, staleness, timing, trainer, data,
+    models, checkpoint, reliability, ...) stands without the tools; the tools use the library."""
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    upward = sorted((n, d) for n, deps in graph.items() if not _is_tool(n) for d in deps if _is_tool(d))
+    assert not upward, f"library modules import tools: {upward}"
+    assert any(_is_tool(n) for n in MODULES) and any(not _is_tool(n) for n in MODULES)
+
+
+def test_the_direction_check_sees_an_upward_import(tmp_path):
+    (tmp_path / "x.py").write_text("from .tools.bench import runner\n")
+    assert any(_is_tool(d) for d in _imports("pipesgd.x", tmp_path / "x.py"))
+
+
+def test_no_module_finds_the_repository_by_its_own_path():
+    """An installed copy has no clone around it: files come from arguments, the current directory
+    or the package's own data (``importlib.resources``), never from ``Path(__file__).parents[...]``."""
+    import re
+
+    for name, path in MODULES.items():
+        hits = re.findall(r"__file__\)?(?:\.resolve\(\))?\.(?:parents\[|parent\.parent)", path.read_text())
+        assert not hits, f"{name} climbs out of the package from its own path: {hits}"

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from pipesgd.bench.__main__ import main as bench_main
-from pipesgd.bench.grid import LINKS, MLP, RESNET20, TRAIN_MODES, WORLD_SIZES, Cell, full_grid, quick_grid, select
-from pipesgd.bench.render import BEGIN, END, Results, render, targets, write_markdown
-from pipesgd.bench.runner import Settings, cpu_split, merge, recorded, run_cells, save
+from pipesgd.tools.bench.__main__ import main as bench_main
+from pipesgd.tools.bench.grid import LINKS, MLP, RESNET20, TRAIN_MODES, WORLD_SIZES, Cell, full_grid, quick_grid, select
+from pipesgd.tools.bench.render import BEGIN, END, Results, render, targets, write_markdown
+from pipesgd.tools.bench.runner import Settings, cpu_split, merge, recorded, run_cells, save
 
 REQUIRED = {"name", "mode", "compressor", "world_size", "link", "n", "median_iter_ms", "min_iter_ms",
             "max_iter_ms", "predicted_iter_ms", "rel_error", "command", "commit", "config"}
@@ -136,7 +136,7 @@ def test_local_mode_steps_without_communication():
 
     from pipesgd.compress import get_compressor
     from pipesgd.engine import ModeArgs
-    from pipesgd.modes import build
+    from pipesgd.engine.build import build
 
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)

@@ -1,4 +1,4 @@
-"""``python -m pipesgd.bench.calibrate_cli``: the fit by hand, and a real run on 2 Gloo ranks whose
+"""``python -m pipesgd.tools.bench.calibrate_cli``: the fit by hand, and a real run on 2 Gloo ranks whose
 file ``predict`` and training runs then read."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipesgd.bench.calibrate import CalibrationError, CalibrationSpec, fit_alpha_beta, parse_size
-from pipesgd.bench.calibrate_cli import main as calibrate_main
+from pipesgd.tools.bench.calibrate import CalibrationError, CalibrationSpec, fit_alpha_beta, parse_size
+from pipesgd.tools.bench.calibrate_cli import main as calibrate_main
 from pipesgd.timing import MODEL_PARAMS, load_calibration, load_timing_model
 from pipesgd.timing.__main__ import main
 
@@ -64,7 +64,7 @@ def test_cli_rejects_bad_arguments(capsys):
 def test_calibrate_on_two_gloo_ranks(tmp_path, capsys):
     out = tmp_path / "cal.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    r = subprocess.run([sys.executable, "-m", "pipesgd.bench.calibrate_cli", "--workers", "2", "--model", "mlp",
+    r = subprocess.run([sys.executable, "-m", "pipesgd.tools.bench.calibrate_cli", "--workers", "2", "--model", "mlp",
                         "--batch-size", "8", "--quick", "--out", str(out)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=170)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from runs import ROOT, fast
 
-from pipesgd.report import ReportError, sweep_report
+from pipesgd.tools.report import ReportError, sweep_report
 from pipesgd.trace import CATEGORIES
 
 STEPS = 12
@@ -89,7 +89,7 @@ def test_trace_is_valid_trace_event_json_with_disjoint_spans_per_thread(sweep):
 @pytest.mark.timeout(300)
 def test_timeline_png_renders(sweep):
     job = jobs(sweep)["pipe"]
-    r = subprocess.run([sys.executable, "-m", "pipesgd.report", "timeline", str(job), "--steps", "3"],
+    r = subprocess.run([sys.executable, "-m", "pipesgd.tools.report", "timeline", str(job), "--steps", "3"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     width, height = png_size(job / "timeline.png")
@@ -156,17 +156,17 @@ def test_sweep_report_names_a_dir_without_summaries(tmp_path):
     (tmp_path / "0").mkdir()
     with pytest.raises(ReportError, match=f"no summary.json under {tmp_path}"):
         sweep_report(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "pipesgd.report", "sweep", str(tmp_path)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "pipesgd.tools.report", "sweep", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and str(tmp_path) in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "pipesgd.report", "timeline", str(tmp_path)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "pipesgd.tools.report", "timeline", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "trainer.trace=true" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.timeout(60)
 def test_overlap_stats_clip_to_the_window():
-    from pipesgd.report.timeline import Span, Trace, overlap_stats
+    from pipesgd.tools.report.timeline import Span, Trace, overlap_stats
 
     spans = [Span(0, 1, "reduce-scatter", "comm", 0.0, 8.0, None),   # 6 ms inside [2, 12]
              Span(0, 1, "decode+add", "compress", 8.0, 10.0, None),  # 2 ms
@@ -181,7 +181,7 @@ def test_overlap_stats_clip_to_the_window():
 
 @pytest.mark.timeout(60)
 def test_default_window_skips_the_warm_up_and_fill():
-    from pipesgd.report.timeline import Span, Trace, pick_steps
+    from pipesgd.tools.report.timeline import Span, Trace, pick_steps
 
     spans = [Span(0, 0, "forward", "compute", float(s), s + 0.5, s) for s in range(20)]
     assert pick_steps(Trace(spans, {}, {"width": 2, "warmup_sync_steps": 10}), 4) == [13, 14, 15, 16]

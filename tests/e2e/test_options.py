@@ -10,6 +10,22 @@ import pytest
 from runs import fast, train
 
 
+# ---------------------------------------------------------------- bad input, named as typed
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("override,message", [
+    ("optimizer.lr=-1", "optimizer.lr=-1 is invalid: must be a number > 0"),
+    ("dist.backend=mpi", "dist.backend='mpi' is not known; allowed: auto, gloo, nccl"),
+])
+def test_a_bad_lr_or_backend_fails_before_workers_start(override, message, tmp_path, shared_data):
+    """Named as the user typed it: the lr, not the rate scaled to the global batch (-0.5 here)."""
+    r = train("+experiment=mnist_mlp", *fast(tmp_path, shared_data), override, f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode == 2
+    assert message in r.stderr, r.stderr[-2000:]
+    assert "-0.5" not in r.stderr and "rank 1" not in r.stderr and "world=" not in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 # ---------------------------------------------------------------- LARS
 
 @pytest.mark.timeout(120)

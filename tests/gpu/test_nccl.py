@@ -103,9 +103,9 @@ def _train(rank, width, compressor, split_at=None):
 
 
 def _to_cpu(state):
-    from pipesgd.engine.base import to_device
+    from pipesgd.engine.base import state_to_device
 
-    return to_device(state, "cpu")
+    return state_to_device(state, "cpu")
 
 
 def _ddp_worker(rank, p):

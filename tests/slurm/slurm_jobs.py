@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipesgd.emulate.slurm import SlurmCluster
+from pipesgd.tools.emulate.slurm import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -124,7 +124,11 @@ def test_rng_state_round_trip():
 def test_rng_state_survives_weights_only_load(tmp_path):
     d = CheckpointDir(tmp_path, keep=1)
     d.save({"format": FORMAT, "rng": rng_state()}, 1)
-    set_rng_state(d.load(d.path(1))["rng"])
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(d.load(d.path(1))["rng"])  # weights_only=True: the state must be made of plain types
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1])
+    assert expected[2] == again[2]
 
 
 def test_param_checksum_is_sha256_of_parameter_bytes_in_state_dict_order():

@@ -43,6 +43,9 @@ def test_schema_rejects_unknown_keys_and_wrong_types_with_hydras_message(overrid
     ("trainer.check_every=-1", "trainer.check_every=-1 is invalid"),
     ("trainer.stop_after_step=0", "trainer.stop_after_step=0 is invalid: must be an integer >= 1 (or null to run "
                                   "to the end)"),
+    ("optimizer.lr=-1", "optimizer.lr=-1 is invalid: must be a number > 0"),
+    ("optimizer.lr=0", "optimizer.lr=0 is invalid"),
+    ("dist.backend=mpi", "dist.backend='mpi' is not known; allowed: auto, gloo, nccl"),
     ("trainer.resume=/nonexistent/step-00000008.pt", "trainer.resume='/nonexistent/step-00000008.pt' is not a "
                                                      "checkpoint file; allowed: auto"),
 ])
@@ -73,14 +76,19 @@ def test_a_setting_the_mode_does_not_use_is_an_error(overrides, message):
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["trainer.mode=ddp"],                                   # mnist_mlp's width 2 is pipe's default: ddp runs at 1
-    ["trainer.mode=ddp", "trainer.width=2", "staleness=lookahead", "compressor=powersgd"],  # the pipelined hook
-    ["trainer.mode=sync", "trainer.width=1", "trainer.warmup_sync_steps=0"],  # the mode's own values
-    ["trainer.mode=pipe", "trainer.width=4", "trainer.staleness=dc"],
+@pytest.mark.parametrize("overrides,width,staleness", [
+    (["trainer.mode=ddp"], 1, "none"),                      # mnist_mlp's width 2 is pipe's default: ddp runs at 1
+    (["trainer.mode=ddp", "trainer.width=2", "staleness=lookahead", "compressor=powersgd"], 2, "lookahead"),  # the pipelined hook
+    (["trainer.mode=sync", "trainer.width=1", "trainer.warmup_sync_steps=0"], 1, "none"),  # the mode's own values
+    (["trainer.mode=pipe", "trainer.width=4", "trainer.staleness=dc"], 4, "dc"),
 ])
-def test_a_mode_ignores_the_config_files_width_but_not_the_command_lines(overrides):
-    validate(composed(*overrides), command_line_keys(overrides))
+def test_a_mode_ignores_the_config_files_width_but_not_the_command_lines(overrides, width, staleness):
+    from pipesgd.modes import get_mode
+
+    cfg = composed(*overrides)
+    validate(cfg, command_line_keys(overrides))
+    assert get_mode(cfg.trainer.mode).runs_at(cfg.trainer.width) == width  # what build() runs at
+    assert cfg.trainer.staleness == staleness and cfg.trainer.mode == overrides[0].split("=")[1]
 
 
 def test_ddp_runs_the_pipelined_hook_only_when_the_command_line_asks_for_width_2():

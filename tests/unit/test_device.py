@@ -309,7 +309,7 @@ def test_checkpoint_gathers_every_ranks_state_on_the_cpu(monkeypatch, tmp_path):
     hooks = Reliability(model=model, optimizer=opt, scheduler=scheduler, engine=engine,
                         rank=1, world_size=2, device=META, run_dir=tmp_path,
                         config={})
-    monkeypatch.setattr("pipesgd.reliability.to_device", _to_cpu_as_if_copied)
+    monkeypatch.setattr("pipesgd.reliability.state_to_device", _to_cpu_as_if_copied)
     hooks.save(SimpleNamespace(step=2, last_losses=[1.0]), epoch=0, consumed=0)
     (sent,) = [objs[0] for call, objs in fake.calls if call == "gather_object"]
     assert _tensors(sent["engine"]), sent
@@ -318,14 +318,14 @@ def test_checkpoint_gathers_every_ranks_state_on_the_cpu(monkeypatch, tmp_path):
 
 
 def _to_cpu_as_if_copied(state, device):
-    """``to_device`` for meta tensors, which cannot be copied out: an empty CPU tensor of the same
+    """``state_to_device`` for meta tensors, which cannot be copied out: an empty CPU tensor of the same
     shape stands for the copy, so the test sees where the gathered state lives."""
-    from pipesgd.engine.base import to_device
+    from pipesgd.engine.base import state_to_device
 
     if isinstance(state, torch.Tensor) and state.device == META:
         return torch.empty(state.shape, dtype=state.dtype, device=device)
     if isinstance(state, torch.Tensor):
-        return to_device(state, device)
+        return state_to_device(state, device)
     if isinstance(state, dict):
         return {k: _to_cpu_as_if_copied(v, device) for k, v in state.items()}
     if isinstance(state, (list, tuple)):

@@ -226,7 +226,7 @@ def test_scale_map_doc_table_is_the_maps_own_numbers():
 
 
 def test_documented_heatmaps_exist_and_only_resnet50_claims_a_published_step():
-    from pipesgd.report.scale_map import documented_panels
+    from pipesgd.tools.report.scale_map import documented_panels
 
     doc = (ROOT / "docs/scale-map.md").read_text()
     for panel in documented_panels():
@@ -238,7 +238,7 @@ def test_documented_heatmaps_exist_and_only_resnet50_claims_a_published_step():
 
 def test_render_panel_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from pipesgd.report.scale_map import Panel, render_panel
+    from pipesgd.tools.report.scale_map import Panel, render_panel
 
     path = render_panel(Panel("vit-b16", 100.0, "100 ms, a test input", "x.png"), tmp_path)
     assert path == tmp_path / "x.png"
@@ -314,7 +314,7 @@ def test_calibrate_times_powersgds_own_compute_per_declared_flop(tmp_path):
     """The constant is the real reduction's time over the FLOPs it declares for the shapes it bound."""
     import torch.distributed as dist
 
-    from pipesgd.bench.calibrate import powersgd_cost
+    from pipesgd.tools.bench.calibrate import powersgd_cost
     from pipesgd.reduction.powersgd import step_flops
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)

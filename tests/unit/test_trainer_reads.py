@@ -195,12 +195,12 @@ def test_the_engine_reports_the_device_times_its_streams_measured(monkeypatch, w
 
 
 def test_batches_go_to_a_gpu_through_pinned_memory_asynchronously(monkeypatch):
-    from pipesgd.trainer import to_device
+    from pipesgd.trainer import batch_to_device
     calls = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: calls.append("pin") or t)
     monkeypatch.setattr(torch.Tensor, "to", lambda t, device, **kw: calls.append((str(device), kw)) or t)
-    to_device(torch.ones(2), torch.device("cuda", 1))
+    batch_to_device(torch.ones(2), torch.device("cuda", 1))
     assert calls == ["pin", ("cuda:1", {"non_blocking": True})]
     calls.clear()
-    to_device(torch.ones(2), torch.device("cpu"))
+    batch_to_device(torch.ones(2), torch.device("cpu"))
     assert calls == [("cpu", {})]  # nothing to pin for, nothing asynchronous

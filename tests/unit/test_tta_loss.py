@@ -4,9 +4,9 @@ the composed times and the curve records, on small synthetic data."""
 
 import pytest
 
-from pipesgd.bench import tta_compose as compose
-from pipesgd.bench import tta_records as records
-from pipesgd.bench.tta_arms import ARMS, metric_for
+from pipesgd.tools.bench import tta_compose as compose
+from pipesgd.tools.bench import tta_records as records
+from pipesgd.tools.bench.tta_arms import ARMS, metric_for
 
 CURVE = [[100, 3.0], [200, 2.0], [300, 1.9]]
 

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipesgd.bench import tta
-from pipesgd.bench import tta_report
-from pipesgd.bench import tta_records as r
+from pipesgd.tools.bench import tta
+from pipesgd.tools.bench import tta_report
+from pipesgd.tools.bench import tta_records as r
 
 CONFIG = {"seed": 0, "trainer": {"mode": "sync", "width": 1, "warmup_sync_steps": 0, "staleness": "none",
                                  "epochs": 3, "max_steps": None},
@@ -83,7 +83,7 @@ def test_runs_of_another_config_are_refused_naming_the_difference():
 
 def _timing(arm="sync", command=None, link="100mbit"):
     overrides = " ".join(tta.ARMS[arm])
-    command = command or (f"python -m pipesgd.emulate --workers 2 --rate {link} --timeout-s 86400 -- "
+    command = command or (f"python -m pipesgd.tools.emulate --workers 2 --rate {link} --timeout-s 86400 -- "
                           f"+experiment=resnet_cifar_tta {overrides} dist.nproc=2 data.root=/d "
                           "trainer.max_steps=50 trainer.warmup_sync_steps=0 trainer.resume=never hydra.run.dir=/x")
     return {"link": link, "arm": arm, "repeat": 0, "command": command, "iter_ms": [1.0], "median_iter_ms": 1.0,

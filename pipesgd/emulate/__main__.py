@@ -1,3 +1,0 @@
-from pipesgd.emulate.cli import main
-
-raise SystemExit(main())

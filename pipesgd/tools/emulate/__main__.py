@@ -1,0 +1,3 @@
+from pipesgd.tools.emulate.cli import main
+
+raise SystemExit(main())
