@@ -18,6 +18,7 @@ import signal
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from importlib import import_module
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -116,3 +117,15 @@ def _reap_stopped_workers(interval_s: float = 0.2) -> Iterator[None]:
     finally:
         done.set()
         thread.join()
+
+
+def for_mode(mode: str) -> Callable[..., None]:
+    """What starts ``trainer.mode=mode``'s workers: the row's own ``launcher`` (same arguments as
+    :func:`run`; live: one process per replica group behind a lighthouse), imported now, else :func:`run`."""
+    from .modes import get_mode
+
+    row = get_mode(mode)
+    if row.launcher is None:
+        return run
+    module, function = row.launcher.split(":")
+    return getattr(import_module(module), function)

@@ -7,9 +7,7 @@ mode's engine is :func:`pipesgd.engine.build.build`'s, so reading the table impo
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import import_module
 
 from .registry import Registry, registry
 
@@ -138,14 +136,4 @@ def check_compressor(name: str, compressor: object) -> None:
     if compressor.error_feedback:
         raise ValueError(f"compressor.error_feedback=true is not used by trainer.mode={name}; error feedback "
                          f"runs with {where} (set compressor.error_feedback=false)")
-
-
-def launcher(name: str) -> Callable[..., None] | None:
-    """The function that starts ``trainer.mode=name``'s workers in place of
-    :func:`pipesgd.launch.run` (same arguments), imported now; None for the default."""
-    mode = get_mode(name)
-    if mode.launcher is None:
-        return None
-    module, function = mode.launcher.split(":")
-    return getattr(import_module(module), function)
 

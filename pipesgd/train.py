@@ -35,7 +35,7 @@ from .hostinfo import fingerprint
 from .live.options import replica_shard
 from .metrics import make_writer
 from .engine.build import build
-from .modes import get_mode, launcher
+from .modes import get_mode
 from .objective import Objective
 from .reliability import Reliability
 from .runinfo import git_commit, write_json_atomic
@@ -69,7 +69,7 @@ def main(cfg: DictConfig) -> float | None:
     from pipesgd.train import worker as importable_worker
 
     # a mode may start its workers its own way (live: one process per replica group, restarted alone)
-    start = launcher(cfg.trainer.mode) or launch.run
+    start = launch.for_mode(cfg.trainer.mode)
     try:
         start(importable_worker, (container, str(run_dir)), nproc=cfg.dist.nproc,
               max_restarts=cfg.dist.max_restarts)

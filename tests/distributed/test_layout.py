@@ -160,6 +160,7 @@ def test_comments_describe_the_code_not_the_tracker():
 PROBES_ALLOWED = {
     "pipesgd.registry": "the registry itself: reads what a plugin declares",
     "pipesgd.engine.build": "imports a mode row's builder, type-checks what it built",
+    "pipesgd.launch": "imports a mode row's own launcher (live)",
     "pipesgd.compress.base": "resolves a compressor spec (a name or an instance)",
     "pipesgd.reduction": "resolves a compressor/reduction spec (a name or an instance)",
     "pipesgd.staleness.base": "resolves a staleness spec (a name or an instance)",
