@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ..comm import CommStats, CommThread, CompletedHandle, Handle
+from ..flat import has_nonfinite, set_grads
 from ..live import require_torchft
 from ..live.options import LiveOptions
 from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, state_to_device
@@ -120,7 +121,7 @@ class LiveEngine(Engine):
         buf = torch.empty(self.numel + 2, dtype=self.params[0].dtype, device=self.params[0].device)
         torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
                   out=buf[:COUNT - 1])
-        buf[FLAG] = float("inf") if not torch.isfinite(buf[:FLAG]).all() else 0.0
+        buf[FLAG] = float("inf") if has_nonfinite(buf[:FLAG]) else 0.0
         buf[COUNT] = 1.0
         return buf
 
@@ -165,10 +166,7 @@ class LiveEngine(Engine):
             stats.skipped = True  # nobody contributed (every replica was healing): nothing to apply
             return
         self.nonfinite.good()
-        grad = buf[:FLAG].div_(count)
-        with torch.no_grad():
-            for p, g in zip(self.params, grad.split([p.numel() for p in self.params])):
-                p.grad = g.view_as(p)
+        set_grads(self.params, buf[:FLAG].div_(count))
         self.optimizer.step()
         stats.update_s, stats.applied = time.perf_counter() - t1, True
 
