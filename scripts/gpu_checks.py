@@ -192,7 +192,7 @@ def _cuda_engine_worker(rank, p):
     import pipesgd.engine.pipe as pipe
     from engine_reference import LR, MOMENTUM, STEPS, batch, flat_params, make_model
     from pipesgd import PipeSGD
-    from pipesgd.engine.base import to_device
+    from pipesgd.engine.base import state_to_device
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     dev = _device()
@@ -210,7 +210,7 @@ def _cuda_engine_worker(rank, p):
         model, opt, engine = build()
         for t in range(STEPS):
             if t == split_at:
-                saved = copy.deepcopy(to_device((model.state_dict(), opt.state_dict(), engine.state_dict()), "cpu"))
+                saved = copy.deepcopy(state_to_device((model.state_dict(), opt.state_dict(), engine.state_dict()), "cpu"))
                 engine._pending.clear()  # carried by the checkpoint, applied by the resumed engine
                 engine.close()
                 model, opt, engine = build()
