@@ -290,7 +290,7 @@ def engine_cuda(out: Path) -> tuple[str, str, dict]:
     from distributed_utils import run_workers
     from engine_reference import reference
 
-    r0, r1 = run_workers(_cuda_engine_worker, 2, timeout=170)
+    r0, r1 = run_workers(_cuda_engine_worker, 2, timeout=110)
     d: dict = {}
     parts = {}
     ref = reference(2, 2)
@@ -370,7 +370,7 @@ def _overlap_worker(rank, p, out_dir):
 def overlap(out: Path) -> tuple[str, str, dict]:
     from distributed_utils import run_workers
 
-    rows, _ = run_workers(_overlap_worker, 2, str(out), timeout=80)
+    rows, _ = run_workers(_overlap_worker, 2, str(out), timeout=55)
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     residual = med["iter_ms"] - med["compute_ms"]
     d = {"median": med, "rows_rank0": rows, "iter_minus_compute_ms": residual}
@@ -447,7 +447,104 @@ def step_times(out: Path, budget_s: float = 110.0) -> tuple[str, str, dict]:
                     + (f"; not timed: {', '.join(skipped)}" if skipped else "")), measured
 
 
-# --- 5. the NCCL suite, with two or more GPUs ----------------------------------------------------
+# --- 5. the pipelined DDP hook on CUDA tensors, two Gloo ranks on one GPU -------------------------
+
+HOOK_STEPS = 10
+
+
+def _ddp_hook_worker(rank, p):
+    """DDP with ``pipesgd.hooks.pipelined`` on GPU 0 (two Gloo ranks; DDP's buckets, its copy into
+    them and the hook's private copies with ``record_stream`` are real CUDA): the default allreduce
+    against ``PipeSGD(width=2)`` on the same GPU, PowerSGD's replicas, and GradScaler under AMP."""
+    import torch
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from pipesgd import PipeSGD
+    from pipesgd.hooks import one_bucket_on_gloo, powersgd_state, register
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    dev = _device()
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 10)).to(dev)
+
+    def batch(t):
+        g = torch.Generator().manual_seed(10_000 * rank + t)
+        return torch.randn(64, 32, generator=g).to(dev), torch.randint(0, 10, (64,), generator=g).to(dev)
+
+    def flat(m):
+        return torch.cat([q.detach().reshape(-1) for q in m.parameters()]).cpu()
+
+    def hooked(inner=None, inner_state=None, amp=False):
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        # 0.1 MiB: several buckets, re-bucketed after the first step; PowerSGD on Gloo needs one
+        ddp = DDP(m, **(one_bucket_on_gloo(m) if inner is powerSGD_hook else {"bucket_cap_mb": 0.1}))
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 12) if amp and dev.type == "cuda" else None
+        state = register(ddp, inner, inner_state, scaler=scaler)
+        out = []
+        for t in range(HOOK_STEPS):
+            opt.zero_grad()
+            x, y = batch(t)
+            with torch.autocast(dev.type, dtype=torch.float16, enabled=scaler is not None):
+                loss = nn.functional.cross_entropy(ddp(x), y)
+            (scaler.scale(loss) if scaler else loss).backward()
+            if state.ready():
+                if scaler:
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    opt.step()
+            out.append(flat(m))
+        state.flush(opt, scaler)
+        out.append(flat(m))
+        return out
+
+    def engine():
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        out = []
+        with PipeSGD(opt, m.parameters(), width=2, allreduce="native", timeout_s=60) as eng:
+            for t in range(HOOK_STEPS):
+                opt.zero_grad()
+                x, y = batch(t)
+                nn.functional.cross_entropy(m(x), y).backward()
+                eng.step()
+                out.append(flat(m))
+            eng.flush()
+            out.append(flat(m))
+        return out
+
+    return {"allreduce": hooked(), "engine": engine(),
+            "powersgd": hooked(powerSGD_hook, powersgd_state(None, rank=2, start_iter=2, seed=3)),
+            "amp": hooked(amp=True)}
+
+
+def ddp_hook_cuda(out: Path) -> tuple[str, str, dict]:
+    import torch
+
+    from distributed_utils import run_workers
+
+    r0, r1 = run_workers(_ddp_hook_worker, 2, timeout=80)
+    d: dict = {}
+    parts = {}
+    d["allreduce_vs_engine_max_abs"] = max(float((a - b).abs().max()) for a, b in zip(r0["allreduce"], r0["engine"]))
+    parts["pipelined(allreduce) follows PipeSGD(width=2) at every step"] = d["allreduce_vs_engine_max_abs"] <= 1e-5
+    for arm in ("allreduce", "powersgd", "amp"):
+        parts[f"{arm}: replicas identical at every step"] = all(torch.equal(a, b) for a, b in zip(r0[arm], r1[arm]))
+        parts[f"{arm}: weights finite"] = bool(torch.isfinite(r0[arm][-1]).all())
+    d["powersgd_vs_allreduce_max_abs"] = float((r0["powersgd"][-1] - r0["allreduce"][-1]).abs().max())
+    parts["powersgd compressed (differs from the plain average)"] = d["powersgd_vs_allreduce_max_abs"] > 1e-6
+    d["amp_moved"] = float((r0["amp"][-1] - r0["amp"][0]).abs().max())
+    parts["amp: the scaled steps were applied"] = d["amp_moved"] > 0
+    return _verdict(parts, d, f"pipelined(allreduce) = PipeSGD(width=2) within {d['allreduce_vs_engine_max_abs']:.1e} "
+                    f"over {HOOK_STEPS} steps; allreduce, PowerSGD and AMP+GradScaler replicas identical")
+
+
+# --- 6. the NCCL suite, with two or more GPUs ----------------------------------------------------
 
 NCCL_SUITE_S = 600  # tests/gpu takes minutes (its silent-peer case alone waits 48 s); not in the one-GPU 8 minutes
 
@@ -468,12 +565,14 @@ def nccl_suite(out: Path) -> tuple[str, str, dict]:
 CHECKS: tuple[Check, ...] = (
     Check("cuda-semantics", 60, "stream order, record_stream against allocator reuse, deadline waits, NCCL "
           "world of one (device_id, new_group, p2p of every ring dtype, int16 refused)", cuda_semantics),
-    Check("engine-cuda", 180, "two Gloo ranks on one GPU: none/fp16/bf16/powersgd/topk against the CPU path and "
+    Check("engine-cuda", 120, "two Gloo ranks on one GPU: none/fp16/bf16/powersgd/topk against the CPU path and "
           "the reference, identical replicas, bit-exact resume, defects 1 and 2 before and after", engine_cuda),
-    Check("overlap", 90, "ResNet-50 width 2, communication slower than compute: exposed communication against "
+    Check("overlap", 60, "ResNet-50 width 2, communication slower than compute: exposed communication against "
           "iteration - compute, torch.profiler trace of three steps", overlap),
-    Check("step-times", 120, "forward/backward/optimizer with CUDA events for the scale map's presets and "
+    Check("step-times", 90, "forward/backward/optimizer with CUDA events for the scale map's presets and "
           "ResNet-20/18 (AMP where the recipes use it): step_times.json", step_times),
+    Check("ddp-hook-cuda", 90, "two Gloo ranks on one GPU: DDP with the pipelined hook against PipeSGD(width=2), "
+          "PowerSGD and AMP+GradScaler replicas identical", ddp_hook_cuda),
     Check("nccl-suite", NCCL_SUITE_S, "with two or more GPUs: pytest tests/gpu on NCCL (skipped on one GPU)",
           nccl_suite, gpus=2),
 )
