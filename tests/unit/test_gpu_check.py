@@ -122,3 +122,28 @@ def test_the_step_time_models_have_the_scale_map_presets_parameter_counts(gpu_ch
             with torch.device("meta"):
                 model = build()
             assert sum(p.numel() for p in model.parameters()) == MODELS[preset].params, name
+
+
+def test_every_pipesgd_name_the_checks_import_exists():
+    """The checks import inside their functions (no CUDA at import); a rename in the library would
+    show only on the GPU, minutes into a lent machine (it did once: ``to_device``). Resolve every
+    ``from pipesgd... import name`` and every patched ``module.attribute`` here instead."""
+    import ast
+    import importlib
+
+    tree = ast.parse((ROOT / "scripts" / "gpu_checks.py").read_text())
+    missing, modules = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipesgd"):
+            module = importlib.import_module(node.module)
+            missing += [f"{node.module}.{a.name}" for a in node.names if not hasattr(module, a.name)
+                        and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("pipesgd") and a.asname:
+                    modules[a.asname] = importlib.import_module(a.name)
+    for node in ast.walk(tree):  # the old code patched in: exchange.GradientExchange._let_go, pipe.set_grads
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in modules and not hasattr(modules[node.value.id], node.attr)):
+            missing.append(f"{node.value.id}.{node.attr}")
+    assert not missing, f"scripts/gpu_checks.py uses names the library no longer has: {missing}"
