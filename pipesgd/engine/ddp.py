@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from torch import nn
 
 from ..hooks import HookState, PipelinedState, pipelined
+from ..modes import register
 from .base import ModeArgs, StepStats
 from .direct import DirectEngine
 
@@ -65,6 +66,8 @@ class PipelinedDDPEngine(DDPEngine):
         return self.hook_state.forward_context()
 
 
+@register("ddp", ddp_hooks=True, widths=(2,), stalenesses=("none", "lookahead"), overlap="backward",
+          fixed_comm="native")
 def build(a: ModeArgs) -> tuple[nn.Module, DirectEngine]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -79,7 +82,7 @@ def build(a: ModeArgs) -> tuple[nn.Module, DirectEngine]:
         return a.model, DirectEngine(a.optimizer, numel, 4, 1, a.nonfinite)
     ids = [a.device.index] if a.device.type == "cuda" else None
     comp = a.compressor
-    hook = comp.ddp_hook()  # modes.check_compressor has refused a compressor that declares none
+    hook = comp.ddp_hook()  # the launcher's modes.check_compressor refused a compressor that declares none
     model = DDP(a.model, device_ids=ids, **comp.ddp_options(a.model))
     params = [p for p in a.model.parameters() if p.requires_grad]
     # Wire bytes: an ideal ring of the elements at the hook's width (PowerSGD's factors are fewer

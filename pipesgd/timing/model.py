@@ -19,14 +19,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..modes import MODES as TRAINER_MODES
-from ..modes import carries, get_mode
+from ..modes import carries, get_mode, modes
 from ..registry import registry
 from .cost import Phase
 from .units import parse_bandwidth, parse_latency
 
-MODES = tuple(TRAINER_MODES)
-"""``local`` is the trainer's compute-only baseline (no gradient exchange): compute + update."""
 SERVER = "ps"
 """The exchange of the modes whose row declares ``server=True``: pushes to and pulls from one
 parameter server (:func:`ps_phases`). Every other algorithm is a registered allreduce, priced by
@@ -222,8 +219,7 @@ def _overlapped(work_s: float, comm_s: float, slowdown: float) -> float:
 
 def _check_mode_args(mode: str, compute_s: float, comm_s: float, update_s: float, width: int,
                      forward_fraction: float, overlap_slowdown: float) -> None:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    _known(mode)
     for name, value in (("compute_s", compute_s), ("comm_s", comm_s), ("update_s", update_s)):
         _check_nonneg(name, value)
     _check_workers("width", width)
@@ -233,6 +229,13 @@ def _check_mode_args(mode: str, compute_s: float, comm_s: float, update_s: float
     _check_nonneg("overlap_slowdown", overlap_slowdown)
     if overlap_slowdown < 1:
         raise ValueError(f"overlap_slowdown must be >= 1 (1 = no interference), got {overlap_slowdown!r}")
+
+
+def _known(mode: str) -> None:
+    """Every registered ``trainer.mode`` is priced (``local``, the compute-only baseline, as compute
+    + update)."""
+    if mode not in modes():
+        raise ValueError(f"mode must be one of {modes()}, got {mode!r}")
 
 
 def _width(mode: str, width: int) -> int:
@@ -396,8 +399,7 @@ def algorithm_for(mode: str, comm: str) -> str:
 
 
 def _mode_algorithm(mode: str, algorithm: str) -> None:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    _known(mode)
     _cost(algorithm)
     if get_mode(mode).server != (algorithm == SERVER):
         allowed = [SERVER] if get_mode(mode).server else list(registry("allreduce"))
@@ -480,7 +482,8 @@ def _plan(width: int, per_node: int, p: int) -> list[tuple[str, str, int]]:
         costs.add(cost)
         collectives.append(name)
     rows = []
-    for mode, row in TRAINER_MODES.items():
+    for mode in modes():
+        row = get_mode(mode)
         if row.overlap == "none":
             continue
         algorithms = collectives if row.allreduce else [algorithm_for(mode, collectives[0])]
@@ -524,6 +527,6 @@ def predict(numel: int, p: int, link: Link, compute_s: float, update_s: float = 
             if iterations is not None:
                 row["total_s"] = (total_time(mode, iterations, compute_s, comm, update_s, row_width,
                                              forward_fraction, p=p, overlap_slowdown=overlap_slowdown)
-                                  if TRAINER_MODES[mode].overlap != "backward" else iterations * iter_s)
+                                  if get_mode(mode).overlap != "backward" else iterations * iter_s)
             rows.append(row)
     return rows
