@@ -85,10 +85,7 @@ def build(a: ModeArgs) -> tuple[nn.Module, DirectEngine]:
     hook = comp.ddp_hook()  # the launcher's modes.check_compressor refused a compressor that declares none
     model = DDP(a.model, device_ids=ids, **comp.ddp_options(a.model))
     params = [p for p in a.model.parameters() if p.requires_grad]
-    # Wire bytes: an ideal ring of the elements at the hook's width (PowerSGD's factors are fewer
-    # bytes than this; DDP does not expose what it sent).
-    wire = comp.payload_bytes(1) if comp.name in _compressors() else 4
-    engine_args = (a.optimizer, numel, wire, a.world_size, a.nonfinite)
+    engine_args = (a.optimizer, numel, comp.ddp_wire_bytes(), a.world_size, a.nonfinite)
     if a.width == 2:
         staleness = a.staleness if isinstance(a.staleness, str) else a.staleness.name
         state = PipelinedState(model, lambda group: comp.ddp_state(params, group), optimizer=a.optimizer,
@@ -102,12 +99,6 @@ def build(a: ModeArgs) -> tuple[nn.Module, DirectEngine]:
     if hook is not _allreduce_hook():  # DDP's built-in allreduce is what allreduce_hook computes, in C++
         model.register_comm_hook(dist.group.WORLD, hook)
     return model, DDPEngine(*engine_args)
-
-
-def _compressors():
-    from ..registry import registry
-
-    return registry("compressor")
 
 
 def _allreduce_hook():

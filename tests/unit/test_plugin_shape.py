@@ -164,6 +164,10 @@ def test_ddp_carries_every_compressor_that_declares_a_ddp_hook():
     register_compressor("hooked")(Hooked)
     try:
         assert "hooked" in ddp_carried()
+        # what engine/ddp.py reports on the wire, read from the declaration (a reduction: fp32)
+        wires = {n: registry(k).get(n)().ddp_wire_bytes() for k in ("compressor", "reduction") for n in registry(k)
+                 if n in ddp_carried()}
+        assert wires == {"none": 4, "bf16": 2, "fp16": 2, "hooked": 4, "powersgd": 4}
         check_compressor("ddp", Hooked(), "auto")
         with pytest.raises(ValueError, match="compressor=int8 is not available with trainer.mode=ddp: it declares no "
                                              r"DDP comm hook \(ddp_hook\(\)\); allowed: none, bf16, fp16, hooked, powersgd"):
