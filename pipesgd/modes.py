@@ -131,9 +131,9 @@ def modes_with(setting: str) -> list[str]:
 
 
 def carries(name: str, compressor: object) -> bool:
-    """Whether ``trainer.mode=name`` has a row for ``compressor`` (an instance): one that declares a
-    DDP hook where the row says ``ddp_hooks``, one its row names, else any (:func:`check_compressor`
-    says what else a configuration must meet)."""
+    """Whether ``trainer.mode=name`` carries ``compressor`` (an instance): one that declares a DDP
+    hook where the mode declares ``ddp_hooks``, one its ``compressors`` name, else any
+    (:func:`check_compressor` says what else a configuration must meet)."""
     mode = get_mode(name)
     if mode.ddp_hooks:
         return compressor.ddp_hook() is not None
