@@ -1,6 +1,6 @@
 """pipesgd: pipelined, compressed data-parallel SGD for PyTorch (Pipe-SGD, Li et al. 2018).
 
-The names below are imported on first use, so ``import pipesgd.modes`` (pure data) needs no torch."""
+The names below are imported on first use, so ``import pipesgd.modes`` (the mode registry) needs no torch."""
 
 from importlib import import_module
 

@@ -12,11 +12,9 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .comm import check_carries
-from .comm.native import AUTO
 from .dist import BACKENDS
 from .launch import under_torchrun
-from .modes import MODES, check_compressor, get_mode, modes_with
+from .modes import check_compressor, get_mode, modes, modes_with
 from .registry import registry
 from .schema import Config, DistConfig, TrainerConfig
 from .staleness import available as stalenesses
@@ -108,8 +106,10 @@ def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
     than a config file's default for another mode."""
     _known_keys(cfg)
     resolve_staleness(cfg)
-    if cfg.trainer.mode not in MODES:
-        raise ConfigError(f"trainer.mode={cfg.trainer.mode!r} is not known; allowed: {', '.join(MODES)}")
+    try:
+        get_mode(cfg.trainer.mode)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     _int_at_least(cfg, "trainer.width", 1, "pipeline width; 1 = synchronous SGD, 2 = Pipe-SGD")
     _int_at_least(cfg, "dist.nproc", 1, "number of local worker processes")
     _int_at_least(cfg, "dist.max_restarts", 0)
@@ -149,9 +149,7 @@ def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
 
 def _check_comm(cfg: DictConfig) -> None:
     """``comm.name`` is a registered allreduce (and so declares its cost, which every run's
-    timing prediction reads), or ``auto``, which each run resolves to one (comm/native.py)."""
-    if cfg.comm.get("name") == AUTO:
-        return
+    timing prediction reads; ``auto`` picks one of them when it is bound, comm/auto.py)."""
     try:
         registry("allreduce").facts(str(cfg.comm.get("name")))
     except ValueError as e:
@@ -164,7 +162,7 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
     command line, it conflicts."""
     name = cfg.trainer.mode
     mode = get_mode(name)
-    pipelined = ", ".join(m for m in MODES if MODES[m].width is None)
+    pipelined = ", ".join(m for m in modes() if get_mode(m).width is None)
     other_width = "trainer.width" in explicit and cfg.trainer.width in mode.widths  # ddp: 2, the pipelined hook
     if mode.widths and "trainer.width" not in explicit:
         cfg.trainer.width = mode.width  # a file's width is pipe's; this mode takes another only when asked
@@ -186,7 +184,7 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
             cfg.staleness = {"_target_": _target_of(rule_class("none"))}
             cfg.trainer.staleness = "none"
         else:
-            wider = "".join(f" (and {m} at trainer.width={w})" for m in MODES for w in MODES[m].widths)
+            wider = "".join(f" (and {m} at trainer.width={w})" for m in modes() for w in get_mode(m).widths)
             raise ConfigError(f"staleness={cfg.trainer.staleness} is not used by trainer.mode={name}; only "
                               f"{', '.join(modes_with('staleness'))} apply a staleness rule{wider} (use staleness=none)")
     clip = cfg.trainer.get("max_grad_norm")
@@ -199,10 +197,8 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
         raise ConfigError(f"trainer.nonfinite=skip is not available with trainer.mode={name}: its ranks do not "
                           "decide a non-finite gradient together; use trainer.nonfinite=abort")
     try:
-        compressor = instantiate(cfg.compressor)  # the launcher's one build: its own argument checks run
-        check_compressor(name, compressor)
-        if mode.allreduce and cfg.comm.get("name") != AUTO:  # auto picks an allreduce that carries it
-            check_carries(str(cfg.comm.get("name")), compressor)
+        # the launcher's one build (its own argument checks run) and the one check, against the mode and its allreduce
+        check_compressor(name, instantiate(cfg.compressor), str(cfg.comm.get("name")))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     backend = cfg.dist.backend
@@ -229,7 +225,7 @@ def _check_scheme_options(cfg: DictConfig) -> None:
     nproc = None if under_torchrun() else cfg.dist.nproc
     size = cfg.comm.get("group_size")
     name = str(cfg.comm.get("name"))
-    if name != AUTO and registry("allreduce").facts(name).get("node_groups") and size is not None:
+    if registry("allreduce").facts(name).get("node_groups") and size is not None:
         _int_at_least(cfg, "comm.group_size", 1, "ranks per node group, or null for LOCAL_WORLD_SIZE")
         if nproc is not None and nproc % size:
             raise ConfigError(f"comm.group_size={size} is invalid with dist.nproc={nproc}: the node group "

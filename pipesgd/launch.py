@@ -18,7 +18,6 @@ import signal
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from importlib import import_module
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -120,12 +119,8 @@ def _reap_stopped_workers(interval_s: float = 0.2) -> Iterator[None]:
 
 
 def for_mode(mode: str) -> Callable[..., None]:
-    """What starts ``trainer.mode=mode``'s workers: the row's own ``launcher`` (same arguments as
-    :func:`run`; live: one process per replica group behind a lighthouse), imported now, else :func:`run`."""
+    """What starts ``trainer.mode=mode``'s workers: the ``launcher`` the mode declares (same
+    arguments as :func:`run`; live: one process per replica group behind a lighthouse), else :func:`run`."""
     from .modes import get_mode
 
-    row = get_mode(mode)
-    if row.launcher is None:
-        return run
-    module, function = row.launcher.split(":")
-    return getattr(import_module(module), function)
+    return get_mode(mode).launcher or run

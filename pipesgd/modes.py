@@ -1,21 +1,29 @@
-"""Every ``trainer.mode``, declared once: the engine that builds it and the settings it honours.
+"""Every ``trainer.mode``: an engine builder registered with the facts of its mode.
 
-Pure data (no torch at import): the config checks, the worker's composition root, the timing model
-and the tests read this table; a setting a mode does not use is rejected, never ignored. Building a
-mode's engine is :func:`pipesgd.engine.build.build`'s, so reading the table imports no engine.
+An engine module registers its builder like every plugin kind, ``@register("pipe", width=None,
+...)`` (the facts are :class:`Mode`'s fields; unnamed ones keep their defaults), so adding a mode
+is its engine module in ``pipesgd/engine/`` plus its row in docs/modes.md; nothing here names it.
+This module is the registry and its readers, without torch at import: reading a mode's facts
+imports ``pipesgd.engine`` (every engine module registers itself there), as reading any other
+kind imports its package (:func:`pipesgd.registry.registry`). The config checks, the composition
+root, reliability, the timing model and the tests read these facts; a setting a mode does not use
+is rejected, never ignored. Building a mode is :func:`pipesgd.engine.build.build`'s.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 
 from .registry import Registry, registry
+
+OVERLAPS = ("pipeline", "backward", "async", "none")
 
 
 @dataclass(frozen=True)
 class Mode:
-    """``engine``: ``"module:function"``, a builder taking :class:`~pipesgd.engine.base.ModeArgs`
-    and returning ``(model, Engine)``, imported when the mode is built.
+    """What one ``trainer.mode`` declares beside its builder (a function taking
+    :class:`~pipesgd.engine.base.ModeArgs` and returning ``(model, Engine)``).
     ``width``: the engine's fixed width, or None when it runs at ``trainer.width`` (pipelined).
     ``staleness``: applies ``trainer.staleness`` (other modes take only ``none``).
     ``compressors``: the compressor names it carries, or None for every per-chunk compressor.
@@ -32,17 +40,17 @@ class Mode:
     server serves the others while a worker computes) or ``"none"`` (no reduction at all);
     ``server``: gradients go through a parameter server on rank 0 (the model's ``"ps"``
     exchange) instead of an allreduce; ``fixed_comm``: the registered allreduce it always runs when
-    it neither uses the configured ``comm`` nor has a server (ddp: the backend's). ``nonfinite_skip``: the ranks can drop a non-finite step
-    together (``trainer.nonfinite=skip``). ``min_world``: fewest processes it runs with.
+    it neither uses the configured ``comm`` nor has a server (ddp: the backend's).
+    ``nonfinite_skip``: the ranks can drop a non-finite step together (``trainer.nonfinite=skip``).
+    ``min_world``: fewest processes it runs with.
     ``replicas_agree``: identical weights after every step (replica checks apply).
     ``elastic``: a checkpoint resumes on another world size (pipesgd.elastic's rules cover its
     state; a parameter server's master copy on one rank is not covered).
     ``nccl``: runs on the NCCL backend (ps_async's server receives from whichever worker pushes
-    first, a receive from any source, which NCCL does not support). ``launcher``: ``"module:function"``
-    that starts the workers in place of :func:`pipesgd.launch.run` (live: one process per replica
-    group behind a lighthouse), or None."""
+    first, a receive from any source, which NCCL does not support). ``launcher``: the function
+    that starts the workers in place of :func:`pipesgd.launch.run`, with its arguments (live: one
+    process per replica group behind a lighthouse), or None."""
 
-    engine: str
     width: int | None = 1
     staleness: bool = False
     compressors: tuple[str, ...] | None = None
@@ -59,7 +67,11 @@ class Mode:
     replicas_agree: bool = True
     elastic: bool = True
     nccl: bool = True
-    launcher: str | None = None
+    launcher: Callable[..., None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.overlap not in OVERLAPS:
+            raise ValueError(f"overlap={self.overlap!r} is not known; allowed: {', '.join(OVERLAPS)}")
 
     def runs_at(self, width: int) -> int:
         """The width this mode runs at when ``trainer.width`` is ``width``: its own fixed width,
@@ -67,45 +79,61 @@ class Mode:
         return width if width in self.widths else self.width or width
 
 
-MODES: dict[str, Mode] = {
-    "sync": Mode("pipesgd.engine.pipe:build", width=1, staleness=True, reductions=True, allreduce=True),
-    "pipe": Mode("pipesgd.engine.pipe:build", width=None, staleness=True, reductions=True, allreduce=True),
-    "ddp": Mode("pipesgd.engine.ddp:build", ddp_hooks=True, widths=(2,), stalenesses=("none", "lookahead"),
-                overlap="backward", fixed_comm="native"),
-    "ps_sync": Mode("pipesgd.engine.ps:build_sync", server=True, nonfinite_skip=False, min_world=2, elastic=False),
-    "ps_async": Mode("pipesgd.engine.ps:build_async", overlap="async", server=True, nonfinite_skip=False,
-                     min_world=2, replicas_agree=False, elastic=False, nccl=False),
-    "local": Mode("pipesgd.engine.local:build", compressors=("none",), overlap="none", replicas_agree=False),
-    # torchft's quorums (pipesgd[live]): replica groups without a shared process group, so no replica checks
-    "live": Mode("pipesgd.engine.live:build", width=2, compressors=("none",), fixed_comm="native",
-                 replicas_agree=False, elastic=False, nccl=False, launcher="pipesgd.live.launch:run"),
-}
+FIELDS = tuple(f.name for f in fields(Mode))
+REGISTRY: Registry[Callable] = Registry("mode", facts=FIELDS)
+"""Engine builders by ``trainer.mode``; their facts are a :class:`Mode`'s fields."""
 
-OVERLAPS = ("pipeline", "backward", "async", "none")
-REGISTRY: Registry[Mode] = Registry("mode", facts=tuple(Mode.__dataclass_fields__))
-for _name, _mode in MODES.items():
-    if _mode.overlap not in OVERLAPS:
-        raise ValueError(f"mode {_name!r}: overlap={_mode.overlap!r}; allowed: {', '.join(OVERLAPS)}")
-    REGISTRY.add(_name, _mode)
+
+def register(name: str, **facts) -> Callable[[Callable], Callable]:
+    """Decorator on an engine builder: ``trainer.mode=name`` builds with it. ``facts``: fields of
+    :class:`Mode` (the rest keep their defaults). One builder may serve several modes (a decorator
+    each: pipe.py's serves sync and pipe); the builder is not renamed."""
+    unknown = sorted(set(facts) - set(FIELDS))
+    if unknown:
+        raise TypeError(f"mode {name!r} declares {', '.join(unknown)}, which are not facts of a mode; "
+                        f"allowed: {', '.join(FIELDS)}")
+    try:
+        row = Mode(**facts)
+    except ValueError as e:
+        raise ValueError(f"mode {name!r}: {e}") from None
+
+    def deco(builder: Callable) -> Callable:
+        REGISTRY.add(name, builder, **vars(row))
+        return builder
+
+    return deco
+
+
+def modes() -> list[str]:
+    """Every registered ``trainer.mode``, in registration order."""
+    return list(registry("mode"))
 
 
 def get_mode(name: str) -> Mode:
-    if name not in MODES:
-        raise ValueError(f"trainer.mode={name!r} is not known; allowed: {', '.join(MODES)}")
-    return MODES[name]
+    """The facts ``trainer.mode=name`` declared; ValueError naming the known modes."""
+    try:
+        return Mode(**registry("mode").facts(name))
+    except ValueError:
+        raise ValueError(f"trainer.mode={name!r} is not known; allowed: {', '.join(modes())}") from None
+
+
+def builder(name: str) -> Callable:
+    """The engine builder registered as ``trainer.mode=name``."""
+    get_mode(name)
+    return registry("mode").get(name)
 
 
 def modes_with(setting: str) -> list[str]:
     """The modes whose ``setting`` flag is true, e.g. ``modes_with("staleness")``."""
-    if setting not in Mode.__dataclass_fields__:
-        raise ValueError(f"{setting!r} is not a field of Mode; fields: {', '.join(Mode.__dataclass_fields__)}")
-    return [name for name in MODES if REGISTRY.facts(name)[setting]]
+    if setting not in FIELDS:
+        raise ValueError(f"{setting!r} is not a field of Mode; fields: {', '.join(FIELDS)}")
+    return [name for name in modes() if registry("mode").facts(name)[setting]]
 
 
 def carries(name: str, compressor: object) -> bool:
-    """Whether ``trainer.mode=name`` has a row for ``compressor`` (an instance): one that declares a
-    DDP hook where the row says ``ddp_hooks``, one its row names, else any (:func:`check_compressor`
-    says what else a configuration must meet)."""
+    """Whether ``trainer.mode=name`` carries ``compressor`` (an instance): one that declares a DDP
+    hook where the mode declares ``ddp_hooks``, one its ``compressors`` name, else any
+    (:func:`check_compressor` says what else a configuration must meet)."""
     mode = get_mode(name)
     if mode.ddp_hooks:
         return compressor.ddp_hook() is not None
@@ -117,9 +145,12 @@ def ddp_carried() -> list[str]:
     return [n for kind in ("compressor", "reduction") for n in registry(kind) if registry(kind)[n]().ddp_hook()]
 
 
-def check_compressor(name: str, compressor: object) -> None:
-    """ValueError unless ``trainer.mode=name`` carries ``compressor`` (a per-chunk Compressor or a
-    Reduction) as configured, error feedback included."""
+def check_compressor(name: str, compressor: object, allreduce: str | None = None) -> None:
+    """The one check of a compressor on its way in (the launcher runs it before any worker
+    starts): ValueError unless ``trainer.mode=name`` carries ``compressor`` (a resolved per-chunk
+    Compressor or Reduction) as configured, error feedback included, and, where the mode reduces
+    over the configured allreduce (``allreduce``, a registered name), that allreduce carries a
+    per-chunk compressor (its declared ``carries``; reductions run collectives of their own)."""
     mode = get_mode(name)
     if mode.ddp_hooks and compressor.ddp_hook() is None:
         raise ValueError(f"compressor={compressor.name} is not available with trainer.mode={name}: it declares no "
@@ -127,13 +158,17 @@ def check_compressor(name: str, compressor: object) -> None:
     if mode.compressors is not None and compressor.name not in mode.compressors:
         raise ValueError(f"compressor={compressor.name} is not available with trainer.mode={name}; "
                          f"allowed: {', '.join(mode.compressors)}")
-    if mode.reductions or (mode.compressors is not None or mode.ddp_hooks) and compressor.name in registry("reduction"):
+    reduction = compressor.name in registry("reduction")
+    if mode.allreduce and allreduce is not None and not reduction:
+        rule = registry("allreduce").facts(allreduce).get("carries")  # e.g. native: only a cast the backend sums
+        if rule is not None:
+            rule(compressor)
+    if mode.reductions or (mode.compressors is not None or mode.ddp_hooks) and reduction:
         return  # a reduction the mode carries is its own (ddp: torch's PowerSGD hook, with its error feedback)
     where = f"trainer.mode={'|'.join(modes_with('reductions'))}"
-    if compressor.name in registry("reduction"):
+    if reduction:
         raise ValueError(f"compressor={compressor.name} is not available with trainer.mode={name}, which carries "
                          f"per-chunk compressors only; {compressor.name} runs with {where}")
     if compressor.error_feedback:
         raise ValueError(f"compressor.error_feedback=true is not used by trainer.mode={name}; error feedback "
                          f"runs with {where} (set compressor.error_feedback=false)")
-

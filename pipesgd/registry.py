@@ -1,7 +1,7 @@
 """Every plugin kind registers the same way: ``@register("name", **facts)`` on its class or function
-(compressors, reductions, allreduces, staleness rules), or a row of the same facts (modes, which
-must be readable without torch). A plugin is its module plus ``conf/<group>/<name>.yaml``; no
-if/elif factory or second list names it.
+(compressors, reductions, allreduces, staleness rules, and the engine builders of the modes). A
+plugin is its module plus ``conf/<group>/<name>.yaml`` (a mode: its engine module and its row in
+docs/modes.md); no if/elif factory or second list names it.
 
 Each kind says which **facts** a plugin must declare (``Registry(kind, facts=...)``): the things
 the rest of the system reads instead of asking what a plugin is. A fact is a keyword of
@@ -25,7 +25,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "reduction": ("pipesgd.reduction", "compressor"),
     "allreduce": ("pipesgd.comm", "comm"),
     "staleness": ("pipesgd.staleness", "staleness"),
-    "mode": ("pipesgd.modes", "trainer.mode"),
+    "mode": ("pipesgd.engine", "trainer.mode"),
 }
 """kind -> (the package whose import registers every plugin of the kind, the config key choosing one)."""
 
@@ -49,8 +49,8 @@ class Registry(Generic[T]):
         return deco
 
     def add(self, name: str, plugin: T, **facts) -> T:
-        """Register ``plugin`` (a row of a table, e.g. a frozen :class:`~pipesgd.modes.Mode`) as
-        ``name`` without naming it; :meth:`register` is this plus ``plugin.name = name``."""
+        """Register ``plugin`` as ``name`` without naming it (a builder several modes share, see
+        :func:`pipesgd.modes.register`); :meth:`register` is this plus ``plugin.name = name``."""
         if name in self._plugins and self._plugins[name] is not plugin:
             raise ValueError(f"{self.kind} name {name!r} is registered twice")
         declared = {f: facts[f] if f in facts else getattr(plugin, f) for f in self.required
@@ -104,7 +104,7 @@ class Registry(Generic[T]):
 
 def registry(kind: str) -> Registry:
     """The registry of ``kind`` (a key of :data:`KINDS`), every plugin of it registered (imports
-    the kind's package: torch, except for modes)."""
+    the kind's package, and with it torch)."""
     if kind not in KINDS:
         raise ValueError(f"plugin kind {kind!r} is not known; allowed: {', '.join(KINDS)}")
     return import_module(KINDS[kind][0]).REGISTRY

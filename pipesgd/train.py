@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import dist as pdist
 from . import launch, schema, trace  # noqa: F401  (schema: registers the structured config with Hydra)
-from .comm.native import AUTO, default_allreduce
+from .comm import bind, get_allreduce
 from .config import ConfigError, check_batch, command_line_keys, validate
 from .data import DatasetError
 from .engine import Engine, ModeArgs
@@ -92,8 +92,7 @@ def main(cfg: DictConfig) -> float | None:
 def _check_buildable(cfg: DictConfig) -> None:
     """Instantiate the cheap objects once so their own argument checks run before workers start
     (the compressor was built and checked against the mode and the allreduce by ``validate``)."""
-    if cfg.comm.name != AUTO:  # auto is resolved per run (_build) and always fits
-        instantiate(cfg.comm)
+    instantiate(cfg.comm)
     instantiate(cfg.staleness)
     data = instantiate(cfg.data)
     world = pdist.env_int("WORLD_SIZE", 1) if launch.under_torchrun() else cfg.dist.nproc
@@ -205,8 +204,9 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
     optimizer = instantiate(cfg.optimizer)(model.parameters(), lr=lr)
     compressor = instantiate(cfg.compressor)
     mode = get_mode(cfg.trainer.mode)
-    if cfg.comm.name == AUTO:  # the path this backend and compressor take (docs/gpu.md); the digest keeps "auto"
-        cfg.comm.name = default_allreduce(compressor, ctx.backend)
+    # the allreduce that runs (comm=auto picks one for this backend and compressor, docs/gpu.md);
+    # the run's digest keeps the configured name
+    cfg.comm.name = bind(get_allreduce(cfg.comm.name), compressor, ctx.backend).name
     model, engine = build(cfg.trainer.mode, ModeArgs(
         model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
         allreduce=_build_allreduce(cfg) if mode.allreduce else None, group=ctx.comm_group,

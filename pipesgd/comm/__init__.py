@@ -6,8 +6,8 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 
-from .base import (REGISTRY, CommError, CommStats, CommThread, CompletedHandle, FutureHandle, Handle, check_carries,
-                   declared, note, one_line, register)
+from .base import (REGISTRY, CommError, CommStats, CommThread, CompletedHandle, FutureHandle, Handle, bind,
+                   check_carries, declared, note, one_line, register)
 from .native import native_allreduce
 from .ring import ring_allreduce, ring_bytes
 from .tree import tree_allreduce
@@ -34,7 +34,8 @@ def get_allreduce(name: str, node_groups: Callable | None = None, **options) -> 
 
 
 __all__ = [
-    "REGISTRY", "CommError", "CommStats", "CommThread", "CompletedHandle", "FutureHandle", "Handle", "check_carries", "declared",
+    "REGISTRY", "CommError", "CommStats", "CommThread", "CompletedHandle", "FutureHandle", "Handle", "bind",
+    "check_carries", "declared",
     "get_allreduce", "native_allreduce", "note", "one_line", "register", "ring_allreduce", "ring_bytes",
     "tree_allreduce",
 ]

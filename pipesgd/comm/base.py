@@ -33,9 +33,18 @@ def register(name: str, **facts):
     ``carries=fn(compressor)`` raising ValueError for a compressor it cannot carry (checked once,
     when a run is configured or an engine binds it), ``casts=True`` when a compressor rides it as a
     cast to its ``summable_dtype`` rather than per-chunk encodes (error feedback then feeds back
-    that cast's error), and ``node_groups=True`` for a class built with the node groups
-    :func:`pipesgd.dist.node_groups` creates."""
+    that cast's error), ``node_groups=True`` for a class built with the node groups
+    :func:`pipesgd.dist.node_groups` creates, and ``picks=fn(compressor, backend) -> name`` for one
+    that runs another registered allreduce, chosen when it is bound (:func:`bind`; comm=auto)."""
     return REGISTRY.register(name, **facts)
+
+
+def bind(allreduce: Callable[..., CommStats], compressor, backend: str) -> Callable[..., CommStats]:
+    """The allreduce that runs for ``compressor`` (a resolved compressor or reduction) on
+    ``backend`` (``"gloo"``, ``"nccl"``, ...): ``allreduce`` itself, or the registered one it picks
+    where it declares ``picks`` (comm=auto, docs/gpu.md). Unregistered functions are themselves."""
+    picks = declared(allreduce).get("picks")
+    return allreduce if picks is None else REGISTRY.get(picks(compressor, backend))
 
 
 def declared(allreduce: Callable[..., CommStats]) -> Mapping[str, object]:

@@ -1,6 +1,5 @@
 """The backend's own allreduce (Gloo / NCCL), optionally carrying a summable compressor as a cast,
-the way DDP's fp16 / bf16 compression hooks do; and ``comm=auto``, which takes it on NCCL
-(:func:`default_allreduce`)."""
+the way DDP's fp16 / bf16 compression hooks do (``comm=auto`` takes it on NCCL: comm/auto.py)."""
 
 from __future__ import annotations
 
@@ -11,28 +10,6 @@ from .. import trace
 from ..compress import Compressor, get_compressor
 from .base import CommStats, note, register, timed
 from .ring import ring_bytes, ring_phases
-
-
-AUTO = "auto"  # comm=auto / allreduce="auto": resolved per run by default_allreduce
-
-
-def default_allreduce(compressor, backend: str) -> str:
-    """What ``comm=auto`` runs: ``native`` (the backend's own all_reduce on the buffer, cast for
-    fp16 / bf16) for ``compressor`` none, fp16 or bf16 on NCCL, which pipelines within its hops
-    and follows the NVLink / InfiniBand topology, where the hand-written ring issues 2(p-1)
-    launches per reduction with a decode and an add between hops; the ``ring`` otherwise: for
-    payloads that do not sum (int8), reductions with collectives of their own (top-k, PowerSGD),
-    and on Gloo, where the ring is the path that was measured. ``compressor``: a resolved
-    compressor or reduction (docs/gpu.md, "Which path")."""
-    from ..registry import registry
-
-    if "nccl" not in str(backend) or compressor.name not in registry("compressor"):
-        return "ring"  # Gloo, or a reduction with collectives of its own (top-k, PowerSGD)
-    try:
-        check_native(compressor)
-    except ValueError:  # payloads that do not sum (int8)
-        return "ring"
-    return "native"
 
 
 def check_native(comp: Compressor) -> None:

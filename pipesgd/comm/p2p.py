@@ -20,6 +20,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 
+def backend_of(group=None) -> str:
+    """The backend ``group`` (None: the default group) runs on; ``"gloo"`` without a process group."""
+    return str(dist.get_backend(group)) if dist.is_available() and dist.is_initialized() else "gloo"
+
+
 def uses_nccl(group) -> bool:
     """Whether NCCL is among ``group``'s backends (``"nccl"``, or ``"cpu:gloo,cuda:nccl"``)."""
     return dist.Backend.NCCL in str(dist.get_backend(group))

@@ -96,6 +96,11 @@ class Compressor(ABC):
         """Keyword arguments DDP needs for :meth:`ddp_hook` (e.g. ``bucket_cap_mb``); none by default."""
         return {}
 
+    def ddp_wire_bytes(self) -> int:
+        """Bytes per gradient element :meth:`ddp_hook` sends, as an ideal ring counts them (DDP
+        does not say what it sent): one element's payload."""
+        return self.payload_bytes(1)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

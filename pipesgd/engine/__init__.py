@@ -1,11 +1,20 @@
-"""The engines, one per module, behind one contract (:class:`Engine`): ``pipe.py`` (sync, pipe),
-``direct.py`` with ``ddp.py`` and ``local.py``, ``ps.py`` (ps_sync, ps_async). ``pipesgd.modes``
-says which mode builds which."""
+"""The engines behind one contract (:class:`Engine`), one module each; a module registers the
+builder of each mode it serves (``@register`` of :mod:`pipesgd.modes`): ``pipe.py`` (sync, pipe),
+``ddp.py``, ``local.py``, ``ps.py`` (ps_sync, ps_async), ``live.py``. Importing this package
+imports every module in it, so adding a mode is one engine module here (and its docs/modes.md row)."""
 
+import importlib
+import pkgutil
+
+from ..modes import REGISTRY
 from .base import Engine, ModeArgs, NonFiniteGradient, NonFinitePolicy, ReductionError, StepStats
-from .direct import DirectEngine
-from .pipe import PipeSGD
-from .ps import ParameterServerEngine
+from .pipe import PipeSGD  # sync and pipe first: the paper's modes lead every listing
 
-__all__ = ["DirectEngine", "Engine", "ModeArgs", "NonFiniteGradient", "NonFinitePolicy", "ParameterServerEngine",
-           "PipeSGD", "ReductionError", "StepStats"]
+for _m in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_m.name}")
+
+from .direct import DirectEngine  # noqa: E402
+from .ps import ParameterServerEngine  # noqa: E402
+
+__all__ = ["REGISTRY", "DirectEngine", "Engine", "ModeArgs", "NonFiniteGradient", "NonFinitePolicy",
+           "ParameterServerEngine", "PipeSGD", "ReductionError", "StepStats"]

@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from torch import nn
 
 from ..hooks import HookState, PipelinedState, pipelined
+from ..modes import register
 from .base import ModeArgs, StepStats
 from .direct import DirectEngine
 
@@ -65,6 +66,8 @@ class PipelinedDDPEngine(DDPEngine):
         return self.hook_state.forward_context()
 
 
+@register("ddp", ddp_hooks=True, widths=(2,), stalenesses=("none", "lookahead"), overlap="backward",
+          fixed_comm="native")
 def build(a: ModeArgs) -> tuple[nn.Module, DirectEngine]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -79,13 +82,10 @@ def build(a: ModeArgs) -> tuple[nn.Module, DirectEngine]:
         return a.model, DirectEngine(a.optimizer, numel, 4, 1, a.nonfinite)
     ids = [a.device.index] if a.device.type == "cuda" else None
     comp = a.compressor
-    hook = comp.ddp_hook()  # modes.check_compressor has refused a compressor that declares none
+    hook = comp.ddp_hook()  # the launcher's modes.check_compressor refused a compressor that declares none
     model = DDP(a.model, device_ids=ids, **comp.ddp_options(a.model))
     params = [p for p in a.model.parameters() if p.requires_grad]
-    # Wire bytes: an ideal ring of the elements at the hook's width (PowerSGD's factors are fewer
-    # bytes than this; DDP does not expose what it sent).
-    wire = comp.payload_bytes(1) if comp.name in _compressors() else 4
-    engine_args = (a.optimizer, numel, wire, a.world_size, a.nonfinite)
+    engine_args = (a.optimizer, numel, comp.ddp_wire_bytes(), a.world_size, a.nonfinite)
     if a.width == 2:
         staleness = a.staleness if isinstance(a.staleness, str) else a.staleness.name
         state = PipelinedState(model, lambda group: comp.ddp_state(params, group), optimizer=a.optimizer,
@@ -99,12 +99,6 @@ def build(a: ModeArgs) -> tuple[nn.Module, DirectEngine]:
     if hook is not _allreduce_hook():  # DDP's built-in allreduce is what allreduce_hook computes, in C++
         model.register_comm_hook(dist.group.WORLD, hook)
     return model, DDPEngine(*engine_args)
-
-
-def _compressors():
-    from ..registry import registry
-
-    return registry("compressor")
 
 
 def _allreduce_hook():

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .. import trace
-from ..comm import CommStats, CommThread, CompletedHandle, Handle, note
+from ..comm import CommStats, CommThread, CompletedHandle, Handle, bind, note
+from ..comm.p2p import backend_of
 from ..comm.streams import OrderedHandle, Streams, streams_for
 from ..flat import has_nonfinite
 from ..reduction import Spec, as_reduction, resolve
@@ -65,7 +66,8 @@ def _require_process_group() -> None:
 
 class GradientExchange:
     """WHAT one engine communicates: its parameters' gradients, flattened, handed to the reduction
-    the compressor spec resolves to (checked once against the allreduce here), on one comm thread.
+    the compressor spec resolves to, over the allreduce bound to it and ``group``'s backend
+    (comm=auto picks one here), on one comm thread.
     ``streams`` orders the device work (:mod:`pipesgd.comm.streams`; default: by the parameters'
     device, a communication stream on CUDA, nothing on the CPU)."""
 
@@ -82,13 +84,13 @@ class GradientExchange:
         if len(devices) != 1:
             raise ValueError(f"params must live on one device, got {sorted(map(str, devices))}")
         self.compressor = resolve(compressor)  # the one place a spec is resolved
-        self.allreduce = allreduce
+        self.allreduce = bind(allreduce, self.compressor, backend_of(group))
         self.group = group
         self.numel = sum(p.numel() for p in self.params)
         self.flat_numel = self.numel + 1  # gradients + the non-finite flag slot
         self.reduction = as_reduction(self.compressor)
-        # Checks the pair once (an in-ring compressor against what the allreduce declares it carries).
-        self.reduction.bind([p.shape for p in self.params], allreduce, self.params[0].device)
+        # An in-ring compressor is checked against what the allreduce declares it carries, here.
+        self.reduction.bind([p.shape for p in self.params], self.allreduce, self.params[0].device)
         self._flag_rides = self.reduction.carries_flag
         self._thread: CommThread | None = None
         self._free: list[Tensor] = []  # flat buffers for flatten() to reuse (release)

@@ -18,7 +18,9 @@ from torch import Tensor, nn
 from ..comm import CommStats, CommThread, CompletedHandle, Handle
 from ..flat import has_nonfinite, set_grads
 from ..live import require_torchft
+from ..live import launch as live_launch
 from ..live.options import LiveOptions
+from ..modes import register
 from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, state_to_device
 
 log = logging.getLogger(__name__)
@@ -282,19 +284,21 @@ def _quiet_torchft() -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
+# torchft's quorums (pipesgd[live]): replica groups without a shared process group, so no replica checks
+@register("live", width=2, compressors=("none",), fixed_comm="native", replicas_agree=False, elastic=False,
+          nccl=False, launcher=live_launch.run)
 def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
     """The live mode from the composition root: the lighthouse, run id and replica group come from
     the environment the live launcher sets (:func:`pipesgd.live.options.options_from_env`); a
     process started without it is a lone replica group with a lighthouse of its own."""
     import uuid
 
-    from ..live.launch import start_together
     from ..live.lighthouse import Lighthouse
     from ..live.options import options_from_env
 
     options, lighthouse = options_from_env(), None
     if options is not None:
-        start_together(options.quorum_timeout_s)
+        live_launch.start_together(options.quorum_timeout_s)
     if options is None:
         lighthouse = Lighthouse()
         options = LiveOptions(lighthouse.address, f"lone-{uuid.uuid4().hex[:8]}", 0)

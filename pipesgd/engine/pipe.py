@@ -17,11 +17,11 @@ from torch import Tensor
 
 from .. import trace
 from ..comm import CommError, CommStats, CompletedHandle, Handle, get_allreduce, note
-from ..comm.native import AUTO, default_allreduce
 from ..compress import Compressor
 from ..flat import set_grads
+from ..modes import register
 from .exchange import GradientExchange, Reduced
-from ..reduction import Reduction, resolve
+from ..reduction import Reduction
 from ..replicas import ReplicaMismatch, describe_mismatch, digest
 from ..staleness import Staleness, make_staleness
 from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, T, state_to_device
@@ -40,8 +40,8 @@ class PipeSGD(Engine):
     average" by a compensated update (docs/convergence.md); ``"none"`` is the rule above bit for bit.
     ``compressor`` is a per-chunk compressor carried inside ``allreduce``, or a reduction with
     collectives of its own (``"topk"``, ``"powersgd"``). ``allreduce="auto"`` runs NCCL's own
-    all-reduce for compressor none, fp16 or bf16 on NCCL and the ring otherwise
-    (:func:`~pipesgd.comm.native.default_allreduce`; docs/gpu.md).
+    all-reduce for compressor none, fp16 or bf16 on NCCL and the ring otherwise, picked when the
+    exchange binds it (:mod:`pipesgd.comm.auto`; docs/gpu.md).
 
     Communication runs on a background thread over ``group`` (default: the default group). Run
     your own collectives (a metric all-reduce after an epoch, evaluation counts) through
@@ -95,9 +95,6 @@ class PipeSGD(Engine):
         self.optimizer = optimizer
         self.width = width
         self.warmup_sync_steps = warmup_sync_steps
-        if allreduce == AUTO:
-            backend = dist.get_backend(group) if dist.is_available() and dist.is_initialized() else "gloo"
-            allreduce = default_allreduce(resolve(compressor), backend)
         fn = get_allreduce(allreduce) if isinstance(allreduce, str) else allreduce
         params = list(params)
         self._reducer = GradientExchange(params, compressor, fn, group)
@@ -385,6 +382,9 @@ class PipeSGD(Engine):
         self._reducer.close()
 
 
+# Decorators apply bottom-up: sync registers first, the order every listing shows.
+@register("pipe", width=None, staleness=True, reductions=True, allreduce=True)
+@register("sync", width=1, staleness=True, reductions=True, allreduce=True)
 def build(a: ModeArgs) -> tuple[torch.nn.Module, PipeSGD]:
     return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=a.width, compressor=a.compressor,
                             allreduce=a.allreduce, group=a.group, warmup_sync_steps=a.warmup_sync_steps,

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from ..comm import CommStats, streams
 from ..comm.p2p import batched, post, uses_nccl
 from ..compress import Compressor, Ctx
+from ..modes import register
 from .base import Engine, ModeArgs, StepStats
 
 log = logging.getLogger(__name__)
@@ -318,12 +319,12 @@ class ParameterServerEngine(Engine):
             log.error("parameter-server thread failed: %s", e)
 
 
-def _build(asynchronous: bool):
-    def build(a: ModeArgs) -> tuple[nn.Module, ParameterServerEngine]:
-        return a.model, ParameterServerEngine(a.optimizer, a.compressor, a.group, asynchronous=asynchronous)
-
-    return build
+@register("ps_sync", server=True, nonfinite_skip=False, min_world=2, elastic=False)
+def build_sync(a: ModeArgs) -> tuple[nn.Module, ParameterServerEngine]:
+    return a.model, ParameterServerEngine(a.optimizer, a.compressor, a.group, asynchronous=False)
 
 
-build_sync = _build(False)
-build_async = _build(True)
+@register("ps_async", overlap="async", server=True, nonfinite_skip=False, min_world=2, replicas_agree=False,
+          elastic=False, nccl=False)
+def build_async(a: ModeArgs) -> tuple[nn.Module, ParameterServerEngine]:
+    return a.model, ParameterServerEngine(a.optimizer, a.compressor, a.group, asynchronous=True)

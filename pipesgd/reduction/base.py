@@ -66,6 +66,11 @@ class Reduction(ABC):
         """Keyword arguments DDP needs for :meth:`ddp_hook`; none by default."""
         return {}
 
+    def ddp_wire_bytes(self) -> int:
+        """Bytes per gradient element :meth:`ddp_hook` sends, as an ideal ring counts them (DDP
+        does not say what it sent): fp32 by default (PowerSGD's factors are fewer bytes)."""
+        return 4
+
     def state_dict(self) -> dict:
         """Tensors that must survive a checkpoint (error-feedback residuals, warm starts)."""
         return {} if self.memory is None else self.memory.state_dict()

@@ -10,7 +10,6 @@ from .calibration import CALIBRATION_KEYS, CalibratedCompute, TimingModel, load_
 from .cost import Phase
 from .model import (
     MODEL_PARAMS,
-    MODES,
     SERVER,
     Link,
     algorithm_for,
@@ -33,7 +32,7 @@ from .model import (
 from .units import format_bandwidth, parse_bandwidth, parse_latency
 
 __all__ = [
-    "CALIBRATION_KEYS", "MODEL_PARAMS", "MODES", "SERVER", "CalibratedCompute", "Link", "Phase", "TimingModel",
+    "CALIBRATION_KEYS", "MODEL_PARAMS", "SERVER", "CalibratedCompute", "Link", "Phase", "TimingModel",
     "algorithm_for", "allreduce_time", "bucketed_backward", "chunks_for", "comm_time", "compression_ratio",
     "ddp_buckets", "ddp_iteration_time", "format_bandwidth", "iteration_time", "load_calibration",
     "load_timing_model", "parse_bandwidth", "parse_latency", "phases_time", "pipeline_schedule", "predict",

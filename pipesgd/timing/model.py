@@ -19,16 +19,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..modes import MODES as TRAINER_MODES
-from ..modes import carries, get_mode
+from ..modes import carries, get_mode, modes
 from ..registry import registry
 from .cost import Phase
 from .units import parse_bandwidth, parse_latency
 
-MODES = tuple(TRAINER_MODES)
-"""``local`` is the trainer's compute-only baseline (no gradient exchange): compute + update."""
 SERVER = "ps"
-"""The exchange of the modes whose row declares ``server=True``: pushes to and pulls from one
+"""The exchange of the modes that declare ``server=True``: pushes to and pulls from one
 parameter server (:func:`ps_phases`). Every other algorithm is a registered allreduce, priced by
 the ``cost`` it declares (``pipesgd/comm/``)."""
 
@@ -222,8 +219,7 @@ def _overlapped(work_s: float, comm_s: float, slowdown: float) -> float:
 
 def _check_mode_args(mode: str, compute_s: float, comm_s: float, update_s: float, width: int,
                      forward_fraction: float, overlap_slowdown: float) -> None:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    _known(mode)
     for name, value in (("compute_s", compute_s), ("comm_s", comm_s), ("update_s", update_s)):
         _check_nonneg(name, value)
     _check_workers("width", width)
@@ -235,6 +231,13 @@ def _check_mode_args(mode: str, compute_s: float, comm_s: float, update_s: float
         raise ValueError(f"overlap_slowdown must be >= 1 (1 = no interference), got {overlap_slowdown!r}")
 
 
+def _known(mode: str) -> None:
+    """Every registered ``trainer.mode`` is priced (``local``, the compute-only baseline, as compute
+    + update)."""
+    if mode not in modes():
+        raise ValueError(f"mode must be one of {modes()}, got {mode!r}")
+
+
 def _width(mode: str, width: int) -> int:
     """The width ``mode`` runs at: its own fixed width, else ``width``."""
     return get_mode(mode).width or width
@@ -243,7 +246,7 @@ def _width(mode: str, width: int) -> int:
 def iteration_time(mode: str, compute_s: float, comm_s: float, update_s: float = 0.0, width: int = 2,
                    forward_fraction: float = 1 / 3, *, p: int | None = None,
                    overlap_slowdown: float = 1.0) -> float:
-    """Steady-state seconds per iteration, by what the mode's row says a reduction overlaps with.
+    """Steady-state seconds per iteration, by what the mode declares a reduction overlaps with.
 
     pipeline, width 1    compute + comm + update                   (sync, ps_sync, pipe at K = 1)
     pipeline, K >= 2     max(compute' + update, comm)              (pipe)
@@ -388,7 +391,7 @@ def ddp_iteration_time(compute_s: float, bucket_bytes: Sequence[float], bucket_c
 def algorithm_for(mode: str, comm: str) -> str:
     """What carries ``mode``'s gradients when the config's allreduce is ``comm``: that allreduce
     when the mode runs the configured one, the server's exchange (``"ps"``) when it has a server,
-    else the allreduce it always runs (its row's ``fixed_comm``)."""
+    else the allreduce it always runs (its declared ``fixed_comm``)."""
     row = get_mode(mode)
     if row.allreduce:
         return comm
@@ -396,8 +399,7 @@ def algorithm_for(mode: str, comm: str) -> str:
 
 
 def _mode_algorithm(mode: str, algorithm: str) -> None:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    _known(mode)
     _cost(algorithm)
     if get_mode(mode).server != (algorithm == SERVER):
         allowed = [SERVER] if get_mode(mode).server else list(registry("allreduce"))
@@ -469,8 +471,8 @@ def step_time(mode: str, params: int, compute_s: float, link: Link, p: int, *, c
 def _plan(width: int, per_node: int, p: int) -> list[tuple[str, str, int]]:
     """(mode, algorithm, width) of every table row: the modes that reduce, each over every
     registered allreduce whose price differs (one that declares another's cost, as native does the
-    ring's, would repeat its rows; a node-grouped one only when 1 < per_node < p) or what its row
-    runs instead."""
+    ring's, as do native and auto, would repeat its rows; a node-grouped one only when
+    1 < per_node < p) or what the mode declares it runs instead."""
     allreduces = registry("allreduce")
     costs, collectives = set(), []
     for name in allreduces:
@@ -480,7 +482,8 @@ def _plan(width: int, per_node: int, p: int) -> list[tuple[str, str, int]]:
         costs.add(cost)
         collectives.append(name)
     rows = []
-    for mode, row in TRAINER_MODES.items():
+    for mode in modes():
+        row = get_mode(mode)
         if row.overlap == "none":
             continue
         algorithms = collectives if row.allreduce else [algorithm_for(mode, collectives[0])]
@@ -499,7 +502,7 @@ def predict(numel: int, p: int, link: Link, compute_s: float, update_s: float = 
     ``compressors``: names or instances (default: every registered compressor, with its defaults).
     Row keys: mode, width, algorithm, compressor, ratio, comm_ms, exposed_ms (iteration − compute −
     update), iter_ms, speedup_vs_sync (against sync/ring/none, the blocking fp32 ring) and, when
-    ``iterations`` is given, total_s. A mode whose row lists its compressors (ddp: DDP's own
+    ``iterations`` is given, total_s. A mode that lists its compressors (ddp: DDP's own
     hooks) gets rows for those only.
     """
     comps = [_compressor(c) for c in (registry("compressor") if compressors is None else compressors)]
@@ -524,6 +527,6 @@ def predict(numel: int, p: int, link: Link, compute_s: float, update_s: float = 
             if iterations is not None:
                 row["total_s"] = (total_time(mode, iterations, compute_s, comm, update_s, row_width,
                                              forward_fraction, p=p, overlap_slowdown=overlap_slowdown)
-                                  if TRAINER_MODES[mode].overlap != "backward" else iterations * iter_s)
+                                  if get_mode(mode).overlap != "backward" else iterations * iter_s)
             rows.append(row)
     return rows

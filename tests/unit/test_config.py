@@ -166,7 +166,7 @@ def test_a_comm_that_is_not_a_registered_allreduce_fails_validation():
     the launcher, naming the registered ones, not at the trainer's first log point."""
     cfg = composed("comm.name=butterfly")
     with pytest.raises(ConfigError, match=r"comm.name: allreduce='butterfly' is not known; allowed: ring, native, "
-                                          r"tree, hierarchical"):
+                                          r"tree, auto, hierarchical"):
         validate(cfg)
 
 

@@ -442,7 +442,7 @@ def test_by_default_nccl_reduces_none_fp16_bf16_with_its_own_all_reduce(monkeypa
     all-reduce pipelines within hops over the topology: compressor none|fp16|bf16 take it by
     default (comm=auto), cast to the compressor's dtype; int8, top-k and PowerSGD keep the ring;
     on Gloo the ring stays the default."""
-    from pipesgd.comm.native import default_allreduce
+    from pipesgd.comm.auto import default_allreduce
     from pipesgd.reduction import resolve
 
     fake = FakeDist(2, 0, backend).install(monkeypatch)

@@ -134,7 +134,7 @@ def test_validation_names_the_argument(call, needle):
 def test_unknown_algorithm_lists_allowed():
     with pytest.raises(ValueError) as e:
         allreduce_time("butterfly", M, 2, A, B)
-    assert "'butterfly'" in str(e.value) and "['ring', 'native', 'tree', 'hierarchical', 'ps']" in str(e.value)
+    assert "'butterfly'" in str(e.value) and "['ring', 'native', 'tree', 'auto', 'hierarchical', 'ps']" in str(e.value)
 
 
 # --- units ---------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, replace
 
-from pipesgd.modes import MODES
+from pipesgd.modes import get_mode
 from pipesgd.timing import MODEL_PARAMS
 
 LOOPBACK = "loopback"
@@ -97,7 +97,7 @@ def arm_name(mode: str, compressor: str, width: int) -> str:
     """How a cell's arm is named: its mode, ``-pipelined`` where a mode of fixed width runs at
     another it offers (ddp at width 2: the pipelined DDP hook), and ``-<compressor>`` when it
     compresses: ``ddp-fp16``, ``ddp-pipelined-powersgd``."""
-    row = MODES[mode]
+    row = get_mode(mode)
     label = f"{mode}-pipelined" if row.width is not None and width in row.widths else mode
     return label if compressor == "none" else f"{label}-{compressor}"
 
@@ -122,7 +122,7 @@ SEED_LINK = "100mbit"
 
 def _train(mode: str, compressor: str, p: int, link: str, workload: str = "resnet20", comm: str = "ring",
            group_size: int | None = None, extra: tuple[str, ...] = ()) -> Cell:
-    return Cell("train", mode, p, link, compressor, MODES[mode].width or 2, workload, comm=comm,
+    return Cell("train", mode, p, link, compressor, get_mode(mode).width or 2, workload, comm=comm,
                 group_size=group_size, extra=extra)  # width 2 for the pipelined mode, the mode's own for the others
 
 
