@@ -43,10 +43,12 @@ MODEL_PARAMS = {
     "resnet18": 11_173_962,
     "mlp": 235_146,
     "cnn": 421_642,
+    "gpt": 1_239_040,
 }
 """Trainable parameters of pipesgd.models with 10 classes (counted by building them):
 CIFAR ResNet-20/32/56 with option-A (parameter-free) shortcuts, ResNet-18 CIFAR variant (3x3 stem,
-option-B projections), the MNIST MLP 784-256-128-10 and the MNIST SmallCNN. ResNet-20 with
+option-B projections), the MNIST MLP 784-256-128-10 and the MNIST SmallCNN; the GPT of +experiment=gpt_shakespeare (vocabulary 256,
+128 positions, conf/model/gpt.yaml). ResNet-20 with
 option-B (1x1 conv + BN) shortcuts would have 272,474."""
 
 

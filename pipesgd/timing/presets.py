@@ -24,6 +24,7 @@ class ModelPreset:
     shapes: tuple[Shape, ...]
     published_params: int
     source: str
+    panel: bool = True  # drawn on docs/scale-map.md's GPU-cluster heatmaps (a CPU-sized model is not)
 
     @property
     def params(self) -> int:
@@ -111,6 +112,17 @@ def vit_shapes(layers: int, hidden: int, mlp: int, patch: int, image: int, class
     return tuple(shapes + _norm(hidden) + _linear(classes, hidden))
 
 
+def pipesgd_gpt_shapes(layers: int, width: int, vocab: int, positions: int) -> tuple[Shape, ...]:
+    """``pipesgd.models.GPT`` (conf/model/gpt.yaml): token and position embeddings, pre-norm blocks
+    (two LayerNorms, fused qkv, projection, 4x MLP), a final LayerNorm; the head is tied to the
+    token embedding (one parameter, reduced once)."""
+    shapes: list[Shape] = [(vocab, width), (positions, width)]
+    for _ in range(layers):
+        shapes += _norm(width) + _norm(width) + _linear(3 * width, width) + _linear(width, width)
+        shapes += _linear(4 * width, width) + _linear(width, 4 * width)
+    return tuple(shapes + _norm(width))
+
+
 MODELS: dict[str, ModelPreset] = {m.name: m for m in (
     ModelPreset(
         "resnet50", resnet50_shapes(), 25_557_032,
@@ -132,6 +144,12 @@ MODELS: dict[str, ModelPreset] = {m.name: m for m in (
         "vit-b16", vit_shapes(12, 768, 3072, 16, 224, 1000), 86_000_000,
         "Dosovitskiy et al., An Image is Worth 16x16 Words, ICLR 2021, Table 1: ViT-Base 12 layers, "
         "hidden 768, MLP 3072, 86M parameters; patch 16 at 224 px, 1000 classes (ImageNet fine-tuning)"),
+    ModelPreset(
+        "gpt-shakespeare", pipesgd_gpt_shapes(6, 128, 256, 128), 1_239_040,
+        "this project's +experiment=gpt_shakespeare model (pipesgd.models.GPT, conf/model/gpt.yaml: 6 "
+        "layers, width 128, 4 heads, byte vocabulary 256, 128 positions, tied head; a GPT-2-style "
+        "pre-norm decoder after Radford et al., 2019); 1,239,040 parameters counted by building it",
+        panel=False),
 )}
 """The four model presets the issue names (ViT-B as ViT-B/16)."""
 

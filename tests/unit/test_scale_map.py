@@ -340,3 +340,13 @@ def test_map_cli_prices_powersgds_compute_from_the_calibration_or_the_flag(tmp_p
 
     (k_cal, ms_cal), (k_off, ms_off) = powersgd(), powersgd("--powersgd-s-per-flop", "0")
     assert (k_cal, k_off) == (2e-10, 0.0) and ms_cal > ms_off
+
+
+def test_the_gpt_recipes_model_is_a_preset_with_its_built_shapes():
+    """The map's ``gpt-shakespeare`` preset is the model the recipe builds, tensor for tensor."""
+    from pipesgd.models import GPT
+    from pipesgd.timing.model import MODEL_PARAMS
+
+    built = [tuple(p.shape) for p in GPT(vocab_size=256, block_size=128, n_layer=6, n_head=4, n_embd=128).parameters()]
+    assert list(MODELS["gpt-shakespeare"].shapes) == built
+    assert MODELS["gpt-shakespeare"].params == MODEL_PARAMS["gpt"] == sum(math.prod(s) for s in built)

@@ -36,7 +36,8 @@ def documented_panels() -> list[Panel]:
                     "(published)", f"scale-map-{c.model}-{c.gpu}.png") for c in COMPUTE]
     a100 = compute_preset("resnet50", "a100").step_ms
     panels += [Panel(m, a100, f"{a100:.1f} ms = ResNet-50's A100 step, an input (no published step time)",
-                     f"scale-map-{m}.png") for m in MODELS if all(c.model != m for c in COMPUTE)]
+                     f"scale-map-{m}.png") for m in MODELS
+               if MODELS[m].panel and all(c.model != m for c in COMPUTE)]
     return panels
 
 
