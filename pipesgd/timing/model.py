@@ -220,6 +220,14 @@ def _overlapped(work_s: float, comm_s: float, slowdown: float) -> float:
     return work_s + min(comm_s, work_s * slowdown) * (1 - 1 / slowdown)
 
 
+def pipelined_time(compute_s: float, comm_s: float, update_s: float = 0.0, overlap_slowdown: float = 1.0) -> float:
+    """Steady-state seconds of a step whose reduction is waited for a step later (width >= 2):
+    max(compute' + update, comm), compute' stretched by ``overlap_slowdown`` while comm runs beside it.
+    Pipe-SGD's engine at K >= 2 and DDP with the pipelined hook (its buckets' reductions in flight
+    across the step boundary) are both this."""
+    return max(_overlapped(compute_s, comm_s, overlap_slowdown) + update_s, comm_s)
+
+
 def _check_mode_args(mode: str, compute_s: float, comm_s: float, update_s: float, width: int,
                      forward_fraction: float, overlap_slowdown: float) -> None:
     if mode not in MODES:
@@ -263,7 +271,7 @@ def iteration_time(mode: str, compute_s: float, comm_s: float, update_s: float =
     if overlap == "pipeline":
         if _width(mode, width) == 1:
             return compute_s + comm_s + update_s
-        return max(_overlapped(compute_s, comm_s, overlap_slowdown) + update_s, comm_s)
+        return pipelined_time(compute_s, comm_s, update_s, overlap_slowdown)
     if overlap == "backward":
         forward = forward_fraction * compute_s
         backward = compute_s - forward
@@ -420,12 +428,18 @@ def _predict_s(mode: str, algorithm: str, nbytes: float, p: int, link: Link, com
                          server_on_worker=server_on_worker)
         return comm, iteration_time(mode, compute_s, comm, update_s, width, forward_fraction, p=p,
                                     overlap_slowdown=overlap_slowdown)
-    # DDP compresses with a cast hook around the native allreduce: one compress + one decompress
-    # per bucket (κ·bytes), the reduction itself runs on the compressed dtype.
     sizes = [nbytes] if bucket_cap_bytes is None else ddp_buckets(nbytes, bucket_cap_bytes, first_bucket_bytes)
-    comms = [comm_time(algorithm, b, p, link, ratio, 0.0, per_node=per_node, intra=intra)
-             + (b * kappa if ratio != 1 and p > 1 else 0.0) for b in sizes]
+    comms = ddp_bucket_comms(algorithm, sizes, p, link, ratio, kappa, per_node=per_node, intra=intra)
     return sum(comms), ddp_iteration_time(compute_s, sizes, comms, update_s, forward_fraction, overlap_slowdown)
+
+
+def ddp_bucket_comms(algorithm: str, bucket_bytes: Sequence[float], p: int, link: Link, ratio: float = 1.0,
+                     compress_s_per_byte: float = 0.0, *, per_node: int = 1, intra: Link | None = None) -> list[float]:
+    """Seconds of each DDP bucket's reduction with a cast hook (none, fp16, bf16) around the
+    backend's allreduce: the reduction runs on the compressed dtype, plus one compress and one
+    decompress per bucket (κ·bytes)."""
+    return [comm_time(algorithm, b, p, link, ratio, 0.0, per_node=per_node, intra=intra)
+            + (b * compress_s_per_byte if ratio != 1 and p > 1 else 0.0) for b in bucket_bytes]
 
 
 def predict_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link, compute_s: float,
