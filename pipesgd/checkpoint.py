@@ -300,7 +300,10 @@ def upgrade(state: dict) -> dict:
         return state
     if state.get("format") != 1:
         raise CheckpointError(f"cannot convert format {state.get('format')!r}: {CONVERT} reads format 1")
-    config = upgrade_config(state["config"])
+    try:
+        config = upgrade_config(state["config"])
+    except ValueError as e:  # a rule this pipesgd does not register
+        raise CheckpointError(f"cannot convert its config.trainer.staleness: {e}") from None
     state["config_digest"] = config_digest(config)
     if "consumed" not in state:
         state["consumed"] = state.pop("batch") * config["data"]["batch_size"] * state["world_size"]

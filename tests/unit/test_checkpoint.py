@@ -314,3 +314,10 @@ def test_convert_in_place_and_what_it_refuses(tmp_path, capsys):
     assert main(["convert", str(path)]) == 2 and "is corrupt: sha256" in capsys.readouterr().err
     odd = CheckpointDir(tmp_path / "odd").save({"format": 0, "step": 1}, 1)
     assert main(["convert", str(odd)]) == 2 and "cannot convert format 0" in capsys.readouterr().err
+    gone, _ = _format_1(["staleness=dc"])
+    gone["config"]["trainer"]["staleness"] = "late"  # a rule this pipesgd does not register
+    gone = CheckpointDir(tmp_path / "gone").save(gone, 32)
+    assert main(["convert", str(gone)]) == 2
+    assert "cannot convert its config.trainer.staleness: staleness='late' is not known" in capsys.readouterr().err
+    with pytest.raises(CheckpointError, match="has format 1"):
+        CheckpointDir.load(gone)  # left as it was
