@@ -430,6 +430,8 @@ def _predict_s(mode: str, algorithm: str, nbytes: float, p: int, link: Link, com
                                     overlap_slowdown=overlap_slowdown)
     sizes = [nbytes] if bucket_cap_bytes is None else ddp_buckets(nbytes, bucket_cap_bytes, first_bucket_bytes)
     comms = ddp_bucket_comms(algorithm, sizes, p, link, ratio, kappa, per_node=per_node, intra=intra)
+    if get_mode(mode).runs_at(width) >= 2:  # the pipelined hook: a bucket's average is applied a step later
+        return sum(comms), pipelined_time(compute_s, sum(comms), update_s, overlap_slowdown)
     return sum(comms), ddp_iteration_time(compute_s, sizes, comms, update_s, forward_fraction, overlap_slowdown)
 
 
@@ -450,7 +452,9 @@ def predict_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link
                     intra: Link | None = None, server_on_worker: bool = False) -> float:
     """Predicted milliseconds per steady-state iteration: the one call a training run makes to log
     ``predicted_iter_ms`` next to its measured time. A mode whose reductions overlap backward
-    (ddp) uses DDP's bucketing (``bucket_cap_bytes=None``: one bucket); server modes need
+    (ddp) uses DDP's bucketing (``bucket_cap_bytes=None``: one bucket), and at a width its row
+    offers (ddp at 2: the pipelined hook) Pipe-SGD's :func:`pipelined_time` over those buckets'
+    reductions; server modes need
     ``algorithm="ps"`` (:func:`algorithm_for`); with ``server_on_worker`` the server shares a
     worker's rank (p workers, p-1 remote push/pull pairs through its link)."""
     _, iter_s = _predict_s(mode, algorithm, nbytes, p, link, compute_s, update_s, width, ratio,

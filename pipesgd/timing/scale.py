@@ -31,7 +31,6 @@ from .model import (
     chunks_for,
     comm_time,
     compression_ratio,
-    ddp_bucket_comms,
     ddp_buckets,
     ddp_iteration_time,
     pipelined_time,
@@ -202,26 +201,20 @@ def _arm_ms(s: Scenario, arm: Arm, algorithm: str) -> tuple[float, float]:
     comp = registry("reduction" if arm.compressor in registry("reduction") else "compressor").get(arm.compressor)()
     price = _price(comp, row.overlap)
     options = _options(s, algorithm)
-    hook = row.overlap == "backward" and arm.width >= 2  # DDP + pipelined(inner): Pipe-SGD width 2 over its buckets
     if price[0] == "payload":
         ratio = compression_ratio(comp, s.params, chunks_for(algorithm, s.p, options["per_node"]))
         kappa = s.compress_s_per_byte.get(arm.compressor, 0.0) if not comp.identity else 0.0
-        if not hook:
-            return predict_iter_ms(arm.mode, algorithm, s.nbytes, s.p, s.link, s.compute_s, s.update_s, arm.width,
-                                   ratio, kappa, **options), ratio
+        return predict_iter_ms(arm.mode, algorithm, s.nbytes, s.p, s.link, s.compute_s, s.update_s, arm.width,
+                               ratio, kappa, **options), ratio
+    # a DDP hook's own allreduces, one after another, and its compute between them
     sizes = ddp_buckets(s.nbytes, s.bucket_cap_bytes, options["first_bucket_bytes"])
-    if price[0] == "payload":
-        comms = ddp_bucket_comms(algorithm, sizes, s.p, s.link, ratio, kappa, per_node=options["per_node"],
-                                 intra=options["intra"])
-    else:
-        # the hook's allreduces, one after another, and its compute between them
-        values = price[1](s.shapes, sizes, s.powersgd_rank)
-        comms = [sum(comm_time(algorithm, FP32_BYTES * v, s.p, s.link, per_node=options["per_node"],
-                               intra=options["intra"]) for v in bucket[:-1]) + bucket[-1] * s.powersgd_s_per_flop
-                 for bucket in values]
-        wire = sum(sum(bucket[:-1]) for bucket in values)
-        ratio = s.params / wire if wire else math.inf
-    if hook:
+    values = price[1](s.shapes, sizes, s.powersgd_rank)
+    comms = [sum(comm_time(algorithm, FP32_BYTES * v, s.p, s.link, per_node=options["per_node"],
+                           intra=options["intra"]) for v in bucket[:-1]) + bucket[-1] * s.powersgd_s_per_flop
+             for bucket in values]
+    wire = sum(sum(bucket[:-1]) for bucket in values)
+    ratio = s.params / wire if wire else math.inf
+    if row.runs_at(arm.width) >= 2:  # DDP + pipelined(inner): Pipe-SGD width 2 over the buckets
         return pipelined_time(s.compute_s, sum(comms), s.update_s, s.overlap_slowdown) * 1e3, ratio
     iter_s = ddp_iteration_time(s.compute_s, sizes, comms, s.update_s, options["forward_fraction"],
                                 s.overlap_slowdown)

@@ -10,7 +10,7 @@ import pytest
 
 from pipesgd.compress import REGISTRY as COMPRESSORS
 from pipesgd.compress.none import NoCompression
-from pipesgd.timing import Link
+from pipesgd.timing import Link, predict_iter_ms
 from pipesgd.timing.scale import ALL_ARMS, ARMS, Arm, Scenario, arm_rows, arm_table, summarize
 
 ALPHA, RATE = 50e-6, 25e6  # the 25 Mbit/s link of the crossover study, 50 µs per message
@@ -71,6 +71,11 @@ def test_ddp_with_the_pipelined_hook_is_pipe_sgd_width_2_over_ddps_buckets():
                                                      overlap_slowdown=1.5), ["ddp-pipelined-powersgd"])}
     # compute runs 1.5x slower while the reductions run beside it, then the update: pipe's terms
     assert slowed["ddp-pipelined-powersgd"]["iter_ms"] == pytest.approx(1e3 * (0.030 + comm * (1 - 1 / 1.5) + 0.002))
+    # one model: a training run of trainer.mode=ddp trainer.width=2 predicts what the map's arm says
+    assert predict_iter_ms("ddp", "ring", M, 2, Link(ALPHA, BETA), 0.030, width=2) == \
+        pytest.approx(rows["ddp-pipelined"]["iter_ms"], rel=1e-12)
+    assert predict_iter_ms("ddp", "ring", M, 2, Link(ALPHA, BETA), 0.030, width=1) == \
+        pytest.approx(rows["ddp"]["iter_ms"], rel=1e-12)
     # a pipelined DDP arm is a pipelined arm in the summary, never the DDP baseline
     summary = summarize(list(rows.values()))
     assert summary["winner"] == summary["best_pipe"] == "ddp-pipelined-powersgd"
