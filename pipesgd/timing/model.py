@@ -466,7 +466,7 @@ def predict_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link
 
 
 def step_time(mode: str, params: int, compute_s: float, link: Link, p: int, *, compressor="none",
-              comm: str = "ring", width: int = 2, backward_fraction: float = 2 / 3, update_s: float = 0.0,
+              comm: str = "ring", width: int | None = None, backward_fraction: float = 2 / 3, update_s: float = 0.0,
               compress_s_per_byte: float = 0.0, overlap_slowdown: float = 1.0, per_node: int = 1,
               intra: Link | None = None, server_on_worker: bool = True,
               bucket_cap_bytes: float | None = DDP_BUCKET_CAP_BYTES) -> float:
@@ -475,7 +475,9 @@ def step_time(mode: str, params: int, compute_s: float, link: Link, p: int, *, c
     over ``p`` workers on ``link``, with ``compressor`` (a registered name or an instance) inside
     the allreduce ``comm`` (modes that do not run ``comm`` use what their row declares). Everything
     a scheme contributes comes from what its plugins declare: the mode's overlap and server, the
-    allreduce's phases, the compressor's payload size."""
+    allreduce's phases, the compressor's payload size. ``width``: the mode's own by default (a
+    pipelined mode's K = 2); ddp at 2 is the pipelined hook."""
+    width = width if width is not None else get_mode(mode).width or 2
     algorithm = algorithm_for(mode, comm)
     ratio = compression_ratio(compressor, params, chunks_for(algorithm, p, per_node))
     return predict_iter_ms(mode, algorithm, FP32_BYTES * params, p, link, compute_s, update_s, width, ratio,
