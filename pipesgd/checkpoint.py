@@ -3,16 +3,21 @@
 ``<run dir>/checkpoints/step-00000032.pt`` plus its ``.sha256`` (``sha256sum -c`` format), written
 to a temporary file, fsynced and renamed, loaded with ``torch.load(weights_only=True)`` after the
 checksum is verified (docs/reliability.md). What goes inside is :mod:`pipesgd.reliability`'s.
+A checkpoint of an older layout is refused; ``python -m pipesgd.checkpoint convert OLD [NEW]``
+rewrites it in this one (:func:`upgrade`).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import inspect
 import json
 import logging
 import os
 import random
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +26,15 @@ from torch import nn
 
 from .models import unwrap
 from .runinfo import file_digest, write_atomic
+from .staleness import rule_class
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
+"""2: the config carries the ``staleness`` group, not ``trainer.staleness`` / ``trainer.dc_*``; the
+data position is ``consumed`` samples; ``evals`` is always there; a rank's CUDA RNG is its own GPU's.
+Format 1 had each of those in its older form (:func:`upgrade` says which)."""
+CONVERT = "python -m pipesgd.checkpoint convert"
 _NAME = re.compile(r"step-(\d+)\.pt")
 
 
@@ -52,19 +62,6 @@ NOT_HASHED = ("trainer.resume", "trainer.stop_after_step", "trainer.elastic", "t
               "data.download", "data.url", "timing")
 
 
-def _legacy_staleness(out: dict) -> dict:
-    """The ``staleness`` group written as the ``trainer.*`` keys it replaced, so a checkpoint written
-    before the group existed still matches the run that resumes it."""
-    group = out.pop("staleness", None)
-    trainer = out.get("trainer")
-    if isinstance(group, dict) and isinstance(trainer, dict):
-        trainer["dc_lambda"] = group.get("dc_lambda", 0.04)
-        trainer["dc_adaptive"] = group.get("dc_adaptive", False)
-        if group.get("dc_momentum", 0.95) != 0.95:
-            trainer["dc_momentum"] = group["dc_momentum"]
-    return out
-
-
 def drop_keys(config: dict, keys) -> dict:
     """``config`` with each dotted key of ``keys`` removed where present (in place; returned)."""
     for key in keys:
@@ -79,7 +76,7 @@ def drop_keys(config: dict, keys) -> dict:
 
 def hashed_config(config: dict) -> dict:
     """``config`` (resolved, plain containers) without the :data:`NOT_HASHED` keys."""
-    return drop_keys(_legacy_staleness(json.loads(json.dumps(config, default=str))), NOT_HASHED)
+    return drop_keys(json.loads(json.dumps(config, default=str)), NOT_HASHED)
 
 
 def config_digest(config: dict) -> str:
@@ -117,12 +114,9 @@ def rng_state(device: torch.device | None = None) -> dict:
 
 def set_rng_state(state: dict, device: torch.device | None = None) -> None:
     """Restore :func:`rng_state`; its CUDA state goes to ``device`` (this rank's GPU, whichever
-    GPU saved it: an elastic resume hands a new rank its donor's state). Checkpoints from before
-    kept every visible GPU's state in a list: the entry at ``device``'s index, when there is one."""
+    GPU saved it: an elastic resume hands a new rank its donor's state)."""
     torch.set_rng_state(state["torch"])
     cuda = state.get("cuda")
-    if isinstance(cuda, list):
-        cuda = cuda[device.index] if device is not None and device.type == "cuda" and device.index < len(cuda) else None
     if cuda is not None and device is not None and device.type == "cuda":
         torch.cuda.set_rng_state(cuda, device)
     n = state["numpy"]
@@ -159,6 +153,49 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _write(state: dict, final: Path) -> None:
+    """``state`` to ``final`` and its sha256 to ``final.sha256``, each through a temporary file,
+    fsync and rename, then the directory fsynced."""
+    box: list[_HashingWriter] = []
+
+    def write_state(f) -> None:
+        box.append(_HashingWriter(f))
+        torch.save(state, box[0])
+
+    write_atomic(final, write_state)
+    digest = box[0].sha.hexdigest()
+    write_atomic(final.with_name(final.name + ".sha256"), lambda f: f.write(f"{digest}  {final.name}\n".encode()))
+    _fsync_dir(final.parent)
+
+
+def _read(path: Path, require_checksum: bool) -> dict:
+    """The checksum-verified dict in checkpoint ``path``, whatever its format."""
+    sidecar = path.with_name(path.name + ".sha256")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if sidecar.is_file():
+        expected = sidecar.read_text().split()[0] if sidecar.read_text().split() else ""
+        actual = file_digest(path, "sha256")
+        if actual != expected:
+            raise CheckpointError(f"checkpoint {path} is corrupt: sha256 {actual} does not match "
+                                  f"{expected or 'an empty checksum'} in {sidecar.name}")
+    elif require_checksum:
+        raise CheckpointError(f"checkpoint {path} is incomplete: its checksum file {sidecar.name} is "
+                              "missing (the writer stopped between the two renames)")
+    else:
+        log.warning("checkpoint %s has no checksum file %s; loading it unverified", path, sidecar.name)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"refusing to load checkpoint {path}: {' '.join(str(e).split())[:300]} "
+                              "(checkpoints hold only tensors and plain containers, loaded with "
+                              "weights_only=True)") from e
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path} is not a pipesgd checkpoint of format {FORMAT} "
+                              f"(got {type(state).__name__!r})")
+    return state
+
+
 class CheckpointDir:
     """The checkpoints of one run directory. Only rank 0 writes; ``keep`` newest are kept."""
 
@@ -176,17 +213,7 @@ class CheckpointDir:
         delete all but the ``keep`` newest. Returns the checkpoint's path."""
         self.dir.mkdir(parents=True, exist_ok=True)
         final = self.path(step)
-        box: list[_HashingWriter] = []
-
-        def write_state(f) -> None:
-            box.append(_HashingWriter(f))
-            torch.save(state, box[0])
-
-        write_atomic(final, write_state)
-        digest = box[0].sha.hexdigest()
-        write_atomic(final.with_name(final.name + ".sha256"),
-                            lambda f: f.write(f"{digest}  {final.name}\n".encode()))
-        _fsync_dir(self.dir)
+        _write(state, final)
         self._prune()
         return final
 
@@ -210,31 +237,15 @@ class CheckpointDir:
 
     @staticmethod
     def load(path: str | os.PathLike, require_checksum: bool = True) -> dict:
-        """The verified contents of checkpoint ``path``; CheckpointError saying what is wrong."""
-        path = Path(path)
-        sidecar = path.with_name(path.name + ".sha256")
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint {path} does not exist")
-        if sidecar.is_file():
-            expected = sidecar.read_text().split()[0] if sidecar.read_text().split() else ""
-            actual = file_digest(path, "sha256")
-            if actual != expected:
-                raise CheckpointError(f"checkpoint {path} is corrupt: sha256 {actual} does not match "
-                                      f"{expected or 'an empty checksum'} in {sidecar.name}")
-        elif require_checksum:
-            raise CheckpointError(f"checkpoint {path} is incomplete: its checksum file {sidecar.name} is "
-                                  "missing (the writer stopped between the two renames)")
-        else:
-            log.warning("checkpoint %s has no checksum file %s; loading it unverified", path, sidecar.name)
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise CheckpointError(f"refusing to load checkpoint {path}: {' '.join(str(e).split())[:300]} "
-                                  "(checkpoints hold only tensors and plain containers, loaded with "
-                                  "weights_only=True)") from e
-        if not isinstance(state, dict) or state.get("format") != FORMAT:
-            got = state.get("format") if isinstance(state, dict) else type(state).__name__
-            raise CheckpointError(f"checkpoint {path} is not a pipesgd checkpoint of format {FORMAT} (got {got!r})")
+        """The verified contents of checkpoint ``path``; CheckpointError saying what is wrong (for
+        an older format: the command that converts it)."""
+        state = _read(Path(path), require_checksum)
+        if state.get("format") == 1:
+            raise CheckpointError(f"checkpoint {path} has format 1, from before the staleness config group "
+                                  f"(docs/reliability.md#old-checkpoints); convert it with: {CONVERT} {path}")
+        if state.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint {path} is not a pipesgd checkpoint of format {FORMAT} "
+                                  f"(got {state.get('format')!r})")
         return state
 
     def newest_valid(self) -> tuple[Path, dict] | None:
@@ -251,3 +262,97 @@ class CheckpointDir:
             raise CheckpointError(f"no valid checkpoint in {self.dir}: {' | '.join(problems)}; delete them or set "
                                   "trainer.resume=never to start over")
         return None
+
+
+_ALIASES = ("staleness", "dc_lambda", "dc_adaptive", "dc_momentum")
+
+
+def _staleness_group(trainer: dict) -> dict:
+    """The ``staleness`` group a format-1 config meant by ``trainer.staleness`` and
+    ``trainer.dc_*``: the rule with its constructor's defaults (= conf/staleness/NAME.yaml,
+    tests/distributed/test_layout.py), the ``dc_*`` values over them."""
+    cls = rule_class(trainer.get("staleness") or "none")
+    defaults = inspect.signature(cls).parameters
+    node = {"_target_": f"{cls.__module__}.{cls.__qualname__}"} | {k: defaults[k].default for k in cls.options}
+    for key in cls.options:
+        if trainer.get(key) is not None:
+            node[key] = trainer[key]
+    return node
+
+
+def upgrade_config(config: dict) -> dict:
+    """A format-1 (hashed) config in format 2's form, in place; returned: the ``staleness`` group in
+    place of ``trainer.staleness`` / ``trainer.dc_*`` (the time-to-accuracy records keep such configs too)."""
+    trainer = config.get("trainer", {})
+    config["staleness"] = _staleness_group(trainer)
+    for key in _ALIASES:
+        trainer.pop(key, None)
+    return config
+
+
+def upgrade(state: dict) -> dict:
+    """A format-1 checkpoint's ``state`` in format 2 (in place; returned): the ``staleness`` group
+    from ``trainer.staleness`` / ``trainer.dc_*`` and the config digest recomputed; ``consumed``
+    samples from ``batch`` (batches of ``data.batch_size`` per rank); ``evals`` added (none);
+    a rank's list of every visible GPU's RNG state becomes the entry of GPU ``rank % len`` (the one
+    each rank trains on when a node runs one rank per visible GPU). A format-2 state is returned as is."""
+    if state.get("format") == FORMAT:
+        return state
+    if state.get("format") != 1:
+        raise CheckpointError(f"cannot convert format {state.get('format')!r}: {CONVERT} reads format 1")
+    try:
+        config = upgrade_config(state["config"])
+    except ValueError as e:  # a rule this pipesgd does not register
+        raise CheckpointError(f"cannot convert its config.trainer.staleness: {e}") from None
+    state["config_digest"] = config_digest(config)
+    if "consumed" not in state:
+        state["consumed"] = state.pop("batch") * config["data"]["batch_size"] * state["world_size"]
+    state.setdefault("evals", [])
+    for rank, mine in enumerate(state["ranks"]):
+        cuda = mine["rng"].get("cuda")
+        if isinstance(cuda, list):
+            mine["rng"]["cuda"] = cuda[rank % len(cuda)] if cuda else None
+    state["format"] = FORMAT
+    return state
+
+
+def convert(old: str | os.PathLike, new: str | os.PathLike | None = None) -> Path:
+    """Verify checkpoint ``old``, :func:`upgrade` it and write it to ``new`` (default: over
+    ``old``) with its ``.sha256``, each through a temporary file and a rename. Returns ``new``."""
+    old = Path(old)
+    new = old if new is None else Path(new)
+    state = _read(old, require_checksum=False)
+    before = state.get("format")
+    upgrade(state)
+    if before == FORMAT and new == old:
+        log.info("checkpoint %s already has format %d", old, FORMAT)
+        return new
+    new.parent.mkdir(parents=True, exist_ok=True)
+    _write(state, new)
+    return new
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipesgd.checkpoint convert OLD [NEW]`` (docs/reliability.md#old-checkpoints)."""
+    parser = argparse.ArgumentParser(prog="python -m pipesgd.checkpoint",
+                                     description="Checkpoint files (docs/reliability.md).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    conv = sub.add_parser("convert", help=f"rewrite a format-1 checkpoint in format {FORMAT}")
+    conv.add_argument("old", help="the checkpoint (step-N.pt; its .sha256 is checked when present)")
+    conv.add_argument("new", nargs="?", help="where to write it (default: over OLD); its .sha256 beside it")
+    args = parser.parse_args(argv)
+    try:
+        path = convert(args.old, args.new)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyError as e:
+        print(f"error: checkpoint {args.old} lacks {e}, which a format-1 checkpoint has", file=sys.stderr)
+        return 2
+    print(f"{path}: format {FORMAT}; resume with trainer.resume={path}, or as step-N.pt in "
+          "<run dir>/checkpoints with trainer.resume=auto")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

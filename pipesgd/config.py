@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import inspect
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from .dist import BACKENDS
 from .launch import under_torchrun
@@ -37,6 +36,24 @@ def _int_at_least(cfg: DictConfig, key: str, low: int, hint: str = "", optional:
         raise ConfigError(f"{key}={value!r} is invalid: must be an integer >= {low}{extra}")
 
 
+REMOVED = {"trainer.staleness": "staleness={value}",
+           "trainer.dc_lambda": "staleness=dc staleness.dc_lambda={value}",
+           "trainer.dc_adaptive": "staleness=dc staleness.dc_adaptive={value}"}
+"""Keys that were aliases of a config group -> their spelling now (docs/convergence.md)."""
+
+
+def check_removed(overrides: Iterable[str]) -> None:
+    """A :data:`REMOVED` key among Hydra overrides (``trainer.staleness=dc``, ``+trainer.dc_lambda=1``)
+    is a :class:`ConfigError` giving the spelling that replaced it. The entry point runs this on the
+    command line before Hydra composes, whose own message would suggest ``+`` instead."""
+    for override in overrides:
+        key, _, value = override.partition("=")
+        new = REMOVED.get(key.lstrip("+~"))
+        if new is not None:
+            raise ConfigError(f"{override} is no longer a setting: the staleness rule is its config group; "
+                              f"use {new.format(value=value or 'VALUE')} (docs/convergence.md)")
+
+
 def _known_keys(cfg: DictConfig) -> None:
     """Keys a ``+key=value`` override force-added past the schema (Hydra lets ``+`` append)."""
     for prefix, node, schema in (("", cfg, Config), ("trainer.", cfg.trainer, TrainerConfig),
@@ -44,6 +61,7 @@ def _known_keys(cfg: DictConfig) -> None:
         allowed = [f.name for f in dataclasses.fields(schema)]
         for key in node:
             if key not in allowed:
+                check_removed([f"{prefix}{key}={node[key]}"])
                 close = difflib.get_close_matches(str(key), allowed, n=1)
                 hint = f"did you mean {prefix}{close[0]}? " if close else ""
                 raise ConfigError(f"{prefix}{key} is not a setting; {hint}allowed: {', '.join(allowed)}")
@@ -58,46 +76,14 @@ def _target_of(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _rule_name(node: DictConfig) -> str:
-    target = node.get("_target_") if isinstance(node, DictConfig) else None
+def staleness_rule(cfg: DictConfig) -> str:
+    """The registered name of the rule the ``staleness`` group builds (``staleness=dc``: ``"dc"``)."""
+    target = cfg.staleness.get("_target_") if isinstance(cfg.staleness, DictConfig) else None
     for name in stalenesses():
-        cls = rule_class(name)
-        if target == f"{cls.__module__}.{cls.__qualname__}":
+        if target == _target_of(rule_class(name)):
             return name
     raise ConfigError(f"staleness._target_={target!r} is not a registered staleness rule; "
                       f"choose one with staleness=NAME, NAME in {', '.join(stalenesses())}")
-
-
-def resolve_staleness(cfg: DictConfig) -> None:
-    """Fold the aliases into the ``staleness`` group, in place: ``trainer.staleness=NAME`` selects
-    that rule (with its defaults) and ``trainer.dc_lambda`` / ``trainer.dc_adaptive`` set
-    ``staleness=dc``'s options. Afterwards ``trainer.staleness`` names the rule the group builds."""
-    group = _rule_name(cfg.staleness)
-    alias = cfg.trainer.staleness
-    if alias is not None and alias != group:
-        if alias not in stalenesses():
-            raise ConfigError(f"trainer.staleness={alias!r} is not known; allowed: {', '.join(stalenesses())} "
-                              "(docs/convergence.md)")
-        if group != "none":
-            raise ConfigError(f"trainer.staleness={alias} and staleness={group} name two rules; "
-                              f"use staleness={alias} alone")
-        cls = rule_class(alias)
-        defaults = inspect.signature(cls).parameters  # = conf/staleness/<alias>.yaml (tests/distributed/test_layout.py)
-        node = {"_target_": f"{cls.__module__}.{cls.__qualname__}"} | {k: defaults[k].default for k in cls.options}
-    else:
-        node = OmegaConf.to_container(cfg.staleness)
-    for key in ("dc_lambda", "dc_adaptive"):
-        value = cfg.trainer[key]
-        if value is None:
-            continue
-        if node["_target_"] != f"{rule_class('dc').__module__}.{rule_class('dc').__qualname__}":
-            raise ConfigError(f"trainer.{key}={value} is an option of staleness=dc, not of "
-                              f"staleness={alias or group}")
-        node[key] = value
-    with open_dict(cfg):
-        cfg.staleness = node
-        cfg.trainer.staleness = _rule_name(cfg.staleness)
-        cfg.trainer.dc_lambda = cfg.trainer.dc_adaptive = None
 
 
 def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
@@ -105,7 +91,7 @@ def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
     line (:func:`command_line_keys`), where a setting the mode does not use is a conflict rather
     than a config file's default for another mode."""
     _known_keys(cfg)
-    resolve_staleness(cfg)
+    staleness_rule(cfg)
     try:
         get_mode(cfg.trainer.mode)
     except ValueError as e:
@@ -173,19 +159,18 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
                 also = f" or {', '.join(map(str, mode.widths))}" if mode.widths and key == "trainer.width" else ""
                 raise ConfigError(f"{key}={value} is not used by trainer.mode={name}, which runs at width "
                                   f"{mode.width}{also}; drop {key} or use trainer.mode={pipelined}")
-    applies = mode.staleness or other_width
-    if applies and mode.stalenesses is not None and cfg.trainer.staleness not in mode.stalenesses:
-        raise ConfigError(f"staleness={cfg.trainer.staleness} is not available with trainer.mode={name}"
+    applies, rule = mode.staleness or other_width, staleness_rule(cfg)
+    if applies and mode.stalenesses is not None and rule not in mode.stalenesses:
+        raise ConfigError(f"staleness={rule} is not available with trainer.mode={name}"
                           f"{f' trainer.width={cfg.trainer.width}' if other_width else ''}; allowed: "
                           f"{', '.join(mode.stalenesses)}")
-    if not applies and cfg.trainer.staleness != "none":
-        if explicit and not {"staleness", "trainer.staleness"} & set(explicit):
+    if not applies and rule != "none":
+        if explicit and "staleness" not in explicit:
             # an experiment file's rule for pipe (resnet_cifar: lookahead), like its width: not this mode's
             cfg.staleness = {"_target_": _target_of(rule_class("none"))}
-            cfg.trainer.staleness = "none"
         else:
             wider = "".join(f" (and {m} at trainer.width={w})" for m in modes() for w in get_mode(m).widths)
-            raise ConfigError(f"staleness={cfg.trainer.staleness} is not used by trainer.mode={name}; only "
+            raise ConfigError(f"staleness={rule} is not used by trainer.mode={name}; only "
                               f"{', '.join(modes_with('staleness'))} apply a staleness rule{wider} (use staleness=none)")
     clip = cfg.trainer.get("max_grad_norm")
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
@@ -240,7 +225,7 @@ def _check_staleness_optimizer(cfg: DictConfig) -> None:
     """A staleness rule that assumes one optimizer's update (dga: SGD's) refuses any other, here
     before the workers start (the engine's bind checks the same). Builds the optimizer once over a
     one-value parameter: the same class the workers build."""
-    rule = rule_class(cfg.trainer.staleness)
+    rule = rule_class(staleness_rule(cfg))
     if not registry("staleness").facts(rule.name)["optimizers"]:
         return
     import torch

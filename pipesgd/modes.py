@@ -25,7 +25,7 @@ class Mode:
     """What one ``trainer.mode`` declares beside its builder (a function taking
     :class:`~pipesgd.engine.base.ModeArgs` and returning ``(model, Engine)``).
     ``width``: the engine's fixed width, or None when it runs at ``trainer.width`` (pipelined).
-    ``staleness``: applies ``trainer.staleness`` (other modes take only ``none``).
+    ``staleness``: applies the ``staleness`` group's rule (other modes take only ``none``).
     ``compressors``: the compressor names it carries, or None for every per-chunk compressor.
     ``ddp_hooks``: it carries exactly the compressors and reductions that declare a DDP comm hook
     (their ``ddp_hook()``), error feedback their hook's own.

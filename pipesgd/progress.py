@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
-log = logging.getLogger("pipesgd.trainer")
+log = logging.getLogger(__name__)
 
 
 @dataclass

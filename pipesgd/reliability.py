@@ -228,9 +228,7 @@ class Reliability(TrainerHooks):
     def _restore(self, state: dict, trainer: Trainer) -> tuple[int, int]:
         """Load ``state`` into the model, optimizer, scheduler, engine and trainer; returns the data
         position (epoch, samples of it trained). On another world size, :mod:`pipesgd.elastic`'s rules."""
-        old_world, loader = state["world_size"], trainer.train_loader
-        # older checkpoints count the batches of the epoch instead of its samples
-        consumed = state["consumed"] if "consumed" in state else state["batch"] * loader.batch_size * old_world
+        old_world, consumed = state["world_size"], state["consumed"]
         mine = elastic.rank_state(state["ranks"], self.rank, self.engine.state_for_new_rank)
         new_lrs = [g.get("initial_lr", g["lr"]) for g in self.optimizer.param_groups]
         try:
@@ -248,7 +246,7 @@ class Reliability(TrainerHooks):
         if mine.get("new_rank"):
             torch.manual_seed(mix_seed(state["step"], self.rank))  # not the donor's stream
         trainer.last_losses = list(mine["losses"])
-        trainer.history.evals = list(state.get("evals", []))  # the accuracy curve so far (older checkpoints: none)
+        trainer.history.evals = list(state["evals"])  # the accuracy curve so far
         trainer.step = state["step"]
         self.resumed_from = state["step"]
         if old_world != self.world_size:

@@ -29,9 +29,6 @@ class TrainerConfig:
     mode: str = "pipe"
     width: int = 2
     warmup_sync_steps: int = 0
-    staleness: Optional[str] = None  # alias of the staleness group; holds the rule's name once validated
-    dc_lambda: Optional[float] = None  # aliases of staleness.dc_lambda / dc_adaptive (staleness=dc)
-    dc_adaptive: Optional[bool] = None
     epochs: int = 1
     max_steps: Optional[int] = None
     stop_after_step: Optional[int] = None

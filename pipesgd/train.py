@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import dist as pdist
 from . import launch, schema, trace  # noqa: F401  (schema: registers the structured config with Hydra)
 from .comm import bind, get_allreduce
-from .config import ConfigError, check_batch, command_line_keys, validate
+from .config import ConfigError, check_batch, check_removed, command_line_keys, staleness_rule, validate
 from .data import DatasetError
 from .engine import Engine, ModeArgs
 from .engine.pipe import clip_applied_gradient
@@ -132,7 +132,7 @@ def worker(container: dict, run_dir: str) -> None:
         run = _build(cfg, ctx)
         writer = make_writer(run_dir, ctx.is_main)
         log.info("mode=%s width=%d staleness=%s compressor=%s allreduce=%s world=%d global batch %d lr %.4g "
-                 "threads/worker %d", cfg.trainer.mode, run.engine.width, cfg.trainer.staleness, run.compressor.name,
+                 "threads/worker %d", cfg.trainer.mode, run.engine.width, staleness_rule(cfg), run.compressor.name,
                  run.allreduce, ctx.world_size, run.global_batch, run.lr, threads)
         predict = _prediction(cfg, run.engine.width, run.model, ctx.world_size, run.compressor.name,
                               run.loaders[0].batch_size)
@@ -245,7 +245,7 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
         "hparams/iter_ms": median(h.iter_ms), "hparams/predicted_iter_ms": predicted[0],
         "hparams/wall_seconds": result["wall_seconds"]}, trainer.step)
     write_json_atomic(run_dir / "summary.json", summary(
-        h, result, predicted, mode=cfg.trainer.mode, width=run.engine.width, staleness=cfg.trainer.staleness,
+        h, result, predicted, mode=cfg.trainer.mode, width=run.engine.width, staleness=staleness_rule(cfg),
         compressor=name, allreduce=run.allreduce, world_size=ctx.world_size, backend=ctx.backend,
         steps=trainer.step, total_steps=trainer.total_steps, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
         git_commit=git_commit(), host=fingerprint(), config=container, data=run.data, **reliability.summary(), **run.engine.summary()))
@@ -309,7 +309,13 @@ def _setup_logging(rank: int, run_dir: str) -> None:
 
 def cli() -> None:
     """``python -m pipesgd.train``: under torchrun, ranks other than 0 must not create run
-    directories of their own (each would resolve ``${now:}`` separately); rank 0's is shared."""
+    directories of their own (each would resolve ``${now:}`` separately); rank 0's is shared. A
+    removed key on the command line is refused here, with its new spelling, before Hydra parses it."""
+    try:
+        check_removed(sys.argv[1:])
+    except ConfigError as e:
+        sys.stderr.write(f"{e}\n")
+        sys.exit(2)
     if launch.under_torchrun() and os.environ.get("RANK") != "0":
         sys.argv += ["hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none",
                      "hydra/hydra_logging=none"]

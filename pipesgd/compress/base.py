@@ -55,6 +55,9 @@ class Compressor(ABC):
 
     name: ClassVar[str]
     summable_dtype: ClassVar[torch.dtype | None] = None
+    rel_error: ClassVar[float | None] = None
+    """The most a decoded value's relative error can be (0: exact), or None when no per-value bound
+    holds (a block-scaled code); the scale map keeps the most exact of compressors that cost the same."""
 
     def __init__(self, error_feedback: bool = False):
         if not isinstance(error_feedback, bool):

@@ -20,6 +20,7 @@ class BF16Truncation(Compressor):
     # The backend's all_reduce can sum bfloat16 directly; that path casts (round-to-nearest).
     summable_dtype = torch.bfloat16
     identity = False
+    rel_error = 2.0**-7  # truncation toward zero
 
     def payload_bytes(self, numel: int, elem_size: int = 4) -> int:
         return 2 * numel

@@ -13,6 +13,7 @@ from .base import Compressor, Ctx, register
 class FP16(Compressor):
     identity = False
     summable_dtype = torch.float16
+    rel_error = 2.0**-11  # round to nearest, normal range
 
     def payload_bytes(self, numel: int, elem_size: int = 4) -> int:
         return 2 * numel

@@ -11,6 +11,7 @@ from .base import Compressor, Ctx, register
 @register("none")
 class NoCompression(Compressor):
     identity = True
+    rel_error = 0.0
 
     def payload_bytes(self, numel: int, elem_size: int = 4) -> int:
         return numel * elem_size

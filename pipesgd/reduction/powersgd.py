@@ -23,6 +23,7 @@ communication thread; memory: one residual, the Q factors.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -56,7 +57,53 @@ def step_flops(rows: float, cols: float, rank: float) -> float:
     return 6.0 * rows * cols * rank + 4.0 * rows * rank * rank
 
 
-@register("powersgd", step_flops=step_flops)
+MIN_COMPRESSION_RATE = 2
+"""torch's ``PowerSGDState(min_compression_rate=2)`` default: its hook compresses a tensor only when
+(n + m)·r·2 < n·m; the rest travel uncompressed in the bucket's first allreduce."""
+
+
+def ddp_traffic(shapes: Sequence[Sequence[int]] | None, bucket_bytes: Sequence[float],
+                rank: int) -> list[tuple[float, float, float, float]]:
+    """What torch's ``powerSGD_hook`` costs per DDP bucket: ``(uncompressed, P, Q, FLOPs)``, the fp32
+    values of its three allreduces, one after another (the uncompressed tensors, then the P factors,
+    then the Q factors), and the floating-point operations of its compute (:func:`step_flops`),
+    the fact the timing model prices the hook by. A tensor viewed as n × (numel/n) with
+    r = min(rank, n, m) is sent as P (n·r) and Q (m·r) when (n + m)·r·2 < n·m, else whole. DDP
+    fills buckets in reverse parameter order; a tensor straddling a bucket boundary (buckets are
+    cut by bytes) is shared in proportion. ``shapes=None``: each bucket is one square matrix."""
+    out = [[0.0, 0.0, 0.0, 0.0] for _ in bucket_bytes]
+    if shapes is None:
+        for j, size in enumerate(bucket_bytes):
+            side = math.sqrt(size / 4)  # fp32 values
+            r = min(rank, side)
+            out[j][1] = out[j][2] = side * r
+            out[j][3] = step_flops(side, side, r)
+        return [tuple(v) for v in out]
+    edges = [0.0]
+    for size in bucket_bytes:
+        edges.append(edges[-1] + size)
+    start, j = 0.0, 0
+    for shape in reversed(shapes):
+        numel = math.prod(shape)
+        n = shape[0] if shape else 1
+        m = numel // n if n else 0
+        r = min(rank, n, m)
+        parts = ((0.0, n * r, m * r, step_flops(n, m, r)) if (n + m) * r * MIN_COMPRESSION_RATE < n * m
+                 else (numel, 0.0, 0.0, 0.0))
+        end = start + 4 * numel
+        while j < len(bucket_bytes) and edges[j + 1] <= start:
+            j += 1
+        k = j
+        while k < len(bucket_bytes) and edges[k] < end:
+            share = (min(end, edges[k + 1]) - max(start, edges[k])) / (end - start) if end > start else 1.0
+            for i in range(4):
+                out[k][i] += share * parts[i]
+            k += 1
+        start = end
+    return [tuple(v) for v in out]
+
+
+@register("powersgd", step_flops=step_flops, ddp_traffic=ddp_traffic)
 class PowerSGD(Reduction):
     def __init__(self, rank: int = 4, error_feedback: bool = True, seed: int = 0, ddp_start_iter: int = 1000):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:

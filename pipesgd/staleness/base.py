@@ -101,16 +101,16 @@ class Staleness(ABC):
 
 
 def check_optimizer(rule: type[Staleness], optimizer: torch.optim.Optimizer) -> None:
-    """ValueError naming ``trainer.staleness``, the optimizer and the choices, unless ``rule`` runs
+    """ValueError naming ``staleness=NAME``, the optimizer and the choices, unless ``rule`` runs
     with ``optimizer`` (its ``optimizers`` fact)."""
     if not rule.optimizers or isinstance(optimizer, rule.optimizers):
         return
     general = [name for name in REGISTRY if not REGISTRY.facts(name)["optimizers"]]
     wanted = " or ".join(f"{c.__module__}.{c.__qualname__}" for c in rule.optimizers)
     raise ValueError(
-        f"trainer.staleness={rule.name} assumes the update of {wanted} and cannot run with optimizer "
+        f"staleness={rule.name} assumes the update of {wanted} and cannot run with optimizer "
         f"{type(optimizer).__module__}.{type(optimizer).__qualname__}; use a {wanted} optimizer, or "
-        f"trainer.staleness={'|'.join(general)}, which take the optimizer's own update")
+        f"staleness={'|'.join(general)}, which take the optimizer's own update")
 
 
 def register(name: str, **facts):
@@ -126,7 +126,7 @@ def available() -> list[str]:
 def rule_class(name: str) -> type[Staleness]:
     """The class registered as ``name``; ValueError naming the known rules."""
     if name not in REGISTRY:
-        raise ValueError(f"trainer.staleness={name!r} is not known; allowed: {', '.join(REGISTRY)}")
+        raise ValueError(f"staleness={name!r} is not known; allowed: {', '.join(REGISTRY)}")
     return REGISTRY[name]
 
 

@@ -46,7 +46,7 @@ class DelayedAveraging(Staleness):
         slot = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
         missing = [i for i, p in enumerate(self.params) if id(p) not in slot]
         if missing:
-            raise ValueError(f"trainer.staleness=dga: parameters {missing} are not in the optimizer")
+            raise ValueError(f"staleness=dga: parameters {missing} are not in the optimizer")
         self._lr_slot = [slot[id(p)] for p in self.params]
 
     def launched(self, local: Tensor) -> None:

@@ -1,4 +1,4 @@
-"""``trainer.staleness=none``: the plain stale rule, bit for bit the core engine's update."""
+"""``staleness=none``: the plain stale rule, bit for bit the core engine's update."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from .calibration import DEFAULT_BANDWIDTH, DEFAULT_LATENCY, load_calibration, l
 from ..registry import registry
 from .model import DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES, FP32_BYTES, MODEL_PARAMS, Link, predict
 from .presets import BACKWARD_SHARE, GPUS, LINKS, MODELS, compute_preset, link_preset
-from .scale import Scenario, arm_rows, summarize
+from .scale import ALL_ARMS, ARMS, Scenario, arm_rows, summarize
 from .units import format_bandwidth, parse_bandwidth, parse_latency
 
 
@@ -194,10 +194,18 @@ def _gpu(text: str) -> str:
                                      f"got {text!r}")
 
 
+def _arm_list(text: str) -> tuple[str, ...]:
+    arms = tuple(ALL_ARMS) if text == "all" else tuple(a.strip() for a in text.split(",") if a.strip())
+    unknown = [a for a in arms if a not in ALL_ARMS]
+    if unknown or not arms:
+        raise ValueError(f"{text!r}: arms must be among {', '.join(ALL_ARMS)}, or all")
+    return arms
+
+
 def _add_map_parser(commands) -> None:
     mp = commands.add_parser("map", help="each scheme's predicted step on a cluster, and the winner",
-                             description="Predicted step time of sync, DDP (no hook, fp16, PowerSGD) and "
-                             "Pipe-SGD (K=2: none, fp16, int8) for one model, GPU and link; presets cite their "
+                             description=f"Predicted step time of each arm ({', '.join(ARMS)}; built from the "
+                             "registered modes and compressors) for one model, GPU and link; presets cite their "
                              "sources in docs/scale-map.md.")
     size = mp.add_mutually_exclusive_group(required=True)
     size.add_argument("--model", choices=sorted(MODELS), help="model preset (parameter count and layer shapes)")
@@ -227,6 +235,9 @@ def _add_map_parser(commands) -> None:
     mp.add_argument("--overlap-slowdown", type=_float_at_least(1), help="compute slowdown beside comm (default 1)")
     mp.add_argument("--compress-s-per-byte", type=_arg(_kappa), action="append", default=[],
                     metavar="NAME=SECONDS", help="κ: compress+decompress cost per uncompressed byte")
+    mp.add_argument("--arms", type=_arg(_arm_list), default=tuple(ARMS), metavar="ARM,...|all",
+                    help=f"the arms to compare (default: {','.join(ARMS)}); all: also "
+                         f"{', '.join(a for a in ALL_ARMS if a not in ARMS)}")
     mp.add_argument("--json", action="store_true", help="print inputs, rows and summary as JSON")
 
 
@@ -312,7 +323,7 @@ def _map_scenario(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 def _map(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     scenario, sources = _map_scenario(parser, args)
-    rows = arm_rows(scenario)
+    rows = arm_rows(scenario, args.arms)
     summary = summarize(rows)
     s = scenario
     if args.json:
@@ -338,8 +349,11 @@ def _map(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
     for line in [columns, *cells]:
         print("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(line, widths))))
-    print(f"winner: {summary['winner']}; best pipe arm {summary['best_pipe']} is "
-          f"{summary['pipe_over_ddp']:.2f}x the best DDP arm {summary['best_ddp']}")
+    if summary["pipe_over_ddp"] is None:
+        print(f"winner: {summary['winner']}")
+    else:
+        print(f"winner: {summary['winner']}; best pipe arm {summary['best_pipe']} is "
+              f"{summary['pipe_over_ddp']:.2f}x the best DDP arm {summary['best_ddp']}")
     return 0
 
 

@@ -219,6 +219,14 @@ def _overlapped(work_s: float, comm_s: float, slowdown: float) -> float:
     return work_s + min(comm_s, work_s * slowdown) * (1 - 1 / slowdown)
 
 
+def pipelined_time(compute_s: float, comm_s: float, update_s: float = 0.0, overlap_slowdown: float = 1.0) -> float:
+    """Steady-state seconds of a step whose reduction is waited for a step later (width >= 2):
+    max(compute' + update, comm), compute' stretched by ``overlap_slowdown`` while comm runs beside it.
+    Pipe-SGD's engine at K >= 2 and DDP with the pipelined hook (its buckets' reductions in flight
+    across the step boundary) are both this."""
+    return max(_overlapped(compute_s, comm_s, overlap_slowdown) + update_s, comm_s)
+
+
 def _check_mode_args(mode: str, compute_s: float, comm_s: float, update_s: float, width: int,
                      forward_fraction: float, overlap_slowdown: float) -> None:
     _known(mode)
@@ -268,7 +276,7 @@ def iteration_time(mode: str, compute_s: float, comm_s: float, update_s: float =
     if overlap == "pipeline":
         if _width(mode, width) == 1:
             return compute_s + comm_s + update_s
-        return max(_overlapped(compute_s, comm_s, overlap_slowdown) + update_s, comm_s)
+        return pipelined_time(compute_s, comm_s, update_s, overlap_slowdown)
     if overlap == "backward":
         forward = forward_fraction * compute_s
         backward = compute_s - forward
@@ -424,12 +432,20 @@ def _predict_s(mode: str, algorithm: str, nbytes: float, p: int, link: Link, com
                          server_on_worker=server_on_worker)
         return comm, iteration_time(mode, compute_s, comm, update_s, width, forward_fraction, p=p,
                                     overlap_slowdown=overlap_slowdown)
-    # DDP compresses with a cast hook around the native allreduce: one compress + one decompress
-    # per bucket (κ·bytes), the reduction itself runs on the compressed dtype.
     sizes = [nbytes] if bucket_cap_bytes is None else ddp_buckets(nbytes, bucket_cap_bytes, first_bucket_bytes)
-    comms = [comm_time(algorithm, b, p, link, ratio, 0.0, per_node=per_node, intra=intra)
-             + (b * kappa if ratio != 1 and p > 1 else 0.0) for b in sizes]
+    comms = ddp_bucket_comms(algorithm, sizes, p, link, ratio, kappa, per_node=per_node, intra=intra)
+    if get_mode(mode).runs_at(width) >= 2:  # the pipelined hook: a bucket's average is applied a step later
+        return sum(comms), pipelined_time(compute_s, sum(comms), update_s, overlap_slowdown)
     return sum(comms), ddp_iteration_time(compute_s, sizes, comms, update_s, forward_fraction, overlap_slowdown)
+
+
+def ddp_bucket_comms(algorithm: str, bucket_bytes: Sequence[float], p: int, link: Link, ratio: float = 1.0,
+                     compress_s_per_byte: float = 0.0, *, per_node: int = 1, intra: Link | None = None) -> list[float]:
+    """Seconds of each DDP bucket's reduction with a cast hook (none, fp16, bf16) around the
+    backend's allreduce: the reduction runs on the compressed dtype, plus one compress and one
+    decompress per bucket (κ·bytes)."""
+    return [comm_time(algorithm, b, p, link, ratio, 0.0, per_node=per_node, intra=intra)
+            + (b * compress_s_per_byte if ratio != 1 and p > 1 else 0.0) for b in bucket_bytes]
 
 
 def predict_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link, compute_s: float,
@@ -440,7 +456,9 @@ def predict_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link
                     intra: Link | None = None, server_on_worker: bool = False) -> float:
     """Predicted milliseconds per steady-state iteration: the one call a training run makes to log
     ``predicted_iter_ms`` next to its measured time. A mode whose reductions overlap backward
-    (ddp) uses DDP's bucketing (``bucket_cap_bytes=None``: one bucket); server modes need
+    (ddp) uses DDP's bucketing (``bucket_cap_bytes=None``: one bucket), and at a width its row
+    offers (ddp at 2: the pipelined hook) Pipe-SGD's :func:`pipelined_time` over those buckets'
+    reductions; server modes need
     ``algorithm="ps"`` (:func:`algorithm_for`); with ``server_on_worker`` the server shares a
     worker's rank (p workers, p-1 remote push/pull pairs through its link)."""
     _, iter_s = _predict_s(mode, algorithm, nbytes, p, link, compute_s, update_s, width, ratio,
@@ -452,7 +470,7 @@ def predict_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link
 
 
 def step_time(mode: str, params: int, compute_s: float, link: Link, p: int, *, compressor="none",
-              comm: str = "ring", width: int = 2, backward_fraction: float = 2 / 3, update_s: float = 0.0,
+              comm: str = "ring", width: int | None = None, backward_fraction: float = 2 / 3, update_s: float = 0.0,
               compress_s_per_byte: float = 0.0, overlap_slowdown: float = 1.0, per_node: int = 1,
               intra: Link | None = None, server_on_worker: bool = True,
               bucket_cap_bytes: float | None = DDP_BUCKET_CAP_BYTES) -> float:
@@ -461,7 +479,9 @@ def step_time(mode: str, params: int, compute_s: float, link: Link, p: int, *, c
     over ``p`` workers on ``link``, with ``compressor`` (a registered name or an instance) inside
     the allreduce ``comm`` (modes that do not run ``comm`` use what their row declares). Everything
     a scheme contributes comes from what its plugins declare: the mode's overlap and server, the
-    allreduce's phases, the compressor's payload size."""
+    allreduce's phases, the compressor's payload size. ``width``: the mode's own by default (a
+    pipelined mode's K = 2); ddp at 2 is the pipelined hook."""
+    width = width if width is not None else get_mode(mode).width or 2
     algorithm = algorithm_for(mode, comm)
     ratio = compression_ratio(compressor, params, chunks_for(algorithm, p, per_node))
     return predict_iter_ms(mode, algorithm, FP32_BYTES * params, p, link, compute_s, update_s, width, ratio,

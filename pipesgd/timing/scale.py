@@ -1,15 +1,17 @@
 """The scale map: each scheme's predicted step time on a cluster, the winner, and how much the best
 pipelined arm gains over the best DDP arm (``python -m pipesgd.timing map``, docs/scale-map.md).
 
-Every arm but one is a :func:`~pipesgd.timing.model.predict_iter_ms` call, the function the
-``predict`` table and every training run's ``predicted_iter_ms`` use: one model, not two. The
-exception is DDP with torch's ``powerSGD_hook``, whose per-bucket traffic the model has no
-compression ratio for: three allreduces per bucket (the uncompressed tensors, then the P factors,
-then the Q factors, each waiting for the one before), sized from the layer shapes, priced with
-:func:`~pipesgd.timing.model.comm_time`, plus the hook's own compute on the bucket (its matmuls and
-QR: the FLOPs the ``powersgd`` reduction declares, ``step_flops``, times the measured
-``powersgd_s_per_flop``), and overlapped with backward by
-:func:`~pipesgd.timing.model.ddp_iteration_time`, the same bucket schedule the other DDP rows use.
+The arms are built from the registries, not named here: every mode that reduces over an allreduce,
+at each width it runs, with every compressor it carries whose cost a plugin declares, one arm per
+distinct cost (:func:`arm_table`). What an arm costs is what its plugins declare: the mode's row
+its overlap and width, a per-chunk compressor its payload size (``payload_bytes``), a DDP hook that
+runs allreduces of its own its traffic per bucket (``ddp_traffic``: torch's ``powerSGD_hook``,
+three allreduces one after another and the FLOPs of its matmuls and QR, priced at the measured
+``powersgd_s_per_flop``). Every arm but those is a :func:`~pipesgd.timing.model.predict_iter_ms`
+call, the function the ``predict`` table and every training run's ``predicted_iter_ms`` use; DDP's
+buckets are overlapped with backward by :func:`~pipesgd.timing.model.ddp_iteration_time`, and DDP
+with the pipelined hook (width 2) is :func:`~pipesgd.timing.model.pipelined_time` over the same
+buckets' reductions: one model, not two.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from ..modes import carries, get_mode
+from ..registry import registry
 from .model import (
     DDP_BUCKET_CAP_BYTES,
     DDP_FIRST_BUCKET_BYTES,
@@ -28,26 +33,88 @@ from .model import (
     compression_ratio,
     ddp_buckets,
     ddp_iteration_time,
+    pipelined_time,
     predict_iter_ms,
 )
-from ..registry import registry
 from .presets import BACKWARD_SHARE, Shape
 
-ARMS: dict[str, tuple[str, int, str]] = {
-    "sync": ("sync", 1, "none"),
-    "ddp": ("ddp", 1, "none"),
-    "ddp-fp16": ("ddp", 1, "fp16"),
-    "ddp-powersgd": ("ddp", 1, "powersgd"),
-    "pipe": ("pipe", 2, "none"),
-    "pipe-fp16": ("pipe", 2, "fp16"),
-    "pipe-int8": ("pipe", 2, "int8"),
-}
-"""arm -> (mode, width, compressor): the blocking fp32 ring, DDP with no hook / torch's fp16 hook /
-torch's PowerSGD hook, and Pipe-SGD at K = 2 with no, fp16 or int8 compression inside the ring."""
+PIPELINE_WIDTH = 2
+"""The width the map runs a pipelined mode (``trainer.width``) at: Pipe-SGD's K = 2, the width at
+which it reaches its bound (more width adds staleness, not speed: docs/timing-model.md)."""
+_PROBE = (1, 7, 1000, 4099)
+"""Sizes (values) at which two compressors' declared payloads must agree to cost the same."""
 
-POWERSGD_MIN_COMPRESSION_RATE = 2
-"""torch's ``PowerSGDState(min_compression_rate=2)`` default: a tensor is compressed only when
-(n + m)·r·2 < n·m; the rest travel uncompressed in the bucket's first allreduce."""
+
+class Arm(NamedTuple):
+    mode: str
+    width: int
+    compressor: str
+
+
+def _instances() -> list:
+    """Every compressor and reduction, built with its defaults (what a mode carries is decided on one)."""
+    return [registry(kind).get(name)() for kind in ("compressor", "reduction") for name in registry(kind)]
+
+
+def _price(compressor, overlap: str):
+    """What ``compressor`` declares its cost by under a mode of ``overlap`` (a hashable key, equal
+    for two compressors that cost the same), or None when it declares none the map prices:
+    ``ddp_traffic`` (a DDP hook with allreduces of its own) under DDP's buckets, else the payload
+    of a per-chunk compressor."""
+    traffic = registry("reduction").facts(compressor.name).get("ddp_traffic") \
+        if compressor.name in registry("reduction") else None
+    if traffic is not None:
+        return ("traffic", traffic) if overlap == "backward" else None
+    if compressor.name in registry("reduction"):
+        return None
+    return ("payload", compressor.identity, tuple(compressor.payload_bytes(n, FP32_BYTES) for n in _PROBE))
+
+
+def _name(mode: str, width: int, own_width: int, compressor: str) -> str:
+    parts = [mode, *(["pipelined"] if width != own_width else []), *([compressor] if compressor != "none" else [])]
+    return "-".join(parts)
+
+
+def arm_table() -> dict[str, Arm]:
+    """Every arm the map can price, from the registries: each mode that reduces over an allreduce
+    (no server; ``overlap`` not ``"none"``), at its own width (a pipelined mode at
+    :data:`PIPELINE_WIDTH`) and each width its row also runs at (``widths``: ddp at 2, the pipelined
+    hook), with each compressor it carries that declares a cost (:func:`_price`). One arm per
+    distinct (overlap, width, cost): the most exact compressor of that cost (``rel_error``: fp16,
+    not bf16), then the first mode registered (pipe, not live). A width-1 pipeline arm is the
+    uncompressed reference only (sync): with a compressor it is never faster than the same
+    compressor at width 2 (compute + comm >= max(compute, comm)), so it cannot win a cell. Width-1
+    arms first, then the pipelined ones, each in registration order; named
+    ``mode[-pipelined][-compressor]`` (``-pipelined``: a width other than the mode's own)."""
+    chosen: dict[tuple, tuple] = {}
+    comps = _instances()
+    for mi, mode in enumerate(registry("mode")):
+        row = get_mode(mode)
+        if row.server or row.overlap == "none":
+            continue
+        own = row.width or PIPELINE_WIDTH
+        for width in (own, *row.widths):
+            for ci, comp in enumerate(comps):
+                price = _price(comp, row.overlap)
+                if price is None or not carries(mode, comp) or (row.overlap == "pipeline" and width == 1
+                                                                 and not comp.identity):
+                    continue
+                key = (row.overlap, width, price)
+                exact = comp.rel_error if price[0] == "payload" and comp.rel_error is not None else math.inf
+                rank = (exact, mi, ci)
+                if key not in chosen or rank < chosen[key][0]:
+                    chosen[key] = (rank, (width, mi, ci), _name(mode, width, own, comp.name),
+                                   Arm(mode, width, comp.name))
+    return {name: arm for _, _, name, arm in sorted(chosen.values(), key=lambda v: v[1])}
+
+
+ALL_ARMS: dict[str, Arm] = arm_table()
+"""Every arm the map prices (:func:`arm_table`): width 1 first, then the pipelined arms."""
+ARMS: dict[str, Arm] = {name: arm for name, arm in ALL_ARMS.items()
+                        if arm.width == (get_mode(arm.mode).width or PIPELINE_WIDTH)}
+"""The map's arms by default: each mode at its own width (the blocking fp32 ring, DDP with no hook /
+torch's fp16 hook / torch's PowerSGD hook, Pipe-SGD at K = 2 with no, fp16 or int8 compression
+inside the ring); the arms of DDP's pipelined hook are in :data:`ALL_ARMS` (``map --arms``)."""
 
 
 def _positive_int(name: str, value: int, low: int) -> None:
@@ -127,104 +194,72 @@ def _options(s: Scenario, algorithm: str) -> dict:
                 intra=s.intra if algorithm == "hierarchical" else None)
 
 
-def _arm_ms(s: Scenario, mode: str, width: int, compressor: str, algorithm: str) -> tuple[float, float]:
-    """(iteration ms, wire compression ratio) of one arm over one algorithm."""
-    if compressor == "powersgd":
-        return _ddp_powersgd_ms(s, algorithm)
+def _arm_ms(s: Scenario, arm: Arm, algorithm: str) -> tuple[float, float]:
+    """(iteration ms, wire compression ratio) of one arm over one algorithm, from what its mode and
+    compressor declare (:func:`_price`)."""
+    row = get_mode(arm.mode)
+    comp = registry("reduction" if arm.compressor in registry("reduction") else "compressor").get(arm.compressor)()
+    price = _price(comp, row.overlap)
     options = _options(s, algorithm)
-    ratio = compression_ratio(compressor, s.params, chunks_for(algorithm, s.p, options["per_node"]))
-    kappa = s.compress_s_per_byte.get(compressor, 0.0) if compressor != "none" else 0.0
-    return predict_iter_ms(mode, algorithm, s.nbytes, s.p, s.link, s.compute_s, s.update_s, width, ratio, kappa,
-                           **options), ratio
-
-
-def powersgd_bucket_values(shapes: Sequence[Shape] | None, bucket_bytes: Sequence[float],
-                           rank: int) -> list[tuple[float, float, float, float]]:
-    """(uncompressed, P, Q, FLOPs) of each DDP bucket under torch's ``powerSGD_hook``: the fp32
-    values its three allreduces carry, and the floating-point operations of its compute on the
-    compressed tensors (the ``powersgd`` reduction's declared ``step_flops``). A tensor viewed as
-    n × (numel/n) with r = min(rank, n, m) is sent as P (n·r) and Q (m·r) when (n + m)·r·2 < n·m,
-    else whole. DDP fills buckets in reverse parameter order; a tensor straddling a bucket boundary
-    (the model's buckets are cut by bytes) is shared in proportion. ``shapes=None``: each bucket is
-    one square matrix of its size."""
-    flops = registry("reduction").facts("powersgd")["step_flops"]
-    out = [[0.0, 0.0, 0.0, 0.0] for _ in bucket_bytes]
-    if shapes is None:
-        for j, size in enumerate(bucket_bytes):
-            side = math.sqrt(size / FP32_BYTES)
-            r = min(rank, side)
-            out[j][1] = out[j][2] = side * r
-            out[j][3] = flops(side, side, r)
-        return [tuple(v) for v in out]
-    edges = [0.0]
-    for size in bucket_bytes:
-        edges.append(edges[-1] + size)
-    start = 0.0
-    j = 0
-    for shape in reversed(shapes):
-        numel = math.prod(shape)
-        n = shape[0] if shape else 1
-        m = numel // n if n else 0
-        r = min(rank, n, m)
-        if (n + m) * r * POWERSGD_MIN_COMPRESSION_RATE < n * m:
-            parts = (0.0, n * r, m * r, flops(n, m, r))
-        else:
-            parts = (numel, 0.0, 0.0, 0.0)
-        end = start + FP32_BYTES * numel
-        while j < len(bucket_bytes) and edges[j + 1] <= start:
-            j += 1
-        k = j
-        while k < len(bucket_bytes) and edges[k] < end:
-            share = (min(end, edges[k + 1]) - max(start, edges[k])) / (end - start) if end > start else 1.0
-            for i in range(4):
-                out[k][i] += share * parts[i]
-            k += 1
-        start = end
-    return [tuple(v) for v in out]
-
-
-def _ddp_powersgd_ms(s: Scenario, algorithm: str) -> tuple[float, float]:
-    options = _options(s, algorithm)
+    if price[0] == "payload":
+        ratio = compression_ratio(comp, s.params, chunks_for(algorithm, s.p, options["per_node"]))
+        kappa = s.compress_s_per_byte.get(arm.compressor, 0.0) if not comp.identity else 0.0
+        return predict_iter_ms(arm.mode, algorithm, s.nbytes, s.p, s.link, s.compute_s, s.update_s, arm.width,
+                               ratio, kappa, **options), ratio
+    # a DDP hook's own allreduces, one after another, and its compute between them
     sizes = ddp_buckets(s.nbytes, s.bucket_cap_bytes, options["first_bucket_bytes"])
-    values = powersgd_bucket_values(s.shapes, sizes, s.powersgd_rank)
-    # a bucket's three allreduces, one after another, and the hook's compute between them
+    values = price[1](s.shapes, sizes, s.powersgd_rank)
     comms = [sum(comm_time(algorithm, FP32_BYTES * v, s.p, s.link, per_node=options["per_node"],
-                           intra=options["intra"]) for v in bucket[:3]) + bucket[3] * s.powersgd_s_per_flop
+                           intra=options["intra"]) for v in bucket[:-1]) + bucket[-1] * s.powersgd_s_per_flop
              for bucket in values]
-    wire = sum(sum(bucket[:3]) for bucket in values)
+    wire = sum(sum(bucket[:-1]) for bucket in values)
+    ratio = s.params / wire if wire else math.inf
+    if row.runs_at(arm.width) >= 2:  # DDP + pipelined(inner): Pipe-SGD width 2 over the buckets
+        return pipelined_time(s.compute_s, sum(comms), s.update_s, s.overlap_slowdown) * 1e3, ratio
     iter_s = ddp_iteration_time(s.compute_s, sizes, comms, s.update_s, options["forward_fraction"],
                                 s.overlap_slowdown)
-    return iter_s * 1e3, s.params / wire if wire else math.inf
+    return iter_s * 1e3, ratio
 
 
-def arm_rows(s: Scenario, arms: Sequence[str] = tuple(ARMS)) -> list[dict]:
-    """One row per arm: arm, mode, width, compressor, algorithm (the faster one the arm may run),
-    ratio (fp32 bytes / wire bytes), iter_ms, speedup_vs_sync (the blocking fp32 ring's step over
-    this one's)."""
-    unknown = [a for a in arms if a not in ARMS]
+REFERENCE = next(iter(ALL_ARMS))
+"""The arm every speedup is against: the first, the uncompressed width-1 pipeline (sync, the
+blocking fp32 ring)."""
+
+
+def arm_rows(s: Scenario, arms: Sequence[str] = tuple(ARMS), table: Mapping[str, Arm] = ALL_ARMS) -> list[dict]:
+    """One row per arm (names of ``table``, default :data:`ALL_ARMS`): arm, mode, width, compressor,
+    algorithm (the faster one the arm may run), ratio (fp32 bytes / wire bytes), iter_ms,
+    speedup_vs_sync (the :data:`REFERENCE` arm's step over this one's)."""
+    unknown = [a for a in arms if a not in table]
     if unknown:
-        raise ValueError(f"arms must be among {list(ARMS)}, got {unknown}")
+        raise ValueError(f"arms must be among {list(table)}, got {unknown}")
     rows = []
-    for arm in arms:
-        mode, width, compressor = ARMS[arm]
-        best = min(((*_arm_ms(s, mode, width, compressor, a), a) for a in s.algorithms), key=lambda t: t[0])
-        rows.append({"arm": arm, "mode": mode, "width": width, "compressor": compressor, "algorithm": best[2],
-                     "ratio": best[1], "iter_ms": best[0]})
-    sync_ms = min(_arm_ms(s, "sync", 1, "none", a)[0] for a in s.algorithms)
+    for name in arms:
+        arm = table[name]
+        best = min(((*_arm_ms(s, arm, a), a) for a in s.algorithms), key=lambda t: t[0])
+        rows.append({"arm": name, "mode": arm.mode, "width": arm.width, "compressor": arm.compressor,
+                     "algorithm": best[2], "ratio": best[1], "iter_ms": best[0]})
+    sync_ms = min(_arm_ms(s, ALL_ARMS[REFERENCE], a)[0] for a in s.algorithms)
     for row in rows:
         row["speedup_vs_sync"] = sync_ms / row["iter_ms"] if row["iter_ms"] else math.inf
     return rows
 
 
 def summarize(rows: Sequence[dict]) -> dict:
-    """winner (fastest arm), best_pipe, best_ddp, and pipe_over_ddp = best DDP step / best pipe step
-    (> 1: Pipe-SGD is faster)."""
-    def best(prefix: str) -> dict:
-        return min((r for r in rows if r["mode"] == prefix), key=lambda r: r["iter_ms"])
+    """winner (fastest arm), best_pipe (the fastest pipelined arm: width >= 2), best_ddp (the
+    fastest arm whose reductions overlap backward at width 1: DDP), and pipe_over_ddp = best DDP
+    step / best pipe step (> 1: pipelining is faster); the last three None when ``rows`` have no
+    arm of that kind."""
+    def best(pipelined: bool) -> dict | None:
+        def keep(r: dict) -> bool:
+            return r["width"] >= 2 if pipelined else r["width"] == 1 and get_mode(r["mode"]).overlap == "backward"
 
-    pipe, ddp = best("pipe"), best("ddp")
-    return {"winner": min(rows, key=lambda r: r["iter_ms"])["arm"], "best_pipe": pipe["arm"],
-            "best_ddp": ddp["arm"], "pipe_over_ddp": ddp["iter_ms"] / pipe["iter_ms"]}
+        return min((r for r in rows if keep(r)), key=lambda r: r["iter_ms"], default=None)
+
+    pipe, ddp = best(True), best(False)
+    both = pipe is not None and ddp is not None
+    return {"winner": min(rows, key=lambda r: r["iter_ms"])["arm"], "best_pipe": pipe and pipe["arm"],
+            "best_ddp": ddp and ddp["arm"], "pipe_over_ddp": ddp["iter_ms"] / pipe["iter_ms"] if both else None}
 
 
 def speedup_grid(params: int, compute_s: float, links: Sequence[Link], workers: Sequence[int], *,

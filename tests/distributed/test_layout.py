@@ -129,7 +129,7 @@ def test_every_staleness_rule_has_a_config_naming_it():
         assert cfg._target_ == f"{cls.__module__}.{cls.__qualname__}", f"{path} builds another class"
         defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()}
         assert {k: v for k, v in cfg.items() if k != "_target_"} == {k: defaults[k] for k in cls.options}, \
-            f"{path}: every option of {name!r}, at the constructor's default (the trainer.staleness alias uses those)"
+            f"{path}: every option of {name!r}, at the constructor's default (the library's make_staleness(name) uses those)"
 
 
 def test_the_timing_model_does_not_import_hydra():

@@ -356,7 +356,7 @@ def test_state_dict_round_trip_resumes_exactly(name):
 
 
 def test_unknown_staleness_and_bad_lambda_name_the_value():
-    with pytest.raises(ValueError, match="trainer.staleness='late'.*allowed: none, dc, dga, lookahead, predict"):
+    with pytest.raises(ValueError, match="staleness='late'.*allowed: none, dc, dga, lookahead, predict"):
         make_staleness("late")
     with pytest.raises(ValueError, match=r"staleness.dc_lambda=-1.*>= 0"):
         make_staleness("dc", dc_lambda=-1)

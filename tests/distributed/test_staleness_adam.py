@@ -86,9 +86,9 @@ def test_dc_corrects_the_gradient_adam_then_applies():
 @pytest.mark.parametrize("optimizer", [adamw, _adam])
 def test_dga_refuses_adam_naming_rule_and_optimizer(optimizer):
     model = Quadratic()
-    with pytest.raises(ValueError, match=r"trainer.staleness=dga assumes the update of torch.optim.sgd.SGD and "
+    with pytest.raises(ValueError, match=r"staleness=dga assumes the update of torch.optim.sgd.SGD and "
                                          r"cannot run with optimizer torch.optim.(adam|adamw).(Adam|AdamW);.*"
-                                         r"trainer.staleness=none\|dc\|lookahead\|predict"):
+                                         r"staleness=none\|dc\|lookahead\|predict"):
         PipeSGD(optimizer(model.parameters()), model.parameters(), width=2, staleness="dga")
 
 
@@ -98,8 +98,8 @@ def test_dga_with_adamw_fails_before_any_worker_starts():
     from pipesgd.config import ConfigError, validate
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["+experiment=gpt_shakespeare", "data.root=.", "trainer.staleness=dga"])
-        ok = compose("config", overrides=["+experiment=gpt_shakespeare", "data.root=.", "trainer.staleness=dc"])
-    with pytest.raises(ConfigError, match="trainer.staleness=dga .* optimizer torch.optim.adamw.AdamW"):
+        cfg = compose("config", overrides=["+experiment=gpt_shakespeare", "data.root=.", "staleness=dga"])
+        ok = compose("config", overrides=["+experiment=gpt_shakespeare", "data.root=.", "staleness=dc"])
+    with pytest.raises(ConfigError, match="staleness=dga .* optimizer torch.optim.adamw.AdamW"):
         validate(cfg)
     validate(ok)

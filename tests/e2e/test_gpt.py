@@ -23,9 +23,9 @@ def shakespeare(shared_data):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("arm", [
-    ["trainer.mode=sync", "trainer.staleness=none"],
-    ["trainer.mode=pipe", "trainer.staleness=lookahead", "compressor=int8", "comm=ring"],
-    ["trainer.mode=ddp", "trainer.staleness=none", "compressor=fp16"],
+    ["trainer.mode=sync", "staleness=none"],
+    ["trainer.mode=pipe", "staleness=lookahead", "compressor=int8", "comm=ring"],
+    ["trainer.mode=ddp", "staleness=none", "compressor=fp16"],
 ], ids=["sync", "pipe-lookahead-int8", "ddp-fp16"])
 def test_gpt_recipe_runs_in_each_kind_of_mode(arm, tmp_path, shakespeare):
     run_dir = tmp_path / "run"

@@ -96,6 +96,36 @@ def test_corrupt_newest_checkpoint_is_reported_and_the_previous_used(reference, 
 
 
 @needs_mnist
+@pytest.mark.timeout(500)
+def test_a_format_1_checkpoint_is_refused_naming_the_command_and_once_converted_resumes_bit_identical(
+        reference, tmp_path):
+    """A checkpoint written while ``trainer.staleness`` was an alias (its config digest over that form,
+    tests/old_checkpoints.py): resume stops naming the command; converted in place, it resumes as
+    the removed shim resumed it, to the uninterrupted run's weights."""
+    from old_checkpoints import as_format_1
+    from pipesgd.checkpoint import CheckpointDir
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference[0], run_dir)
+    ckpts = CheckpointDir(run_dir / "checkpoints")
+    for p in (ckpts.path(40), ckpts.path(40).with_name("step-00000040.pt.sha256")):
+        p.unlink()
+    ckpts.save(as_format_1(CheckpointDir.load(ckpts.path(32))), 32)
+    r = run(*MNIST, f"hydra.run.dir={run_dir}", tmp=tmp_path)
+    assert r.returncode != 0 and f"convert it with: python -m pipesgd.checkpoint convert {ckpts.path(32)}" in r.stderr, \
+        r.stderr[-3000:]
+    c = subprocess.run([sys.executable, "-m", "pipesgd.checkpoint", "convert", str(ckpts.path(32))], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert c.returncode == 0, c.stderr
+    r = run(*MNIST, f"hydra.run.dir={run_dir}", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resuming from {ckpts.path(32)}" in r.stderr
+    s = summary(run_dir)
+    assert s["resumed_from_step"] == 32 and s["param_checksum"] == reference[1]["param_checksum"]
+    assert curve(s) == curve(reference[1])
+
+
+@needs_mnist
 @pytest.mark.timeout(300)
 def test_stopped_peer_fails_the_job_naming_it_and_leaves_no_process(tmp_path):
     """Rank 1 SIGSTOPs itself in step 5; rank 0 gives up after dist.timeout_s and names it."""
@@ -193,7 +223,9 @@ def test_taken_master_port_is_explained(tmp_path):
     ("trainer.widht=3", "Could not override 'trainer.widht'"),
     ("data.batch_size=40000", "data.batch_size=40000 is larger than the 30000 training samples each of the 2 ranks"),
     ("trainer.mode=ddp trainer.width=4", "trainer.width=4 is not used by trainer.mode=ddp"),
-    ("trainer.mode=ps_async trainer.staleness=dc", "staleness=dc is not used by trainer.mode=ps_async"),
+    ("trainer.mode=ps_async staleness=dc", "staleness=dc is not used by trainer.mode=ps_async"),
+    ("trainer.staleness=dc trainer.dc_lambda=0.1", "trainer.staleness=dc is no longer a setting: the staleness rule "
+                                                   "is its config group; use staleness=dc (docs/convergence.md)"),
 ])
 def test_bad_config_on_the_command_line_fails_before_workers_start(override, message, tmp_path):
     r = run("+experiment=mnist_mlp", *override.split(), f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path)

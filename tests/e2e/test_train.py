@@ -82,7 +82,7 @@ def test_ddp_at_width_2_runs_the_pipelined_hook(compressor, staleness, tmp_path,
               "trainer.checkpoint_every=3", f"hydra.run.dir={run_dir}")
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((run_dir / "summary.json").read_text())
-    assert (s["mode"], s["width"], s["compressor"], s["config"]["trainer"]["staleness"]) == (
+    assert (s["mode"], s["width"], s["compressor"], s["staleness"]) == (
         "ddp", 2, compressor, staleness)
 
 

@@ -16,7 +16,7 @@ from pipesgd.tools.bench.runner import recorded
 from pipesgd.hostinfo import fingerprint, host_kind
 from runs import ROOT, fast, summary, train
 
-ARM = ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=none")
+ARM = ("trainer.mode=pipe", "trainer.width=2", "staleness=none")
 
 
 def _args(tmp_path, data, run_dir, *extra):

@@ -240,9 +240,84 @@ def test_a_checkpoint_keeps_the_ranks_own_gpu_rng_and_resumes_where_fewer_gpus_a
         assert torch.equal(gpus.states[1], torch.tensor([33], dtype=torch.uint8))
 
 
-def test_a_checkpoint_from_before_keeps_every_gpus_rng_and_restores_the_ranks_own(monkeypatch):
-    gpus = FakeGpuGenerators(monkeypatch, visible=1)
-    old = {**rng_state(), "cuda": [torch.tensor([7], dtype=torch.uint8), torch.tensor([8], dtype=torch.uint8)]}
-    set_rng_state(old, torch.device("cuda", 0))
-    assert gpus.states == {0: torch.tensor([7], dtype=torch.uint8)}
-    set_rng_state(old, torch.device("cpu"))  # resumed on the CPU: no GPU state to restore
+def _format_1(cfg_overrides: list[str], world_size: int = 2) -> tuple[dict, dict]:
+    """A format-1 checkpoint of the oldest layout (tests/old_checkpoints.py) of the config that
+    ``cfg_overrides`` compose now, and that config: each rank trained on GPU ``rank``, whose
+    generator state is ``10 + rank``; step 32, 2 batches into its epoch."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import pipesgd.schema  # noqa: F401  (registers the structured config)
+    from old_checkpoints import as_format_1
+    from pipesgd.config import validate
+    from runs import ROOT
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=mnist_mlp", *cfg_overrides])
+    validate(cfg)
+    new = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    state = {"format": FORMAT, "step": 32, "epoch": 1, "consumed": 2 * new["data"]["batch_size"] * world_size,
+             "world_size": world_size, "config": ckpt.hashed_config(new), "evals": [], "model": {"w": torch.arange(3.0)},
+             "ranks": [{"rng": {**rng_state(), "cuda": torch.tensor([10 + r], dtype=torch.uint8)}}
+                       for r in range(world_size)]}
+    return as_format_1(state, oldest=True), new
+
+
+def test_a_format_1_checkpoint_is_refused_naming_the_command_that_converts_it(tmp_path):
+    d = CheckpointDir(tmp_path / "checkpoints")
+    path = d.save(_format_1(["staleness=lookahead"])[0], 32)
+    with pytest.raises(CheckpointError, match=rf"checkpoint {path} has format 1, from before the staleness config "
+                                              rf"group .*; convert it with: python -m pipesgd.checkpoint convert {path}$"):
+        CheckpointDir.load(path)
+    with pytest.raises(CheckpointError, match=r"no valid checkpoint in .*python -m pipesgd.checkpoint convert"):
+        d.newest_valid()  # trainer.resume=auto stops with the same advice, rather than starting over
+
+
+@pytest.mark.parametrize("overrides,rule", [
+    (["staleness=dc", "staleness.dc_lambda=0.1", "staleness.dc_momentum=0.9"], "dc"),
+    (["staleness=lookahead"], "lookahead"),
+    ([], "none"),
+])
+def test_convert_writes_format_2_with_its_checksum_and_the_digest_the_run_computes(tmp_path, overrides, rule):
+    """The digest the removed shim matched is the one a run composing the group computes now."""
+    from pipesgd.checkpoint import main
+    from pipesgd.staleness import rule_class
+
+    old_state, running = _format_1(overrides)
+    old = CheckpointDir(tmp_path / "old").save(old_state, 32)
+    new = tmp_path / "run" / "checkpoints" / "step-00000032.pt"
+    assert main(["convert", str(old), str(new)]) == 0
+    assert subprocess.run(["sha256sum", "-c", new.name + ".sha256"], cwd=new.parent).returncode == 0
+    assert sorted(p.name for p in new.parent.iterdir()) == [new.name, new.name + ".sha256"], "no temporaries"
+    got = CheckpointDir.load(new)
+    assert got["format"] == FORMAT == 2
+    assert got["config_digest"] == config_digest(running) != old_state["config_digest"]
+    cls = rule_class(rule)
+    assert got["config"]["staleness"] == running["staleness"]
+    assert running["staleness"]["_target_"] == f"{cls.__module__}.{cls.__qualname__}"
+    assert not {"staleness", "dc_lambda", "dc_adaptive", "dc_momentum"} & set(got["config"]["trainer"])
+    assert got["consumed"] == 2 * running["data"]["batch_size"] * 2 and got["evals"] == []
+    assert [int(r["rng"]["cuda"]) for r in got["ranks"]] == [10, 11], "each rank its own GPU's generator"
+    assert torch.equal(got["model"]["w"], torch.arange(3.0))
+    other = _format_1(["staleness=dc", "staleness.dc_lambda=0.2"])[1]
+    assert rule != "dc" or got["config_digest"] != config_digest(other), "the digest still sees the rule's options"
+
+
+def test_convert_in_place_and_what_it_refuses(tmp_path, capsys):
+    from pipesgd.checkpoint import main
+
+    path = CheckpointDir(tmp_path).save(_format_1(["staleness=dc"])[0], 32)
+    assert main(["convert", str(path)]) == 0 and f"{path}: format 2" in capsys.readouterr().out
+    assert CheckpointDir.load(path)["config"]["staleness"]["dc_lambda"] == 0.04
+    assert main(["convert", str(path)]) == 0, "a format-2 checkpoint is left as it is"
+    path.write_bytes(path.read_bytes()[:-1])
+    assert main(["convert", str(path)]) == 2 and "is corrupt: sha256" in capsys.readouterr().err
+    odd = CheckpointDir(tmp_path / "odd").save({"format": 0, "step": 1}, 1)
+    assert main(["convert", str(odd)]) == 2 and "cannot convert format 0" in capsys.readouterr().err
+    gone, _ = _format_1(["staleness=dc"])
+    gone["config"]["trainer"]["staleness"] = "late"  # a rule this pipesgd does not register
+    gone = CheckpointDir(tmp_path / "gone").save(gone, 32)
+    assert main(["convert", str(gone)]) == 2
+    assert "cannot convert its config.trainer.staleness: staleness='late' is not known" in capsys.readouterr().err
+    with pytest.raises(CheckpointError, match="has format 1"):
+        CheckpointDir.load(gone)  # left as it was

@@ -1,6 +1,6 @@
 """Config validation, no workers: the schema rejects unknown keys and wrong types with Hydra's
-message; forced keys, ranges, settings a mode does not use, and the staleness group against its
-trainer.* aliases are one-line errors naming the key; old checkpoints' digests still match."""
+message; forced keys, ranges, settings a mode does not use, and the removed trainer.* staleness
+aliases are one-line errors naming the key (and the aliases' new spelling)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import pipesgd.schema  # noqa: F401  (registers the structured config)
-from pipesgd.config import ConfigError, command_line_keys, validate
+from pipesgd.config import ConfigError, check_removed, command_line_keys, staleness_rule, validate
 from runs import ROOT
 
 
@@ -68,7 +68,7 @@ def test_forced_keys_and_ranges_are_explained(override, message):
     (["trainer.mode=sync", "trainer.width=2"], "trainer.width=2 is not used by trainer.mode=sync"),
     (["trainer.mode=local", "trainer.warmup_sync_steps=5"], "trainer.warmup_sync_steps=5 is not used by "
                                                             "trainer.mode=local"),
-    (["trainer.mode=ps_async", "trainer.staleness=dc"], "staleness=dc is not used by trainer.mode=ps_async"),
+    (["trainer.mode=ps_async", "staleness=dc"], "staleness=dc is not used by trainer.mode=ps_async"),
 ])
 def test_a_setting_the_mode_does_not_use_is_an_error(overrides, message):
     with pytest.raises(ConfigError) as err:
@@ -80,7 +80,7 @@ def test_a_setting_the_mode_does_not_use_is_an_error(overrides, message):
     (["trainer.mode=ddp"], 1, "none"),                      # mnist_mlp's width 2 is pipe's default: ddp runs at 1
     (["trainer.mode=ddp", "trainer.width=2", "staleness=lookahead", "compressor=powersgd"], 2, "lookahead"),  # the pipelined hook
     (["trainer.mode=sync", "trainer.width=1", "trainer.warmup_sync_steps=0"], 1, "none"),  # the mode's own values
-    (["trainer.mode=pipe", "trainer.width=4", "trainer.staleness=dc"], 4, "dc"),
+    (["trainer.mode=pipe", "trainer.width=4", "staleness=dc"], 4, "dc"),
 ])
 def test_a_mode_ignores_the_config_files_width_but_not_the_command_lines(overrides, width, staleness):
     from pipesgd.modes import get_mode
@@ -88,7 +88,7 @@ def test_a_mode_ignores_the_config_files_width_but_not_the_command_lines(overrid
     cfg = composed(*overrides)
     validate(cfg, command_line_keys(overrides))
     assert get_mode(cfg.trainer.mode).runs_at(cfg.trainer.width) == width  # what build() runs at
-    assert cfg.trainer.staleness == staleness and cfg.trainer.mode == overrides[0].split("=")[1]
+    assert staleness_rule(cfg) == staleness and cfg.trainer.mode == overrides[0].split("=")[1]
 
 
 def test_ddp_runs_the_pipelined_hook_only_when_the_command_line_asks_for_width_2():
@@ -99,48 +99,45 @@ def test_ddp_runs_the_pipelined_hook_only_when_the_command_line_asks_for_width_2
         assert cfg.trainer.width == width
 
 
-def test_the_staleness_group_and_its_alias_build_the_same_run():
+def test_the_staleness_group_sets_the_rule_and_its_options():
     from hydra.utils import instantiate
 
     from pipesgd.checkpoint import config_digest
 
-    group = composed("staleness=dc", "staleness.dc_lambda=0.1")
-    alias = composed("trainer.staleness=dc", "trainer.dc_lambda=0.1")
-    for cfg in (group, alias):
-        validate(cfg)
-    assert group.trainer.staleness == alias.trainer.staleness == "dc", "validation names the rule"
-    assert OmegaConf.to_container(group.staleness) == OmegaConf.to_container(alias.staleness)
-    rule = instantiate(group.staleness)
+    cfg = composed("staleness=dc", "staleness.dc_lambda=0.1")
+    validate(cfg)
+    assert staleness_rule(cfg) == "dc"
+    rule = instantiate(cfg.staleness)
     assert (rule.name, rule.dc_lambda, rule.momentum) == ("dc", 0.1, 0.95)
     assert instantiate(composed("staleness=dc", "staleness.dc_momentum=0.9").staleness).momentum == 0.9
-    as_dict = [OmegaConf.to_container(c, resolve=True, enum_to_str=True) for c in (group, alias)]
-    assert config_digest(as_dict[0]) == config_digest(as_dict[1])
+    default = composed("staleness=dc")
+    validate(default)
+    as_dict = [OmegaConf.to_container(c, resolve=True, enum_to_str=True) for c in (cfg, default)]
+    assert config_digest(as_dict[0]) != config_digest(as_dict[1]), "the digest sees the rule's options"
+    assert "dc_lambda" not in cfg.trainer and "staleness" not in cfg.trainer
 
 
-def test_a_checkpoint_from_before_the_staleness_group_still_matches():
-    """Its config had ``trainer.staleness`` and ``trainer.dc_*`` and no ``staleness`` group."""
-    from pipesgd.checkpoint import config_digest
-
-    cfg = composed("trainer.staleness=lookahead")
-    validate(cfg)
-    new = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    old = {k: v for k, v in new.items() if k != "staleness"}
-    old["trainer"] = dict(new["trainer"], staleness="lookahead", dc_lambda=0.04, dc_adaptive=False)
-    assert config_digest(old) == config_digest(new)
-    old["trainer"]["staleness"] = "none"
-    assert config_digest(old) != config_digest(new), "the digest still sees the rule"
-
-
-@pytest.mark.parametrize("overrides,message", [
-    (["trainer.staleness=dc", "staleness=lookahead"], "trainer.staleness=dc and staleness=lookahead name two rules"),
-    (["staleness=lookahead", "trainer.dc_lambda=0.1"], "trainer.dc_lambda=0.1 is an option of staleness=dc, not of "
-                                                       "staleness=lookahead"),
-    (["trainer.staleness=late"], "trainer.staleness='late' is not known; allowed: none, dc, dga, lookahead, predict"),
+@pytest.mark.parametrize("override,spelling", [
+    ("trainer.staleness=dc", "use staleness=dc (docs/convergence.md)"),
+    ("+trainer.staleness=lookahead", "use staleness=lookahead"),
+    ("trainer.dc_lambda=0.1", "use staleness=dc staleness.dc_lambda=0.1"),
+    ("trainer.dc_adaptive=true", "use staleness=dc staleness.dc_adaptive=true"),
+    ("trainer.staleness=none,lookahead", "use staleness=none,lookahead"),  # a sweep
 ])
-def test_conflicting_staleness_settings_are_one_line_errors(overrides, message):
+def test_the_removed_staleness_aliases_name_their_new_spelling(override, spelling):
+    """The entry point checks the command line before Hydra, whose message would suggest ``+``."""
     with pytest.raises(ConfigError) as err:
-        validate(composed(*overrides))
-    assert message in str(err.value)
+        check_removed(["+experiment=mnist_mlp", override])
+    assert str(err.value).startswith(f"{override} is no longer a setting") and spelling in str(err.value)
+    check_removed(["staleness=dc", "staleness.dc_lambda=0.1", "trainer.width=2"])  # the new spelling passes
+
+
+def test_a_forced_removed_alias_is_refused_by_validation_with_its_new_spelling():
+    """``+trainer.staleness=dc`` composes (``+`` appends past the schema); validation refuses it."""
+    with pytest.raises(ConfigError, match=r"^trainer.staleness=dc is no longer a setting: .* use staleness=dc "):
+        validate(composed("+trainer.staleness=dc"))
+    with pytest.raises(ConfigError, match=r"use staleness=dc staleness.dc_lambda=0.1 "):
+        validate(composed("+trainer.dc_lambda=0.1"))
 
 
 def test_an_experiment_files_staleness_rule_is_pipes_default_not_a_conflict():
@@ -155,8 +152,8 @@ def test_an_experiment_files_staleness_rule_is_pipes_default_not_a_conflict():
         return cfg
 
     cfg = resnet("trainer.mode=ddp")
-    assert cfg.trainer.staleness == "none" and instantiate(cfg.staleness).name == "none"
-    assert resnet().trainer.staleness == "lookahead"
+    assert staleness_rule(cfg) == "none" and instantiate(cfg.staleness).name == "none"
+    assert staleness_rule(resnet()) == "lookahead"
     with pytest.raises(ConfigError, match="staleness=lookahead is not used by trainer.mode=ddp"):
         resnet("trainer.mode=ddp", "staleness=lookahead")
 

@@ -380,14 +380,14 @@ def test_cli_writes_plot_markdown_and_json_and_refuses_bad_input(tmp_path, capsy
 
 
 def test_every_cells_overrides_validate_and_run_the_papers_rule():
-    """The bench's cells on top of their experiment file (resnet_cifar sets trainer.staleness=lookahead):
+    """The bench's cells on top of their experiment file (resnet_cifar sets staleness=lookahead):
     ddp and local must not be refused for a rule they do not use, and pipe runs the paper's rule."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
     import pipesgd.schema  # noqa: F401  (registers the structured config)
     from pipesgd.tools.bench.grid import WORKLOADS, full_grid
-    from pipesgd.config import command_line_keys, validate
+    from pipesgd.config import command_line_keys, staleness_rule, validate
 
     root = Path(__file__).resolve().parents[2]
     cells = {(c.workload, c.mode, c.compressor): c for c in [*crossover_grid(), *full_grid()]
@@ -397,7 +397,7 @@ def test_every_cells_overrides_validate_and_run_the_papers_rule():
         with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
         validate(cfg, command_line_keys(overrides))
-        assert cfg.trainer.staleness == "none" and instantiate(cfg.staleness).name == "none", cell.name
+        assert staleness_rule(cfg) == "none" and instantiate(cfg.staleness).name == "none", cell.name
 
 
 def test_the_documented_commands_select_the_sweep_and_parse(capsys):

@@ -20,7 +20,8 @@ from pipesgd.timing.presets import (
     MODELS,
     compute_preset,
 )
-from pipesgd.timing.scale import ARMS, Scenario, arm_rows, powersgd_bucket_values, summarize
+from pipesgd.reduction.powersgd import ddp_traffic
+from pipesgd.timing.scale import ARMS, Scenario, arm_rows, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 _ARM_OF = {(mode, width, comp): arm for arm, (mode, width, comp) in ARMS.items()}
@@ -138,21 +139,21 @@ def test_powersgd_bytes_follow_torchs_hook():
                 dense += numel
         nbytes = 4 * sum(math.prod(s) for s in shapes)
         for buckets in ([nbytes], [2**20, 25 * 2**20, nbytes - 2**20 - 25 * 2**20], [nbytes / 7] * 7):
-            got = powersgd_bucket_values(shapes, buckets, 2)
+            got = ddp_traffic(shapes, buckets, 2)
             assert len(got) == len(buckets)
             assert sum(b[0] for b in got) == pytest.approx(dense)
             assert sum(b[1] for b in got) == pytest.approx(p_vals)
             assert sum(b[2] for b in got) == pytest.approx(q_vals)
             assert sum(b[3] for b in got) == pytest.approx(flops)
     # DDP fills buckets from the last parameters: ResNet-50's first bucket holds the fc layer.
-    fc = powersgd_bucket_values(MODELS["resnet50"].shapes, [4 * (1000 * 2048 + 1000), 4 * 1e9], 2)[0]
+    fc = ddp_traffic(MODELS["resnet50"].shapes, [4 * (1000 * 2048 + 1000), 4 * 1e9], 2)[0]
     assert fc == pytest.approx((1000, 2 * 1000, 2 * 2048, 6 * 1000 * 2048 * 2 + 4 * 1000 * 4))
 
 
 def test_powersgd_without_shapes_is_the_stated_approximation():
     s = Scenario(25_000_000, 8, Link.from_bandwidth(10e9, 14e-6), 0.1)
     assert "APPROXIMATION" in s.powersgd_bytes_from
-    (dense, p_vals, q_vals, flops), = powersgd_bucket_values(None, [4 * 1_000_000], 2)
+    (dense, p_vals, q_vals, flops), = ddp_traffic(None, [4 * 1_000_000], 2)
     assert (dense, p_vals, q_vals, flops) == (0.0, 2000.0, 2000.0, 6 * 1000 * 1000 * 2 + 4 * 1000 * 4)
     row = next(r for r in arm_rows(s) if r["arm"] == "ddp-powersgd")
     assert row["ratio"] > 100
@@ -301,7 +302,7 @@ def test_powersgds_compute_is_priced_at_the_calibrated_rate_per_declared_flop():
         return next(r for r in arm_rows(s, ["ddp-powersgd"]))["iter_ms"]
 
     sizes = ddp_buckets(base.nbytes, base.bucket_cap_bytes, min(2**20, base.bucket_cap_bytes))
-    values = powersgd_bucket_values(shapes, sizes, 2)
+    values = ddp_traffic(shapes, sizes, 2)
     comms = [sum(comm_time("ring", 4 * v, 8, base.link) for v in b[:3]) + b[3] * 1e-10 for b in values]
     assert ms(priced) == pytest.approx(1e3 * ddp_iteration_time(0.2, sizes, comms, 0.0, 1 - base.backward_share))
     assert ms(priced) > ms(base)

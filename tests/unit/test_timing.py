@@ -200,7 +200,7 @@ def test_compression_ratio_matches_the_real_compressors():
 def test_model_table_matches_pipesgd_models():
     models = pytest.importorskip("pipesgd.models")
     built = {"resnet20": models.resnet20(), "resnet32": models.resnet32(), "resnet56": models.resnet56(),
-             "resnet18": models.resnet18(), "mlp": models.MLP(), "cnn": models.SmallCNN()}
+             "resnet18": models.resnet18(), "mlp": models.MLP(), "cnn": models.SmallCNN(), "gpt": models.GPT()}
     assert {k: sum(p.numel() for p in m.parameters()) for k, m in built.items()} == MODEL_PARAMS
 
 

@@ -12,15 +12,15 @@ from pipesgd.tools.bench import tta
 from pipesgd.tools.bench import tta_report
 from pipesgd.tools.bench import tta_records as r
 
-CONFIG = {"seed": 0, "trainer": {"mode": "sync", "width": 1, "warmup_sync_steps": 0, "staleness": "none",
-                                 "epochs": 3, "max_steps": None},
+CONFIG = {"seed": 0, "trainer": {"mode": "sync", "width": 1, "warmup_sync_steps": 0, "epochs": 3, "max_steps": None},
           "compressor": {"_target_": "pipesgd.compress.none.NoCompression"},
           "optimizer": {"lr": 0.2}, "data": {"root": "/somewhere", "batch_size": 32}}
 
 
 def _summary(mode="sync", width=1, staleness="none", compressor="none", steps=300, total=300, **trainer):
     config = copy.deepcopy(CONFIG)
-    config["trainer"].update(mode=mode, width=width, staleness=staleness, **trainer)
+    config["trainer"].update(mode=mode, width=width, **trainer)
+    config["staleness"] = {"_target_": f"pipesgd.staleness.{staleness}"}  # the group (synthetic target)
     return {"mode": mode, "width": width, "staleness": staleness, "compressor": compressor, "steps": steps,
             "total_steps": total, "world_size": 2, "test_accuracy": 0.9, "git_commit": "abc",
             "evals": [{"step": 150, "test_accuracy": 0.8, "elapsed_s": 10.0, "eval_s": 1.0},
@@ -56,7 +56,7 @@ def test_a_summary_without_total_steps_is_judged_by_its_last_evaluation():
 def test_a_run_that_is_not_its_arm_is_not_complete():
     # the record says pipe+lookahead, but summary.json says plain staleness ran
     rec = _record("pipe+lookahead", _summary(mode="pipe", width=2, staleness="none", warmup_sync_steps=200))
-    assert not rec["complete"] and "trainer.staleness=lookahead asked" in rec["why_incomplete"]
+    assert not rec["complete"] and "staleness=lookahead asked, staleness=none ran" in rec["why_incomplete"]
     # a dotted override the summary does not state is checked in the config
     rec = _record("sync", _summary(warmup_sync_steps=100))
     assert not rec["complete"] and "trainer.warmup_sync_steps=0 asked, 100 ran" in rec["why_incomplete"]
@@ -104,6 +104,22 @@ def test_timing_records_of_another_recipe_are_refused():
     stale["command"] = stale["command"].replace("compressor=fp16", "compressor=bf16")
     with pytest.raises(r.Refused, match="ran the arm as"):
         r.check_timing([stale], "resnet_cifar_tta", tta.ARMS, [])
+
+
+def test_a_recorded_command_with_the_removed_staleness_alias_is_read_as_the_group():
+    """Commands stay as they ran; trainer.staleness meant exactly the group, so a timing record of
+    that spelling is the arm, and a rerun of its curve spells it the way the CLI accepts now."""
+    from pipesgd.tools.bench.tta_reproduce import _train_args
+
+    old = _timing("pipe+lookahead")
+    old["command"] = old["command"].replace(" staleness=lookahead", " trainer.staleness=lookahead")
+    assert "trainer.staleness=lookahead" in old["command"]
+    assert r.check_timing([old], "resnet_cifar_tta", tta.ARMS, []) == [old]
+    other = dict(old, command=old["command"].replace("trainer.staleness=lookahead", "trainer.staleness=none"))
+    with pytest.raises(r.Refused, match="ran the arm as .*'staleness=none'"):
+        r.check_timing([other], "resnet_cifar_tta", tta.ARMS, [])
+    record = {"segments": [{"command": "python -m pipesgd.train +experiment=x trainer.staleness=dc seed=1"}]}
+    assert _train_args(record) == ["+experiment=x", "staleness=dc", "seed=1"]
 
 
 def test_a_powersgd_timing_run_times_the_hook_and_its_curve_charges_the_plain_steps_at_ddps_rate():

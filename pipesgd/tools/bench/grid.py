@@ -66,9 +66,8 @@ class Cell:
         """The cell's own training overrides (the workload's come from :class:`Workload`)."""
         out = [f"trainer.mode={self.mode}", f"trainer.width={max(self.width, 1)}", f"compressor={self.compressor}",
                f"comm={self.comm}", f"dist.nproc={self.world_size}",
-               # The paper's rule, whatever the experiment file's (resnet_cifar: trainer.staleness=lookahead,
-               # which as an alias overrides the group alone; a mode without staleness refuses it).
-               "staleness=none", "trainer.staleness=none"]
+               # The paper's rule, whatever the experiment file's (resnet_cifar: staleness=lookahead).
+               "staleness=none"]
         return out + ([f"comm.group_size={self.group_size}"] if self.group_size else []) + list(self.extra)
 
     @property

@@ -6,18 +6,18 @@ from __future__ import annotations
 from . import tta_compose as compose
 
 RECIPE = "resnet_cifar_tta"
-_K1 = ("trainer.width=1", "trainer.warmup_sync_steps=0", "trainer.staleness=none")
+_K1 = ("trainer.width=1", "trainer.warmup_sync_steps=0", "staleness=none")
 ARMS: dict[str, tuple[str, ...]] = {
     "ddp": ("trainer.mode=ddp", *_K1, "compressor=none"),
     "ddp-fp16": ("trainer.mode=ddp", *_K1, "compressor=fp16"),
     # torch's powerSGD_hook at rank 2, warm start and error feedback on, its default 1000 plain steps
     "ddp-powersgd": ("trainer.mode=ddp", *_K1, "compressor=powersgd", "compressor.rank=2"),
     "sync": ("trainer.mode=sync", *_K1, "compressor=none"),
-    "pipe": ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=none", "compressor=none"),
-    "pipe+lookahead": ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=lookahead", "compressor=none"),
-    "pipe+lookahead-int8": ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=lookahead",
+    "pipe": ("trainer.mode=pipe", "trainer.width=2", "staleness=none", "compressor=none"),
+    "pipe+lookahead": ("trainer.mode=pipe", "trainer.width=2", "staleness=lookahead", "compressor=none"),
+    "pipe+lookahead-int8": ("trainer.mode=pipe", "trainer.width=2", "staleness=lookahead",
                             "compressor=int8"),
-    "pipe+lookahead-fp16": ("trainer.mode=pipe", "trainer.width=2", "trainer.staleness=lookahead",
+    "pipe+lookahead-fp16": ("trainer.mode=pipe", "trainer.width=2", "staleness=lookahead",
                             "compressor=fp16"),
     compose.COMPUTE_ARM: ("trainer.mode=local", *_K1, "compressor=none"),
 }

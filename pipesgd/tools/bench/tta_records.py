@@ -27,7 +27,7 @@ from pipesgd.hostinfo import UNKNOWN, host_kind
 
 from .tta_compose import ACCURACY, Metric
 
-SUMMARY_FACTS = {"trainer.mode": "mode", "trainer.width": "width", "trainer.staleness": "staleness",
+SUMMARY_FACTS = {"trainer.mode": "mode", "trainer.width": "width", "staleness": "staleness",
                  "compressor": "compressor"}
 """Arm override key -> the summary.json field that states what ran."""
 TIMING_PHASE_KEYS = ("trainer.max_steps", "trainer.warmup_sync_steps", "trainer.eval_every_steps",
@@ -36,6 +36,22 @@ TIMING_PHASE_KEYS = ("trainer.max_steps", "trainer.warmup_sync_steps", "trainer.
 """Overrides the timing and validation phases set themselves (not the recipe's identity). The
 warm-ups (a pipe arm's synchronous steps, the PowerSGD hook's plain allreduce steps) are priced at
 the rate of the arm that runs them, so a timing run turns them off to time the arm's own step."""
+
+
+RESPELLED = {"trainer.staleness": "staleness"}
+"""A key the recorded commands of earlier runs spell by its removed alias -> its name now (the alias
+meant exactly the group: docs/convergence.md). Commands stay as they ran; readers respell them."""
+
+
+def respelled(overrides: Iterable[str]) -> list[str]:
+    """``overrides`` with each :data:`RESPELLED` key under its name now (``trainer.staleness=none``:
+    ``staleness=none``)."""
+    out = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        name = RESPELLED.get(key.lstrip("+"))
+        out.append(f"{name}={value}" if sep and name else override)
+    return out
 
 
 class Refused(ValueError):
@@ -216,7 +232,7 @@ def check_timing(records: Sequence[Mapping], recipe: str, arms: Mapping[str, Seq
         if r["arm"] not in arms:
             continue
         words = shlex.split(r["command"])
-        args = words[words.index("--") + 1:] if "--" in words else words[3:]
+        args = respelled(words[words.index("--") + 1:] if "--" in words else words[3:])
         given = dict(map(_split, args))
         where = f"timing record {r['link']} {r['arm']} round {r['repeat']} ({r.get('date', '?')})"
         if given.get("experiment") != recipe:

@@ -29,6 +29,7 @@ from pipesgd.checkpoint import config_diff, hashed_config
 from pipesgd.hostinfo import UNKNOWN, fingerprint, host_kind, kind_differences
 
 from .runner import CellFailed, recorded, run_logged
+from .tta_records import respelled
 
 log = logging.getLogger("pipesgd.tools.bench.tta")
 
@@ -49,7 +50,7 @@ def _train_args(record: Mapping) -> list[str]:
     for segment in record.get("segments") or []:
         words = shlex.split(segment.get("command") or "")
         if "pipesgd.train" in words:
-            return words[words.index("pipesgd.train") + 1:]
+            return respelled(words[words.index("pipesgd.train") + 1:])
     return [f"+experiment={record['recipe']}", *record["arm_overrides"], f"seed={record['seed']}",
             *([f"dist.nproc={record['world_size']}"] if record.get("world_size") else [])]
 
