@@ -25,6 +25,21 @@ class NonFinite(str, Enum):
 
 
 @dataclass
+class LiveConfig:
+    """``trainer.live``: the lighthouse and the replica groups of ``trainer.mode=live``
+    (pipesgd.live.launch.settings reads them; docs/reliability.md, "Live recovery")."""
+
+    host: str = "127.0.0.1"
+    lighthouse_port: int = 0
+    min_replicas: int = 1
+    heartbeat_timeout_ms: int = 1000
+    join_timeout_ms: int = 1000
+    quorum_tick_ms: int = 20
+    timeout_s: float = 30.0
+    quorum_timeout_s: float = 60.0
+
+
+@dataclass
 class TrainerConfig:
     mode: str = "pipe"
     width: int = 2
@@ -48,6 +63,7 @@ class TrainerConfig:
     nonfinite: NonFinite = NonFinite.abort
     check_every: Optional[int] = 100
     max_grad_norm: Optional[float] = None
+    live: LiveConfig = field(default_factory=LiveConfig)
 
 
 @dataclass

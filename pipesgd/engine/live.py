@@ -286,7 +286,7 @@ def _quiet_torchft() -> None:
 
 # torchft's quorums (pipesgd[live]): replica groups without a shared process group, so no replica checks
 @register("live", width=2, compressors=("none",), fixed_comm="native", replicas_agree=False, elastic=False,
-          nccl=False, launcher=live_launch.run)
+          nccl=False, launcher=live_launch.run, settings=live_launch.settings)
 def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
     """The live mode from the composition root: the lighthouse, run id and replica group come from
     the environment the live launcher sets (:func:`pipesgd.live.options.options_from_env`); a
