@@ -37,6 +37,7 @@ class LiveConfig:
     quorum_tick_ms: int = 20
     timeout_s: float = 30.0
     quorum_timeout_s: float = 60.0
+    init_sync: bool = False
 
 
 @dataclass

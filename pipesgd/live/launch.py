@@ -69,7 +69,8 @@ def settings(live: Mapping[str, object]) -> tuple[LighthouseOptions, LiveOptions
         quorum_tick_ms=live.get("quorum_tick_ms", base.quorum_tick_ms))
     replica = LiveOptions("-", "-", 0, host=host, min_replicas=lighthouse.min_replicas)
     replica = replace(replica, timeout_s=live.get("timeout_s", replica.timeout_s),
-                      quorum_timeout_s=live.get("quorum_timeout_s", replica.quorum_timeout_s))
+                      quorum_timeout_s=live.get("quorum_timeout_s", replica.quorum_timeout_s),
+                      init_sync=live.get("init_sync", replica.init_sync))
     return lighthouse, replica
 
 

@@ -16,7 +16,10 @@ class LiveOptions:
     replicas; ``replica``: this group's number (stable across its restarts; its data position
     follows it); ``host``: the address this replica's store and state server listen on and
     advertise. ``timeout_s``: a reduction, a commit vote or a state transfer; ``quorum_timeout_s``:
-    forming a quorum. ``min_replicas``: fewest replica groups that may commit a step."""
+    forming a quorum. ``min_replicas``: fewest replica groups that may commit a step.
+    ``init_sync``: torchft's start: every group but one loads that one's state before its first
+    update (its first two gradients then count for nothing, as a healer's); False where every
+    group builds the same initial weights (the composition root seeds them alike)."""
 
     lighthouse: str
     run_id: str
@@ -25,6 +28,7 @@ class LiveOptions:
     timeout_s: float = 30.0
     quorum_timeout_s: float = 60.0
     min_replicas: int = 1
+    init_sync: bool = True
 
     def __post_init__(self):
         if isinstance(self.replica, bool) or not isinstance(self.replica, int) or self.replica < 0:
@@ -47,6 +51,7 @@ ENV_HOST = "PIPESGD_LIVE_HOST"
 ENV_TIMEOUT = "PIPESGD_LIVE_TIMEOUT_S"
 ENV_QUORUM_TIMEOUT = "PIPESGD_LIVE_QUORUM_TIMEOUT_S"
 ENV_MIN_REPLICAS = "PIPESGD_LIVE_MIN_REPLICAS"
+ENV_INIT_SYNC = "PIPESGD_LIVE_INIT_SYNC"
 ENV_REPLICAS = "PIPESGD_LIVE_REPLICAS"
 ENV_START = "PIPESGD_LIVE_START_STORE"  # host:port of the launcher's store: the replica groups start together
 
@@ -55,7 +60,8 @@ def replica_env(options: LiveOptions) -> dict[str, str]:
     """The variables :func:`options_from_env` reads back as ``options``, for a replica group's process."""
     return {ENV_LIGHTHOUSE: options.lighthouse, ENV_RUN_ID: options.run_id, ENV_REPLICA: str(options.replica),
             ENV_HOST: options.host, ENV_TIMEOUT: repr(float(options.timeout_s)),
-            ENV_QUORUM_TIMEOUT: repr(float(options.quorum_timeout_s)), ENV_MIN_REPLICAS: str(options.min_replicas)}
+            ENV_QUORUM_TIMEOUT: repr(float(options.quorum_timeout_s)), ENV_MIN_REPLICAS: str(options.min_replicas),
+            ENV_INIT_SYNC: str(int(options.init_sync))}
 
 
 def options_from_env() -> LiveOptions | None:
@@ -72,7 +78,8 @@ def options_from_env() -> LiveOptions | None:
                        replica=int(os.environ[ENV_REPLICA]), host=os.environ.get(ENV_HOST, LOOPBACK),
                        timeout_s=float(os.environ.get(ENV_TIMEOUT, defaults.timeout_s)),
                        quorum_timeout_s=float(os.environ.get(ENV_QUORUM_TIMEOUT, defaults.quorum_timeout_s)),
-                       min_replicas=int(os.environ.get(ENV_MIN_REPLICAS, defaults.min_replicas)))
+                       min_replicas=int(os.environ.get(ENV_MIN_REPLICAS, defaults.min_replicas)),
+                       init_sync=os.environ.get(ENV_INIT_SYNC, str(int(defaults.init_sync))) == "1")
 
 
 def replica_shard() -> tuple[int, int] | None:

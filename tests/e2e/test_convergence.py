@@ -31,7 +31,7 @@ BAD = [
     (["trainer.staleness=late"], "trainer.staleness='late' is not known; allowed: none, dc, dga, lookahead, predict"),
     (["trainer.staleness=dc", "trainer.dc_lambda=-1"], "staleness.dc_lambda=-1.0 is invalid: must be a number >= 0"),
     (["trainer.mode=ddp", "trainer.staleness=dga"], "staleness=dga is not used by trainer.mode=ddp; only "
-                                                    "sync, pipe apply a staleness rule"),
+                                                    "sync, pipe, live apply a staleness rule"),
     (["trainer.mode=ps_async", "trainer.staleness=dc"], "staleness=dc is not used by trainer.mode=ps_async"),
     (["trainer.mode=ddp", "compressor=bf16", "compressor.error_feedback=true"],
      "compressor.error_feedback=true is not used by trainer.mode=ddp"),

@@ -85,6 +85,7 @@ def test_the_configured_heartbeat_and_timeouts_reach_the_lighthouse_and_the_repl
         monkeypatch.setenv(key, value)
     replica = options_from_env()
     assert (replica.timeout_s, replica.quorum_timeout_s, replica.min_replicas, replica.replica) == (12, 45, 2, 0)
+    assert replica.init_sync is False
     assert replica.lighthouse == "http://127.0.0.1:1"
 
 
@@ -119,5 +120,30 @@ def test_the_defaults_are_the_library_defaults():
     from pipesgd.live.lighthouse import LighthouseOptions
 
     lighthouse, replica = live_launch.settings(OmegaConf.to_container(composed("trainer.mode=live").trainer.live))
-    assert lighthouse == LighthouseOptions() and replica == LiveOptions("-", "-", 0)
-    assert live_launch.settings({}) == (lighthouse, replica)
+    # but for torchft's step-0 sync: the composition root seeds every group alike, a library caller may not
+    assert lighthouse == LighthouseOptions() and replica == LiveOptions("-", "-", 0, init_sync=False)
+    assert live_launch.settings({}) == (lighthouse, LiveOptions("-", "-", 0, init_sync=True))
+
+
+@pytest.mark.parametrize("rule,allowed", [("lookahead", True), ("predict", True), ("dga", False), ("dc", False)])
+def test_the_live_mode_takes_the_staleness_rules_a_heal_carries_and_refuses_the_others(rule, allowed):
+    overrides = ["trainer.mode=live", f"staleness={rule}"]
+    cfg = composed(*overrides)
+    if allowed:
+        validate(cfg, command_line_keys(overrides))
+        assert cfg.trainer.staleness == rule
+    else:
+        with pytest.raises(ConfigError, match=f"staleness={rule} is not available with trainer.mode=live; allowed: "
+                                              "none, lookahead, predict"):
+            validate(cfg, command_line_keys(overrides))
+
+
+def test_the_live_engine_refuses_a_rule_it_cannot_heal_with():
+    import torch
+
+    from pipesgd.engine.live import LiveEngine
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="staleness=dga is not available with trainer.mode=live"):
+        LiveEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), LiveOptions("http://127.0.0.1:1", "r", 0),
+                   staleness="dga")
