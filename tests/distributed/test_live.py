@@ -287,3 +287,31 @@ def test_the_state_a_donor_hands_over_is_a_copy_later_updates_do_not_reach():
         assert torch.equal(snapshot["optimizer"]["state"][0]["momentum_buffer"], momentum)
     finally:
         engine.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_healer_takes_the_donors_staleness_state():
+    """The state a donor hands over carries its rule's state (lookahead: the local gradient kept
+    for the reduction in flight), and loading it replaces the healer's."""
+    from pipesgd.engine.base import ModeArgs
+    from pipesgd.engine.live import build
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    _, engine = build(ModeArgs(model, optimizer, 2, None, None, None, 1, 0, torch.device("cpu"),
+                               staleness="lookahead"))
+    try:
+        for step in range(3):
+            optimizer.zero_grad()
+            with engine.forward_context():
+                model(torch.full((4, 3), float(step + 1))).sum().backward()
+            engine.step()
+        donor = engine._state()
+        kept = donor["engine"]["staleness"]["local"]
+        assert len(kept) == 1 and torch.equal(kept[0], engine.staleness.state_dict()["local"][0])
+        engine.staleness.load_state_dict({"local": [torch.zeros_like(kept[0])]})  # a healer's own, stale
+        engine._load_peer_state(donor)
+        assert torch.equal(engine.staleness.state_dict()["local"][0], kept[0])
+        engine.flush()
+    finally:
+        engine.close()
