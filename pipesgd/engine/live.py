@@ -329,11 +329,14 @@ def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
     from ..live.options import options_from_env
 
     options, lighthouse = options_from_env(), None
-    if options is not None:
-        live_launch.start_together(options.quorum_timeout_s)
     if options is None:
         lighthouse = Lighthouse()
         options = LiveOptions(lighthouse.address, f"lone-{uuid.uuid4().hex[:8]}", 0)
     engine = LiveEngine(a.model, a.optimizer, options, nonfinite=a.nonfinite, width=a.width, staleness=a.staleness)
     engine.lighthouse = lighthouse
+    if lighthouse is None:
+        # After the Manager exists: every group then heartbeats to the lighthouse before any asks
+        # for a quorum, and the lighthouse forms none with half of the live groups or fewer. Before
+        # it (as it was), a group slow to build its Manager found the first quorum formed without it.
+        live_launch.start_together(options.quorum_timeout_s)
     return a.model, engine

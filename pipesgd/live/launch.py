@@ -34,9 +34,10 @@ def replica_dir(run_dir: str | Path, replica: int) -> Path:
 
 
 def start_together(timeout_s: float) -> None:
-    """Under the live launcher, wait until every replica group has started once (the first
-    quorum then has them all; a group imported late would otherwise find the others done, or
-    far ahead). A restarted group does not wait: its peers' marks are already there."""
+    """Under the live launcher, wait until every replica group has started once (call it once
+    this group's torchft Manager heartbeats: the first quorum then has them all; a group late to
+    start would otherwise find the others done, or far ahead). A restarted group does not wait:
+    its peers' marks are already there."""
     address = os.environ.get(ENV_START)
     if not address:
         return
