@@ -15,7 +15,7 @@ from .dist import BACKENDS
 from .launch import under_torchrun
 from .modes import check_compressor, get_mode, modes, modes_with
 from .registry import registry
-from .schema import Config, DistConfig, TrainerConfig
+from .schema import Config, DistConfig, LiveConfig, TrainerConfig
 from .staleness import available as stalenesses
 from .staleness import rule_class
 
@@ -57,7 +57,7 @@ def check_removed(overrides: Iterable[str]) -> None:
 def _known_keys(cfg: DictConfig) -> None:
     """Keys a ``+key=value`` override force-added past the schema (Hydra lets ``+`` append)."""
     for prefix, node, schema in (("", cfg, Config), ("trainer.", cfg.trainer, TrainerConfig),
-                                 ("dist.", cfg.dist, DistConfig)):
+                                 ("dist.", cfg.dist, DistConfig), ("trainer.live.", cfg.trainer.live, LiveConfig)):
         allowed = [f.name for f in dataclasses.fields(schema)]
         for key in node:
             if key not in allowed:
@@ -129,6 +129,7 @@ def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
         raise ConfigError(f"trainer.lr_reference_batch={ref!r} is invalid: must be an integer >= 1 or null")
     _check_comm(cfg)
     _check_mode(cfg, explicit)
+    _check_mode_settings(cfg, explicit)
     _check_scheme_options(cfg)
     _check_staleness_optimizer(cfg)
 
@@ -196,6 +197,24 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
     if nproc is not None and nproc < mode.min_world:
         raise ConfigError(f"dist.nproc={nproc} is invalid for trainer.mode={name}: it needs >= {mode.min_world} "
                           "processes")
+
+
+def _check_mode_settings(cfg: DictConfig, explicit: Collection[str]) -> None:
+    """A mode's own keys, ``trainer.<mode>.*`` (trainer.live): checked by the ``settings`` its
+    builder declares when the mode runs; set on the command line for another mode, an error."""
+    for name in modes():
+        parse = get_mode(name).settings
+        if parse is None:
+            continue
+        if name == cfg.trainer.mode:
+            try:
+                parse(OmegaConf.to_container(cfg.trainer[name]))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        given = sorted(k for k in explicit if k.startswith(f"trainer.{name}."))
+        if given and name != cfg.trainer.mode:
+            raise ConfigError(f"{given[0]} is not used by trainer.mode={cfg.trainer.mode}; only trainer.mode={name} "
+                              f"reads trainer.{name}.*")
 
 
 def _cuda_available() -> bool:

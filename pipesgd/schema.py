@@ -25,6 +25,22 @@ class NonFinite(str, Enum):
 
 
 @dataclass
+class LiveConfig:
+    """``trainer.live``: the lighthouse and the replica groups of ``trainer.mode=live``
+    (pipesgd.live.launch.settings reads them; docs/reliability.md, "Live recovery")."""
+
+    host: str = "127.0.0.1"
+    lighthouse_port: int = 0
+    min_replicas: int = 1
+    heartbeat_timeout_ms: int = 1000
+    join_timeout_ms: int = 1000
+    quorum_tick_ms: int = 20
+    timeout_s: float = 30.0
+    quorum_timeout_s: float = 60.0
+    init_sync: bool = False
+
+
+@dataclass
 class TrainerConfig:
     mode: str = "pipe"
     width: int = 2
@@ -45,6 +61,7 @@ class TrainerConfig:
     nonfinite: NonFinite = NonFinite.abort
     check_every: Optional[int] = 100
     max_grad_norm: Optional[float] = None
+    live: LiveConfig = field(default_factory=LiveConfig)
 
 
 @dataclass

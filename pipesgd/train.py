@@ -170,12 +170,10 @@ def worker(container: dict, run_dir: str) -> None:
 
 def _share_position(engine: Engine, scheduler, trainer: Trainer) -> None:
     """What a replica healing from this one takes beside the engine's state (trainer.mode=live):
-    the schedule's position and the loop's step count."""
-    def set_step(step: int) -> None:
-        trainer.step = step
-
+    the schedule's position and the loop's step count, which also moves the healer's data to the
+    position of that step in its own shard (:meth:`Trainer.seek`)."""
     engine.register_state("scheduler", scheduler.state_dict, scheduler.load_state_dict)
-    engine.register_state("trainer_step", lambda: trainer.step, set_step)
+    engine.register_state("trainer_step", lambda: trainer.step, trainer.seek)
 
 
 def _threads(cfg: DictConfig) -> int:

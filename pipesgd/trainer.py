@@ -122,6 +122,23 @@ class Trainer:
         self.read_every = 1 if device.type == "cpu" else log_every
         self._unread: list[_StepRecord] = []
         self._last_losses: list[float] = []
+        self._seek = False  # seek() was called inside this step: the loop moves to its position at the step's end
+
+    def seek(self, step: int) -> None:
+        """Continue from ``step`` as if this process had run the steps before it (a live replica
+        group healing takes its donor's step, during ``engine.step()``): ``self.step`` is set now,
+        and at the end of the step in progress the loop moves to the batch an uninterrupted run
+        draws next (:meth:`position`), in this loader's own shard, as a checkpoint resume does.
+        Evaluations and epoch ends between the old position and the new one are not run here."""
+        self.step = step
+        self._seek = True
+
+    def position(self, step: int) -> tuple[int, int]:
+        """Where the data stands after ``step`` steps of a run that was never resharded: (epoch,
+        samples of its permutation all shards together have trained)."""
+        loader = self.train_loader
+        epoch, batch = divmod(step, len(loader))
+        return epoch, batch * loader.batch_size * loader.world_size
 
     def fit(self) -> dict:
         """Train to ``total_steps``; evaluate after every epoch and at the end. Returns metrics.
@@ -134,7 +151,12 @@ class Trainer:
         log.info("training %d steps (%d per epoch) on %s", self.total_steps, len(self.train_loader), self.device)
         try:
             while self.step < self.stop_step:
-                if not self._train_epoch(epoch, start, consumed) and self.step < self.total_steps:
+                ended = self._train_epoch(epoch, start, consumed)
+                if self._seek:  # the step moved under the loop (a heal): so does the data
+                    self._seek = False
+                    epoch, consumed = self.position(self.step)
+                    continue
+                if not ended and self.step < self.total_steps:
                     break  # stopped inside the epoch (stop_after_step)
                 epoch, consumed = epoch + 1, 0
                 if self.step < self.total_steps:
@@ -195,6 +217,9 @@ class Trainer:
             if self.progress.due(self.step):
                 self._read()
                 self.progress.show(self._status(epoch, self._last_losses[-1]))
+            if self._seek:  # engine.step() moved this replica to its group's step: continue from there
+                self.hooks.on_step_end(self, *self.position(self.step))
+                return False
             # before on_step_end, so a checkpoint taken at this step already holds this evaluation
             if self._eval_due(epoch_ends=batch == left):
                 self._evaluate(epoch + (consumed + batch * per_step) / (len(loader) * per_step), start)

@@ -16,9 +16,27 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipesgd.engine.live import LiveEngine  # noqa: E402
+from pipesgd.engine.live import STALENESSES, LiveEngine  # noqa: E402
 from pipesgd.live.options import LiveOptions  # noqa: E402
 from pipesgd.replicas import digest  # noqa: E402
+
+
+def make_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 4))
+
+
+def make_optimizer(model: torch.nn.Module):
+    """The optimizer and a schedule that moves the lr at every update (a healer must take its donor's)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: 1.0 / (1 + 0.01 * n))
+
+
+def batch(replica: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The data of replica group ``replica`` at its ``step`` (0-based): it follows the group."""
+    g = torch.Generator().manual_seed(10_000 * replica + step)
+    return torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
 
 
 def main() -> None:
@@ -31,24 +49,27 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=3000)
     p.add_argument("--checkpoint-every-step", action="store_true",
                    help="take engine.state_dict() after every step, as the trainer's checkpoint hook does")
+    p.add_argument("--staleness", default="none", choices=STALENESSES)
+    p.add_argument("--same-init", action="store_true", help="every group starts from the same weights (seed 0)")
+    p.add_argument("--min-replicas", type=int, default=1)
+    p.add_argument("--init-sync", type=int, default=1, help="torchft's step-0 sync (1) or none (0)")
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format=f"[replica {a.replica}] %(name)s %(message)s")
-    torch.manual_seed(a.replica)  # different initial weights: a healer must take its donor's
     torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
-                                torch.nn.Linear(16, 4))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: 1.0 / (1 + 0.01 * n))  # lr moves every update
+    model = make_model(0 if a.same_init else a.replica)  # by default different: a healer must take its donor's
+    optimizer, scheduler = make_optimizer(model)
     engine = LiveEngine(model, optimizer, LiveOptions(a.lighthouse, a.run_id, a.replica, timeout_s=10,
-                                                      quorum_timeout_s=20))
+                                                      quorum_timeout_s=20, min_replicas=a.min_replicas,
+                                                      init_sync=bool(a.init_sync)),
+                        staleness=a.staleness)
     engine.register_state("scheduler", scheduler.state_dict, scheduler.load_state_dict)
     out = open(a.out, "a", buffering=1)
     try:
         while not os.path.exists(a.stop) and engine.steps < a.max_steps:
-            g = torch.Generator().manual_seed(10_000 * a.replica + engine.steps)  # data follows the replica group
-            x, y = torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+            x, y = batch(a.replica, engine.steps)
             optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
+            with engine.forward_context():
+                F.cross_entropy(model(x), y).backward()
             stats = engine.step()
             if stats.applied:
                 scheduler.step()

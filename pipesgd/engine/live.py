@@ -10,21 +10,24 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import timedelta
 
 import torch
 from torch import Tensor, nn
 
 from ..comm import CommStats, CommThread, CompletedHandle, Handle
-from ..flat import has_nonfinite, set_grads
+from ..flat import has_nonfinite
 from ..live import require_torchft
 from ..live import launch as live_launch
 from ..live.options import LiveOptions
 from ..modes import register
+from ..staleness import Staleness, make_staleness
 from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, state_to_device
 
 log = logging.getLogger(__name__)
 
+STALENESSES = ("none", "lookahead", "predict")  # rules whose state a heal carries whole (docs/reliability.md)
 WIDTH = 2  # torchft changes quorums between steps: at most one reduction may be in flight across one
 FLAG, COUNT = -2, -1  # the flat buffer's tail: non-finite flag, then the count of valid contributions
 
@@ -45,17 +48,25 @@ class LiveEngine(Engine):
     and policy state) and loads it inside the vote; the gradient it computed before that is on
     old weights, so its next reduction sends zeros. A donor's state is taken on the training
     thread at its next step boundary (after the caller's per-update scheduler step), never half
-    way through an update."""
+    way through an update.
+
+    ``staleness``: a rule of :data:`STALENESSES` (lookahead, predict), applied as PipeSGD applies
+    it at width 2; its state travels with a heal (the donor's, taken with the reduction its kept
+    gradient stands for still in flight, so the healer drops or applies it with that reduction)."""
 
     width = WIDTH
     shared_state = ()
     lighthouse = None  # a lighthouse this engine started for itself (a lone replica group), shut down on close
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: LiveOptions,
-                 nonfinite: str = "abort", width: int = WIDTH):
+                 nonfinite: str = "abort", width: int = WIDTH, staleness: str | Staleness = "none"):
         if width != WIDTH:
             raise ValueError(f"trainer.width={width!r} is not available with trainer.mode=live: torchft re-forms "
                              f"the group between steps, so only width {WIDTH} (one reduction in flight) runs")
+        self.staleness = make_staleness(staleness)
+        if self.staleness.name not in STALENESSES:
+            raise ValueError(f"staleness={self.staleness.name} is not available with trainer.mode=live; allowed: "
+                             f"{', '.join(STALENESSES)} (docs/reliability.md, \"Live recovery\", says why)")
         require_torchft()
         _quiet_torchft()
         from torchft.manager import Manager
@@ -68,6 +79,7 @@ class LiveEngine(Engine):
         if not self.params:
             raise ValueError("the module has no parameter with requires_grad=True: nothing to reduce")
         self.numel = sum(p.numel() for p in self.params)
+        self.staleness.bind(self.params, optimizer)
         self.nonfinite = NonFinitePolicy(nonfinite)
         self.steps = 0
         self.skipped_commits = 0  # updates dropped because the quorum voted against them
@@ -87,7 +99,7 @@ class LiveEngine(Engine):
             quorum_timeout=timedelta(seconds=options.quorum_timeout_s), connect_timeout=timeout, rank=0,
             world_size=1, store_addr=options.host, store_port=self._store.port, lighthouse_addr=options.lighthouse,
             replica_id=f"{options.run_id}_{options.replica}", hostname=options.host,
-            checkpoint_transport=self._transport, init_sync=True)
+            checkpoint_transport=self._transport, init_sync=options.init_sync)
         self.manager.register_state_dict_fn("pipesgd", self._load_peer_state, self._snapshot.take)
         self._thread = CommThread("pipesgd-live")
 
@@ -131,6 +143,7 @@ class LiveEngine(Engine):
         if self._stale:  # computed on the weights this replica had before it healed
             buf.zero_()
             self._stale = False
+        self.staleness.launched(buf[:FLAG])  # the rule copies what it keeps: the reduction sums in place
         manager = self.manager
 
         def reduce() -> Tensor:
@@ -156,21 +169,33 @@ class LiveEngine(Engine):
         stats.metrics = {"live/participants": float(self.manager.num_participants()), "live/valid": count}
         if not committed:
             self.skipped_commits += 1
+            self.staleness.skip()
             stats.skipped = True
             log.warning("step %d: the quorum did not commit (a replica failed or left); update skipped, %d so far",
                         self.steps, self.skipped_commits)
             return
         if float(buf[FLAG]) != 0.0:
             self.nonfinite.bad(self.steps, "on some replica")
+            self.staleness.skip()
             stats.skipped = True
             return
         if count < 1:
+            self.staleness.skip()
             stats.skipped = True  # nobody contributed (every replica was healing): nothing to apply
             return
         self.nonfinite.good()
-        set_grads(self.params, buf[:FLAG].div_(count))
-        self.optimizer.step()
-        stats.update_s, stats.applied = time.perf_counter() - t1, True
+        self.staleness.apply(buf[:FLAG].div_(count))
+        stats.update_s, stats.applied, stats.staleness = time.perf_counter() - t1, True, 1
+
+    def forward_context(self) -> AbstractContextManager:
+        """The weights the staleness rule wants the next gradient at (one reduction in flight, or none)."""
+        return self.staleness.forward_context(0 if self._pending is None else 1)
+
+    def consistent_params(self) -> Tensor:
+        return self.staleness.consistent_params()
+
+    def consistent_weights(self) -> AbstractContextManager:
+        return self.staleness.consistent_weights()
 
     def _reduced(self, handle: Handle[Tensor]) -> Tensor:
         """The reduction's result. It waits for its quorum, which may wait for this replica's state
@@ -193,7 +218,8 @@ class LiveEngine(Engine):
         return copy.deepcopy(state_to_device({
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "engine": {"steps": self.steps, "nonfinite": self.nonfinite.state_dict()},
+            "engine": {"steps": self.steps, "nonfinite": self.nonfinite.state_dict(),
+                       "staleness": self.staleness.state_dict()},
             **{key: save() for key, (save, _) in self._extra.items()},
         }, "cpu"))
 
@@ -203,6 +229,7 @@ class LiveEngine(Engine):
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["engine"]["steps"])
         self.nonfinite.load_state_dict(state["engine"]["nonfinite"])
+        self.staleness.load_state_dict(state_to_device(state["engine"]["staleness"], device))
         for key, (_, load) in self._extra.items():
             load(state[key])
         self._stale = True
@@ -215,7 +242,8 @@ class LiveEngine(Engine):
         if pending:
             self._pending = CompletedHandle(pending[0])
         return {"width": self.width, "steps": self.steps, "pending": pending,
-                "nonfinite": self.nonfinite.state_dict(), "manager": self.manager.state_dict()}
+                "nonfinite": self.nonfinite.state_dict(), "manager": self.manager.state_dict(),
+                "staleness": self.staleness.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         if state["width"] != self.width:
@@ -223,8 +251,12 @@ class LiveEngine(Engine):
         self.steps = int(state["steps"])
         self.nonfinite.load_state_dict(state["nonfinite"])
         self.manager.load_state_dict(state["manager"])
-        # A checkpointed reduction was voted on by a quorum that no longer exists: it is dropped.
+        self.staleness.load_state_dict(state_to_device(state.get("staleness", {}), self.params[0].device))
+        # A checkpointed reduction was voted on by a quorum that no longer exists: it is dropped,
+        # with what the staleness rule kept for it.
         self._pending = None
+        if state["pending"]:
+            self.staleness.skip()
 
     def summary(self) -> dict:
         return {"live_skipped_commits": self.skipped_commits, "live_healed": self.healed,
@@ -285,8 +317,8 @@ def _quiet_torchft() -> None:
 
 
 # torchft's quorums (pipesgd[live]): replica groups without a shared process group, so no replica checks
-@register("live", width=2, compressors=("none",), fixed_comm="native", replicas_agree=False, elastic=False,
-          nccl=False, launcher=live_launch.run)
+@register("live", width=2, staleness=True, stalenesses=STALENESSES, compressors=("none",), fixed_comm="native",
+          replicas_agree=False, elastic=False, nccl=False, launcher=live_launch.run, settings=live_launch.settings)
 def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
     """The live mode from the composition root: the lighthouse, run id and replica group come from
     the environment the live launcher sets (:func:`pipesgd.live.options.options_from_env`); a
@@ -297,11 +329,14 @@ def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
     from ..live.options import options_from_env
 
     options, lighthouse = options_from_env(), None
-    if options is not None:
-        live_launch.start_together(options.quorum_timeout_s)
     if options is None:
         lighthouse = Lighthouse()
         options = LiveOptions(lighthouse.address, f"lone-{uuid.uuid4().hex[:8]}", 0)
-    engine = LiveEngine(a.model, a.optimizer, options, nonfinite=a.nonfinite, width=a.width)
+    engine = LiveEngine(a.model, a.optimizer, options, nonfinite=a.nonfinite, width=a.width, staleness=a.staleness)
     engine.lighthouse = lighthouse
+    if lighthouse is None:
+        # After the Manager exists: every group then heartbeats to the lighthouse before any asks
+        # for a quorum, and the lighthouse forms none with half of the live groups or fewer. Before
+        # it (as it was), a group slow to build its Manager found the first quorum formed without it.
+        live_launch.start_together(options.quorum_timeout_s)
     return a.model, engine

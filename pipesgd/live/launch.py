@@ -10,13 +10,14 @@ import multiprocessing
 import os
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from multiprocessing.connection import wait
 from pathlib import Path
 
 from ..launch import WorkerFailed
 from .lighthouse import Lighthouse, LighthouseOptions
-from .options import ENV_REPLICA, ENV_REPLICAS, ENV_START, replica_env
+from .options import ENV_REPLICA, ENV_REPLICAS, ENV_START, LiveOptions, replica_env
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +34,10 @@ def replica_dir(run_dir: str | Path, replica: int) -> Path:
 
 
 def start_together(timeout_s: float) -> None:
-    """Under the live launcher, wait until every replica group has started once (the first
-    quorum then has them all; a group imported late would otherwise find the others done, or
-    far ahead). A restarted group does not wait: its peers' marks are already there."""
+    """Under the live launcher, wait until every replica group has started once (call it once
+    this group's torchft Manager heartbeats: the first quorum then has them all; a group late to
+    start would otherwise find the others done, or far ahead). A restarted group does not wait:
+    its peers' marks are already there."""
     address = os.environ.get(ENV_START)
     if not address:
         return
@@ -54,12 +56,32 @@ def _replica_main(env: dict[str, str], fn: Callable[..., object], args: tuple) -
     fn(*args)
 
 
-def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_restarts: int = 0,
-        options: LighthouseOptions = LighthouseOptions(), timeout_s: float = 30.0) -> None:
-    """Run ``fn(container, replica_run_dir)`` in ``nproc`` replica groups behind one lighthouse;
-    return when every group has exited 0, with the first group's summary.json copied into the run
-    directory. Every process is gone when this returns or raises."""
+def settings(live: Mapping[str, object]) -> tuple[LighthouseOptions, LiveOptions]:
+    """``trainer.live`` (its keys: pipesgd/schema.py's ``LiveConfig``; a key left out keeps its
+    default) as the lighthouse's options and the replica groups' (address, run id and replica
+    number placeholders, filled in by :func:`run`). ValueError naming ``trainer.live.<key>`` and the
+    bad value: the config checks call this before any worker starts."""
+    base = LighthouseOptions()
+    host = live.get("host", base.host)
+    lighthouse = LighthouseOptions(
+        host=host, port=live.get("lighthouse_port", base.port), min_replicas=live.get("min_replicas", base.min_replicas),
+        join_timeout_ms=live.get("join_timeout_ms", base.join_timeout_ms),
+        heartbeat_timeout_ms=live.get("heartbeat_timeout_ms", base.heartbeat_timeout_ms),
+        quorum_tick_ms=live.get("quorum_tick_ms", base.quorum_tick_ms))
+    replica = LiveOptions("-", "-", 0, host=host, min_replicas=lighthouse.min_replicas)
+    replica = replace(replica, timeout_s=live.get("timeout_s", replica.timeout_s),
+                      quorum_timeout_s=live.get("quorum_timeout_s", replica.quorum_timeout_s),
+                      init_sync=live.get("init_sync", replica.init_sync))
+    return lighthouse, replica
+
+
+def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_restarts: int = 0) -> None:
+    """Run ``fn(container, replica_run_dir)`` in ``nproc`` replica groups behind one lighthouse,
+    both set up as the container's ``trainer.live`` says (:func:`settings`); return when every
+    group has exited 0, with the first group's summary.json copied into the run directory. Every
+    process is gone when this returns or raises."""
     container, run_dir = args
+    options, replica_options = settings(container.get("trainer", {}).get("live") or {})
     replicas = nproc
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum tick at info; the groups inherit it
     run_id = f"pipesgd-live-{uuid.uuid4().hex[:12]}"
@@ -73,7 +95,8 @@ def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_resta
         def start(replica: int) -> None:
             out = replica_dir(run_dir, replica)
             out.mkdir(parents=True, exist_ok=True)
-            env = {**replica_env(lighthouse.address, run_id, replica, options.host, timeout_s),
+            env = {**replica_env(replace(replica_options, lighthouse=lighthouse.address, run_id=run_id,
+                                         replica=replica)),
                    ENV_REPLICAS: str(replicas), ENV_START: f"{options.host}:{store.port}"}
             p = context.Process(target=_replica_main, args=(env, fn, (container, str(out))),
                                 name=f"pipesgd-live-replica-{replica}")

@@ -32,11 +32,12 @@ class LighthouseOptions:
                   "heartbeat_timeout_ms": self.heartbeat_timeout_ms, "quorum_tick_ms": self.quorum_tick_ms}
         for name, value in counts.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"live.{name}={value!r}: must be an integer >= 1")
+                raise ValueError(f"trainer.live.{name}={value!r} is invalid: must be an integer >= 1")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port < 65536:
-            raise ValueError(f"live.lighthouse_port={self.port!r}: must be 0 (any free port) or a port number")
+            raise ValueError(f"trainer.live.lighthouse_port={self.port!r} is invalid: must be 0 (any free port) or a "
+                             "port number")
         if not self.host:
-            raise ValueError("live.host='' would listen on every interface; name the address (e.g. 127.0.0.1)")
+            raise ValueError("trainer.live.host='' would listen on every interface; name the address (e.g. 127.0.0.1)")
 
 
 class Lighthouse:

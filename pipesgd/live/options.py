@@ -16,7 +16,10 @@ class LiveOptions:
     replicas; ``replica``: this group's number (stable across its restarts; its data position
     follows it); ``host``: the address this replica's store and state server listen on and
     advertise. ``timeout_s``: a reduction, a commit vote or a state transfer; ``quorum_timeout_s``:
-    forming a quorum. ``min_replicas``: fewest replica groups that may commit a step."""
+    forming a quorum. ``min_replicas``: fewest replica groups that may commit a step.
+    ``init_sync``: torchft's start: every group but one loads that one's state before its first
+    update (its first two gradients then count for nothing, as a healer's); False where every
+    group builds the same initial weights (the composition root seeds them alike)."""
 
     lighthouse: str
     run_id: str
@@ -25,6 +28,7 @@ class LiveOptions:
     timeout_s: float = 30.0
     quorum_timeout_s: float = 60.0
     min_replicas: int = 1
+    init_sync: bool = True
 
     def __post_init__(self):
         if isinstance(self.replica, bool) or not isinstance(self.replica, int) or self.replica < 0:
@@ -32,7 +36,12 @@ class LiveOptions:
         if not self.lighthouse:
             raise ValueError("live.lighthouse is empty: the lighthouse's address (http://host:port) is needed")
         if not self.host:
-            raise ValueError("live.host='' would listen on every interface; name the address (e.g. 127.0.0.1)")
+            raise ValueError("trainer.live.host='' would listen on every interface; name the address (e.g. 127.0.0.1)")
+        for name, value in (("timeout_s", self.timeout_s), ("quorum_timeout_s", self.quorum_timeout_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"trainer.live.{name}={value!r} is invalid: must be a number of seconds > 0")
+        if isinstance(self.min_replicas, bool) or not isinstance(self.min_replicas, int) or self.min_replicas < 1:
+            raise ValueError(f"trainer.live.min_replicas={self.min_replicas!r} is invalid: must be an integer >= 1")
 
 
 ENV_LIGHTHOUSE = "PIPESGD_LIVE_LIGHTHOUSE"
@@ -40,14 +49,19 @@ ENV_RUN_ID = "PIPESGD_LIVE_RUN_ID"
 ENV_REPLICA = "PIPESGD_LIVE_REPLICA"
 ENV_HOST = "PIPESGD_LIVE_HOST"
 ENV_TIMEOUT = "PIPESGD_LIVE_TIMEOUT_S"
+ENV_QUORUM_TIMEOUT = "PIPESGD_LIVE_QUORUM_TIMEOUT_S"
+ENV_MIN_REPLICAS = "PIPESGD_LIVE_MIN_REPLICAS"
+ENV_INIT_SYNC = "PIPESGD_LIVE_INIT_SYNC"
 ENV_REPLICAS = "PIPESGD_LIVE_REPLICAS"
 ENV_START = "PIPESGD_LIVE_START_STORE"  # host:port of the launcher's store: the replica groups start together
 
 
-def replica_env(lighthouse: str, run_id: str, replica: int, host: str, timeout_s: float) -> dict[str, str]:
-    """The variables :func:`options_from_env` reads, for a replica group's process."""
-    return {ENV_LIGHTHOUSE: lighthouse, ENV_RUN_ID: run_id, ENV_REPLICA: str(replica), ENV_HOST: host,
-            ENV_TIMEOUT: str(timeout_s)}
+def replica_env(options: LiveOptions) -> dict[str, str]:
+    """The variables :func:`options_from_env` reads back as ``options``, for a replica group's process."""
+    return {ENV_LIGHTHOUSE: options.lighthouse, ENV_RUN_ID: options.run_id, ENV_REPLICA: str(options.replica),
+            ENV_HOST: options.host, ENV_TIMEOUT: repr(float(options.timeout_s)),
+            ENV_QUORUM_TIMEOUT: repr(float(options.quorum_timeout_s)), ENV_MIN_REPLICAS: str(options.min_replicas),
+            ENV_INIT_SYNC: str(int(options.init_sync))}
 
 
 def options_from_env() -> LiveOptions | None:
@@ -59,9 +73,13 @@ def options_from_env() -> LiveOptions | None:
     if missing:
         raise ValueError(f"trainer.mode=live: {', '.join(missing)} not set; the live launcher sets them for each "
                          "replica group (python -m pipesgd.train trainer.mode=live), or set them yourself")
+    defaults = LiveOptions("-", "-", 0)
     return LiveOptions(lighthouse=os.environ[ENV_LIGHTHOUSE], run_id=os.environ[ENV_RUN_ID],
                        replica=int(os.environ[ENV_REPLICA]), host=os.environ.get(ENV_HOST, LOOPBACK),
-                       timeout_s=float(os.environ.get(ENV_TIMEOUT, "30")))
+                       timeout_s=float(os.environ.get(ENV_TIMEOUT, defaults.timeout_s)),
+                       quorum_timeout_s=float(os.environ.get(ENV_QUORUM_TIMEOUT, defaults.quorum_timeout_s)),
+                       min_replicas=int(os.environ.get(ENV_MIN_REPLICAS, defaults.min_replicas)),
+                       init_sync=os.environ.get(ENV_INIT_SYNC, str(int(defaults.init_sync))) == "1")
 
 
 def replica_shard() -> tuple[int, int] | None:

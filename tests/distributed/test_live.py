@@ -53,17 +53,39 @@ def _wait_until(condition, timeout_s: float, what: str, procs: list[subprocess.P
         time.sleep(0.2)
 
 
+def _replica(lighthouse: Lighthouse, replica: int, out: Path, tmp_path: Path, *extra: str) -> subprocess.Popen:
+    """tests/live_replica.py as replica group ``replica``, writing its steps to ``out``; it stops
+    when ``tmp_path/stop`` exists (or at ``--max-steps``)."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "live_replica.py"), "--lighthouse", lighthouse.address,
+         "--run-id", "live-test", "--replica", str(replica), "--out", str(out), "--stop", str(tmp_path / "stop"),
+         *extra], env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "RUST_LOG": "warn"}, cwd=tmp_path)
+
+
+def _all_exit_0(procs: list[subprocess.Popen], timeout_s: float) -> None:
+    for p in procs:
+        assert p.wait(timeout=timeout_s) == 0
+
+
+def _kill_left(procs: list[subprocess.Popen]) -> None:
+    """No replica outlives its test, on any path."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+
+
+# none: the plain rule; lookahead: a rule with per-replica state (kept local gradients) that must
+# travel with the heal for the healer to stay bit-identical
+@pytest.mark.parametrize("staleness", ["none", "lookahead"])
 @pytest.mark.timeout(170)
-def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_identical(tmp_path):
+def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_identical(tmp_path, staleness):
     stop = tmp_path / "stop"
     procs: list[subprocess.Popen] = []
     lighthouse = Lighthouse(LighthouseOptions(heartbeat_timeout_ms=1000, join_timeout_ms=500))
 
     def start(replica: int, out: Path, *extra: str) -> subprocess.Popen:
-        p = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "live_replica.py"), "--lighthouse", lighthouse.address,
-             "--run-id", "live-test", "--replica", str(replica), "--out", str(out), "--stop", str(stop), *extra],
-            env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+        p = _replica(lighthouse, replica, out, tmp_path, "--staleness", staleness, *extra)
         procs.append(p)
         return p
 
@@ -83,13 +105,9 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
         healed_applied = lambda: sum(r["applied"] and r["healed"] > 0 for r in _records(b2))  # noqa: E731
         _wait_until(lambda: healed_applied() >= 5, 100, "the restarted replica healing and training", procs)
         stop.touch()
-        for p in procs:
-            assert p.wait(timeout=30) == 0
+        _all_exit_0(procs, 30)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
+        _kill_left(procs)
         lighthouse.shutdown()
 
     alone = _records(a)[killed_at:rejoined_at]
@@ -108,6 +126,72 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
     assert [r["valid"] for r in healer[:3]] == [1.0, 1.0, 2.0], healer[:3]
     joint = [r for r in _records(b2) if r["applied"] and r["committed"] in donor]
     assert len(joint) >= 5 and all(r["digest"] == donor[r["committed"]]["digest"] for r in joint)
+
+
+@pytest.mark.parametrize("staleness", ["none", "lookahead", "predict"])
+@pytest.mark.timeout(120)
+def test_live_with_a_staleness_rule_and_no_fault_is_pipe_sgd_width_2_with_that_rule(tmp_path, staleness):
+    """Two replica groups of one process each, in every quorum (min_replicas=2, no step-0 sync:
+    they start alike), against width-2 Pipe-SGD over two simulated ranks with the library's rule:
+    the weights after every step, bit for bit."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    steps = 12
+    outs = [tmp_path / "r0.jsonl", tmp_path / "r1.jsonl"]
+    procs: list[subprocess.Popen] = []
+    with Lighthouse(LighthouseOptions(min_replicas=2)) as lighthouse:
+        try:
+            procs = [_replica(lighthouse, r, out, tmp_path, "--staleness", staleness, "--same-init", "--min-replicas",
+                              "2", "--init-sync", "0", "--max-steps", str(steps)) for r, out in enumerate(outs)]
+            _all_exit_0(procs, 100)
+        finally:
+            _kill_left(procs)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the replicas run: another thread count may sum a matmul in another order
+    try:
+        expected = _pipe_reference(staleness, steps, len(outs))
+    finally:
+        torch.set_num_threads(threads)
+    for out in outs:
+        got = [{k: r[k] for k in ("applied", "valid", "digest")} for r in _records(out)]
+        assert got == expected, f"{out.name} departs from the reference at step " \
+                                f"{next(i for i, (g, e) in enumerate(zip(got, expected)) if g != e) + 1}"
+
+
+def _pipe_reference(staleness: str, steps: int, replicas: int) -> list[dict]:
+    """Width-2 Pipe-SGD over ``replicas`` simulated ranks, each with its own instance of the rule,
+    in the live engine's order (apply step t-1's average, then launch step t): per step, whether
+    an update was applied, the valid contributions and the weights' digest."""
+    from live_replica import batch, make_model, make_optimizer
+
+    from pipesgd.replicas import digest
+    from pipesgd.staleness import make_staleness
+
+    outs = range(replicas)
+    models = [make_model(0) for _ in outs]
+    optimizers = [make_optimizer(m) for m in models]
+    rules = [make_staleness(staleness) for _ in outs]
+    for rule, model, (optimizer, _) in zip(rules, models, optimizers):
+        rule.bind(list(model.parameters()), optimizer)
+    expected, pending = [], None
+    for step in range(steps):
+        grads = []
+        for r, (model, (optimizer, _), rule) in enumerate(zip(models, optimizers, rules)):
+            optimizer.zero_grad(set_to_none=True)
+            with rule.forward_context(0 if pending is None else 1):
+                torch.nn.functional.cross_entropy(model(batch(r, step)[0]), batch(r, step)[1]).backward()
+            grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        if pending is not None:  # the engine's order: apply step t-1's average, then launch step t
+            for (_, scheduler), rule in zip(optimizers, rules):
+                rule.apply(pending.clone())
+                scheduler.step()
+        for rule, g in zip(rules, grads):
+            rule.launched(g)
+        pending = torch.stack(grads).sum(0).div_(float(replicas))
+        weights = torch.cat([p.detach().reshape(-1) for p in models[0].parameters()])
+        expected.append({"applied": step > 0, "valid": float(replicas) if step > 0 else None,
+                         "digest": digest(weights)})
+    return expected
 
 
 def _transport(run_id: str, timeout_s: float = 10):
@@ -201,5 +285,33 @@ def test_the_state_a_donor_hands_over_is_a_copy_later_updates_do_not_reach():
         assert not torch.equal(model.weight.detach(), weight)
         assert torch.equal(snapshot["model"]["weight"], weight)
         assert torch.equal(snapshot["optimizer"]["state"][0]["momentum_buffer"], momentum)
+    finally:
+        engine.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_healer_takes_the_donors_staleness_state():
+    """The state a donor hands over carries its rule's state (lookahead: the local gradient kept
+    for the reduction in flight), and loading it replaces the healer's."""
+    from pipesgd.engine.base import ModeArgs
+    from pipesgd.engine.live import build
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    _, engine = build(ModeArgs(model, optimizer, 2, None, None, None, 1, 0, torch.device("cpu"),
+                               staleness="lookahead"))
+    try:
+        for step in range(3):
+            optimizer.zero_grad()
+            with engine.forward_context():
+                model(torch.full((4, 3), float(step + 1))).sum().backward()
+            engine.step()
+        donor = engine._state()
+        kept = donor["engine"]["staleness"]["local"]
+        assert len(kept) == 1 and torch.equal(kept[0], engine.staleness.state_dict()["local"][0])
+        engine.staleness.load_state_dict({"local": [torch.zeros_like(kept[0])]})  # a healer's own, stale
+        engine._load_peer_state(donor)
+        assert torch.equal(engine.staleness.state_dict()["local"][0], kept[0])
+        engine.flush()
     finally:
         engine.close()

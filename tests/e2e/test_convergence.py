@@ -32,7 +32,7 @@ BAD = [
                                "use staleness=dc (docs/convergence.md)"),
     (["staleness=dc", "staleness.dc_lambda=-1"], "staleness.dc_lambda=-1 is invalid: must be a number >= 0"),
     (["trainer.mode=ddp", "staleness=dga"], "staleness=dga is not used by trainer.mode=ddp; only "
-                                                    "sync, pipe apply a staleness rule"),
+                                                    "sync, pipe, live apply a staleness rule"),
     (["trainer.mode=ps_async", "staleness=dc"], "staleness=dc is not used by trainer.mode=ps_async"),
     (["trainer.mode=ddp", "compressor=bf16", "compressor.error_feedback=true"],
      "compressor.error_feedback=true is not used by trainer.mode=ddp"),

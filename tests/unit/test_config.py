@@ -62,7 +62,7 @@ def test_forced_keys_and_ranges_are_explained(override, message):
     (["trainer.mode=ddp", "trainer.width=2", "staleness=dc"], "staleness=dc is not available with trainer.mode=ddp "
                                                               "trainer.width=2; allowed: none, lookahead"),
     (["trainer.mode=ddp", "staleness=lookahead"], "staleness=lookahead is not used by trainer.mode=ddp; only sync, "
-                                                  "pipe apply a staleness rule (and ddp at trainer.width=2)"),
+                                                  "pipe, live apply a staleness rule (and ddp at trainer.width=2)"),
     (["trainer.mode=ddp", "compressor=int8"], "compressor=int8 is not available with trainer.mode=ddp: it declares no "
                                               "DDP comm hook (ddp_hook()); allowed: none, bf16, fp16, powersgd"),
     (["trainer.mode=sync", "trainer.width=2"], "trainer.width=2 is not used by trainer.mode=sync"),
