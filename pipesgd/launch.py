@@ -7,6 +7,12 @@ and a free port), so restarts, failure propagation and the env contract are torc
 When one worker fails, torch sends the others SIGTERM and later SIGKILL; a worker that is
 SIGSTOPped cannot act on SIGTERM, so :class:`_StoppedWorkerReaper` kills it as soon as a sibling
 has exited instead of after torch's 30 s. No worker outlives the launcher.
+
+Workers start from a fork server that has imported the training code once (:data:`START_METHOD`):
+a spawned worker re-imports torch, Hydra and pipesgd itself, about 5 s of CPU each on a small
+machine, which is most of a short job's start. The server imports but runs nothing (no CUDA, no
+threads), so its forks are as clean as spawned processes; it is this launcher's child and the
+workers are its children.
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ log = logging.getLogger(__name__)
 
 # Grace between SIGTERM and SIGKILL when the agent shuts the workers down (torch's default: 30 s).
 SHUTDOWN_TIMEOUT_S = 5
+
+START_METHOD = "forkserver"
+"""How the agent starts workers: forked from a server that imported :data:`PRELOAD` once."""
+PRELOAD = ["pipesgd.train"]
+"""What the fork server imports before it forks: the worker's module and, through it, torch and Hydra."""
 
 
 class WorkerFailed(RuntimeError):
@@ -56,9 +67,13 @@ def run(fn: Callable[..., object], args: tuple, nproc: int, max_restarts: int = 
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"pipesgd-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1",
-        max_restarts=max_restarts, monitor_interval=0.1, start_method="spawn",
+        max_restarts=max_restarts, monitor_interval=0.1, start_method=START_METHOD,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
+    if START_METHOD == "forkserver":
+        import multiprocessing
+
+        multiprocessing.set_forkserver_preload(PRELOAD)
     try:
         with _reap_stopped_workers():
             elastic_launch(config, fn)(*args)
@@ -74,14 +89,26 @@ def run(fn: Callable[..., object], args: tuple, nproc: int, max_restarts: int = 
                          f"time limit or preemption); its workers were shut down", 128 + sig) from None
 
 
-def _children() -> dict[int, str]:
-    """This process's child pids and their states (R, S, T = stopped, Z = zombie, ...); Linux
-    /proc only, empty elsewhere. Reads a few small files: about 0.1 ms."""
+def _child_pids(pid: int | str) -> set[int]:
     pids: set[int] = set()
     with contextlib.suppress(OSError):
-        for task in Path("/proc/self/task").iterdir():
+        for task in Path(f"/proc/{pid}/task").iterdir():
             with contextlib.suppress(OSError):
                 pids.update(int(p) for p in (task / "children").read_text().split())
+    return pids
+
+
+def _children() -> dict[int, str]:
+    """This process's descendants' pids and their states (R, S, T = stopped, Z = zombie, ...): the
+    workers are the fork server's children. Linux /proc only, empty elsewhere. Reads a few small
+    files: about 0.1 ms."""
+    pids: set[int] = set()
+    todo = _child_pids("self")
+    while todo:
+        pid = todo.pop()
+        if pid not in pids:
+            pids.add(pid)
+            todo |= _child_pids(pid)
     states = {}
     for pid in pids:
         with contextlib.suppress(OSError):
