@@ -33,8 +33,11 @@ SHUTDOWN_TIMEOUT_S = 5
 
 START_METHOD = "forkserver"
 """How the agent starts workers: forked from a server that imported :data:`PRELOAD` once."""
-PRELOAD = ["pipesgd.train"]
-"""What the fork server imports before it forks: the worker's module and, through it, torch and Hydra."""
+PRELOAD = ["torch", "hydra", "omegaconf", "pipesgd.config", "pipesgd.data", "pipesgd.engine", "pipesgd.engine.build",
+           "pipesgd.models", "pipesgd.reliability", "pipesgd.trainer"]
+"""What the fork server imports before it forks: what the worker's module (pipesgd.train) imports,
+not the module itself, which each worker runs again as ``__mp_main__`` when the job was started
+as ``python -m pipesgd.train`` (runpy warns if it was imported already)."""
 
 
 class WorkerFailed(RuntimeError):
