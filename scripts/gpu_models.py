@@ -111,6 +111,11 @@ def _resnet_cifar(name: str) -> Callable[[], nn.Module]:
     return build
 
 
+def _recipe_gpt() -> nn.Module:
+    from pipesgd.models import GPT
+    return GPT(vocab_size=256, block_size=128, n_layer=6, n_head=4, n_embd=128)  # conf/model/gpt.yaml
+
+
 # name -> (build, batch maker, batch, AMP as the published recipe, optimizer, preset name in pipesgd.timing)
 PRESETS: dict[str, tuple] = {
     "resnet50": (resnet50, _images(224, 1000), 256, True, "sgd", "resnet50"),
@@ -121,4 +126,5 @@ PRESETS: dict[str, tuple] = {
                 True, "adamw", "gpt2-xl"),
     "resnet20": (_resnet_cifar("resnet20"), _images(32, 10), 128, False, "sgd", None),
     "resnet18": (_resnet_cifar("resnet18"), _images(32, 10), 128, False, "sgd", None),
+    "gpt-shakespeare": (_recipe_gpt, _tokens(256, 128), 32, False, "adamw", "gpt-shakespeare"),
 }
