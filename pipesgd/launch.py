@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import signal
 import threading
@@ -73,10 +74,7 @@ def run(fn: Callable[..., object], args: tuple, nproc: int, max_restarts: int = 
         max_restarts=max_restarts, monitor_interval=0.1, start_method=START_METHOD,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
-    if START_METHOD == "forkserver":
-        import multiprocessing
-
-        multiprocessing.set_forkserver_preload(PRELOAD)
+    multiprocessing.set_forkserver_preload(PRELOAD)  # read only by the forkserver start method
     try:
         with _reap_stopped_workers():
             elastic_launch(config, fn)(*args)
@@ -102,16 +100,12 @@ def _child_pids(pid: int | str) -> set[int]:
 
 
 def _children() -> dict[int, str]:
-    """This process's descendants' pids and their states (R, S, T = stopped, Z = zombie, ...): the
-    workers are the fork server's children. Linux /proc only, empty elsewhere. Reads a few small
-    files: about 0.1 ms."""
-    pids: set[int] = set()
-    todo = _child_pids("self")
-    while todo:
-        pid = todo.pop()
-        if pid not in pids:
-            pids.add(pid)
-            todo |= _child_pids(pid)
+    """The pids and states (R, S, T = stopped, Z = zombie, ...) of this process's children and
+    grandchildren: the fork server and the workers it forked, not what a worker starts itself.
+    Linux /proc only, empty elsewhere. Reads a few small files: about 0.1 ms."""
+    pids = _child_pids("self")
+    for pid in list(pids):
+        pids |= _child_pids(pid)
     states = {}
     for pid in pids:
         with contextlib.suppress(OSError):
