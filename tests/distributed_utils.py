@@ -1,6 +1,8 @@
 """Run a function on N Gloo ranks over loopback (or NCCL ranks, one GPU each) and collect what each returns.
 
-No sleeps: ranks meet in the TCP store rendezvous; the parent waits on the result queue with a
+The parent hosts the job's TCP store, as torchrun's agent (and so ``pipesgd.launch``) does: it
+outlives every rank, so a rank that reads it after rank 0 has exited (the watchdog explaining a
+hang) finds it there, as it would in a real job. No sleeps: ranks meet in the store rendezvous; the parent waits on the result queue with a
 deadline and kills every child on timeout or failure, so a broken test never hangs the suite.
 """
 
@@ -33,9 +35,9 @@ def _entry(fn, rank, world_size, port, args, results, backend):
         if backend == "nccl":
             device = torch.device("cuda", rank)
             torch.cuda.set_device(device)
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=60))
         dist.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-            timeout=timedelta(seconds=60), device_id=device,
+            backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=60), device_id=device,
         )
         out = fn(rank, world_size, *args)
         # Serialise here: tensors sent through a queue are shared-memory handles that die with us.
@@ -58,7 +60,11 @@ def run_workers(fn, world_size: int, *args, timeout: float = 120.0, expect: list
     ctx = mp.get_context("forkserver")  # forked from a server that imported torch once: no 2-5 s import per rank
     ctx.set_forkserver_preload(["torch", "torch.distributed"])
     results = ctx.Queue()
-    port = free_port()
+    import torch.distributed as dist
+
+    host = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=60))
+    port = host.port
     env_before = os.environ.get("GLOO_SOCKET_IFNAME")
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, args, results, backend), daemon=True)
@@ -85,6 +91,7 @@ def run_workers(fn, world_size: int, *args, timeout: float = 120.0, expect: list
             if p.is_alive():
                 p.kill()
                 p.join()
+        del host  # the store goes after every rank
         if env_before is None:
             os.environ.pop("GLOO_SOCKET_IFNAME", None)
         else:

@@ -123,6 +123,52 @@ def test_stopped_peer_is_named_by_every_other_rank():
     assert re.search(r"(receiving from rank 2|sending to rank 1)", msg0), msg0
 
 
+def _late_reader_worker(rank, p):
+    """Rank 1 stops; rank 0 returns at once (its process exits); rank 2 reads the heartbeats only
+    after rank 0 is gone and rank 1's last beat is stale: the job's store must still answer."""
+    import time
+
+    watchdog = Watchdog.from_env(rank, p, timeout_s=3)
+    watchdog.set("compute", 1)
+    watchdog.start()
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"test/pid/{rank}", str(os.getpid()))
+    dist.barrier()
+    if rank == 1:
+        watchdog.close()
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if rank == 0:
+        watchdog.close()
+        return "gone"
+    pid0 = int(store.get("test/pid/0"))
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            os.kill(pid0, 0)
+            rank0_alive = True
+        except ProcessLookupError:
+            rank0_alive = False
+        peers = {s.rank: s for s in watchdog.peers() or []}
+        rank1 = peers.get(1)
+        if not rank0_alive and rank1 is not None and rank1.age_s is not None and rank1.age_s > watchdog._stale_s:
+            break
+        assert time.monotonic() < deadline, "rank 0 never exited, or rank 1's heartbeat never went stale"
+        time.sleep(0.1)  # polls a condition; nothing waits on this
+    msg = watchdog.describe_peers()
+    watchdog.close()
+    return msg
+
+
+@pytest.mark.timeout(120)
+def test_heartbeats_outlive_rank_0():
+    """The flake this pins (CI, 2026-11-27): rank 2 explained its hang after rank 0, then the store's
+    host, had exited, and said "peer heartbeats unavailable". The job's store is the agent's (torchrun,
+    pipesgd.launch, and the test harness now), so a late reader still names the silent peer."""
+    first, late = run_workers(_late_reader_worker, 3, expect=[0, 2])
+    assert first == "gone"
+    assert re.search(r"silent: .*rank 1 \(pid \d+ on [^;]+; last heartbeat [\d.]+ s ago, at step 1, compute\)", late), late
+
+
 def _inf_in_place_worker(rank, p, width, warmup):
     """An inf on one rank at BAD_STEP, skipped, in a loop that zeroes gradients in place (as
     docs/gpu.md recommends): the gradients must never be the buffer a reduction still uses."""
