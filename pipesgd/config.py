@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .dist import BACKENDS
 from .launch import under_torchrun
-from .modes import check_compressor, get_mode, modes, modes_with
+from .modes import check_comm, check_compressor, get_mode, modes, modes_with
 from .registry import registry
 from .schema import Config, DistConfig, LiveConfig, TrainerConfig
 from .staleness import available as stalenesses
@@ -183,6 +183,7 @@ def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
         raise ConfigError(f"trainer.nonfinite=skip is not available with trainer.mode={name}: its ranks do not "
                           "decide a non-finite gradient together; use trainer.nonfinite=abort")
     try:
+        check_comm(name, str(cfg.comm.get("name")))
         # the launcher's one build (its own argument checks run) and the one check, against the mode and its allreduce
         check_compressor(name, instantiate(cfg.compressor), str(cfg.comm.get("name")))
     except ValueError as e:

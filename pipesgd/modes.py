@@ -34,6 +34,8 @@ class Mode:
     ``stalenesses``: the staleness rules it applies (None: every registered rule).
     ``reductions``: also carries top-k / PowerSGD and error feedback (state kept across steps).
     ``allreduce``: reduces over the configured ``comm``; otherwise ``comm`` is not used.
+    ``comms``: where it does, the registered allreduces it runs (None: every one; live: those
+    that run over torchft's group).
     Its timing shape, what :mod:`pipesgd.timing` prices: ``overlap``, what a reduction runs
     beside: ``"pipeline"`` (the next steps' forward and backward, at width >= 2; nothing at width
     1), ``"backward"`` (DDP's buckets, under this step's backward), ``"async"`` (ps_async: the
@@ -61,6 +63,7 @@ class Mode:
     stalenesses: tuple[str, ...] | None = None
     reductions: bool = False
     allreduce: bool = False
+    comms: tuple[str, ...] | None = None
     overlap: str = "pipeline"
     server: bool = False
     fixed_comm: str | None = None
@@ -146,6 +149,16 @@ def carries(name: str, compressor: object) -> bool:
 def ddp_carried() -> list[str]:
     """The compressors and reductions that declare a DDP comm hook (at their defaults)."""
     return [n for kind in ("compressor", "reduction") for n in registry(kind) if registry(kind)[n]().ddp_hook()]
+
+
+def check_comm(name: str, allreduce: str) -> None:
+    """ValueError unless ``trainer.mode=name`` runs ``comm=allreduce`` (a registered name): every
+    allreduce where the mode reduces over the configured one and lists none, only those it lists
+    (its ``comms``), and any where it does not use ``comm`` at all."""
+    mode = get_mode(name)
+    if mode.allreduce and mode.comms is not None and allreduce not in mode.comms:
+        raise ValueError(f"comm={allreduce} is not available with trainer.mode={name}; allowed: "
+                         f"{', '.join(mode.comms)}")
 
 
 def check_compressor(name: str, compressor: object, allreduce: str | None = None) -> None:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipesgd.engine.live import STALENESSES, LiveEngine  # noqa: E402
+from pipesgd.engine.live import COMMS, STALENESSES, LiveEngine  # noqa: E402
 from pipesgd.live.options import LiveOptions  # noqa: E402
 from pipesgd.replicas import digest  # noqa: E402
 
@@ -53,6 +53,8 @@ def main() -> None:
     p.add_argument("--same-init", action="store_true", help="every group starts from the same weights (seed 0)")
     p.add_argument("--min-replicas", type=int, default=1)
     p.add_argument("--init-sync", type=int, default=1, help="torchft's step-0 sync (1) or none (0)")
+    p.add_argument("--comm", default="native", choices=COMMS, help="the allreduce over torchft's group")
+    p.add_argument("--compressor", default="none", help="a per-chunk compressor it carries (int8: the ring only)")
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format=f"[replica {a.replica}] %(name)s %(message)s")
     torch.set_num_threads(1)
@@ -61,7 +63,7 @@ def main() -> None:
     engine = LiveEngine(model, optimizer, LiveOptions(a.lighthouse, a.run_id, a.replica, timeout_s=10,
                                                       quorum_timeout_s=20, min_replicas=a.min_replicas,
                                                       init_sync=bool(a.init_sync)),
-                        staleness=a.staleness)
+                        staleness=a.staleness, compressor=a.compressor, allreduce=a.comm)
     engine.register_state("scheduler", scheduler.state_dict, scheduler.load_state_dict)
     out = open(a.out, "a", buffering=1)
     try:
@@ -78,7 +80,7 @@ def main() -> None:
             weights = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
             out.write(json.dumps({"step": engine.steps, "committed": engine.manager.current_step(),
                                   "applied": stats.applied, "skipped": stats.skipped, "healed": engine.healed,
-                                  "valid": stats.metrics.get("live/valid"),
+                                  "valid": stats.metrics.get("live/valid"), "wire": stats.comm.wire_bytes,
                                   "lr": optimizer.param_groups[0]["lr"], "digest": digest(weights)}) + "\n")
         engine.flush()
     finally:

@@ -3,12 +3,12 @@ the way DDP's fp16 / bf16 compression hooks do (``comm=auto`` takes it on NCCL: 
 
 from __future__ import annotations
 
-import torch.distributed as dist
 from torch import Tensor
 
 from .. import trace
 from ..compress import Compressor, get_compressor
 from .base import CommStats, note, register, timed
+from .group import all_reduce, group_size
 from .ring import ring_bytes, ring_phases
 
 
@@ -24,20 +24,21 @@ def check_native(comp: Compressor) -> None:
 
 @register("native", cost=ring_phases, carries=check_native, casts=True)  # opaque to us: priced as an ideal ring
 def native_allreduce(tensor: Tensor, compressor: Compressor | str | None = None, group=None) -> CommStats:
-    """Sum ``tensor`` in place with ``dist.all_reduce``; a summable compressor casts around it
-    (``tensor / p`` is cast and summed in the compressor's dtype, then multiplied by p)."""
+    """Sum ``tensor`` in place with ``dist.all_reduce`` (a :class:`~pipesgd.comm.group.PeerGroup`'s
+    own all_reduce); a summable compressor casts around it (``tensor / p`` is cast and summed in
+    the compressor's dtype, then multiplied by p)."""
     comp = get_compressor(compressor)
     check_native(comp)
 
     def run() -> CommStats:
-        p = dist.get_world_size(group)
+        p = group_size(group)
         if p == 1 or tensor.numel() == 0:
             return CommStats()
         note(f"dist.all_reduce over {p} ranks (the backend does not say which peer is late)")
         tr = trace.current()
         if comp.identity:
             with tr.span("all_reduce", "comm"):
-                dist.all_reduce(tensor, group=group)
+                all_reduce(tensor, group)
             wire = tensor.element_size()
         else:
             # Divided by p before the cast (DDP's fp16 hook divides before its all_reduce too): the
@@ -46,7 +47,7 @@ def native_allreduce(tensor: Tensor, compressor: Compressor | str | None = None,
             with tr.span("encode", "compress"):
                 buf = tensor.div_(p).to(comp.summable_dtype)
             with tr.span("all_reduce", "comm"):
-                dist.all_reduce(buf, group=group)
+                all_reduce(buf, group)
             with tr.span("decode", "compress"):
                 tensor.copy_(buf).mul_(p)
             wire = buf.element_size()

@@ -9,6 +9,9 @@ Gloo (and any backend that does not coalesce): plain ``irecv`` then ``isend``, o
 Gloo's ``batch_isend_irecv`` is the same loop with a ``P2POp`` built per message, so the direct
 calls are kept: they are what the ring's Gloo timings were measured with.
 
+A :class:`~pipesgd.comm.group.PeerGroup` (torchft's group) posts through its own ``irecv`` /
+``isend``, receives first too.
+
 The backend is read once per reduction (:func:`batched`), not per hop.
 """
 
@@ -19,9 +22,13 @@ from collections.abc import Sequence
 import torch.distributed as dist
 from torch import Tensor
 
+from .group import PeerGroup
+
 
 def backend_of(group=None) -> str:
     """The backend ``group`` (None: the default group) runs on; ``"gloo"`` without a process group."""
+    if isinstance(group, PeerGroup):
+        return group.backend
     return str(dist.get_backend(group)) if dist.is_available() and dist.is_initialized() else "gloo"
 
 
@@ -32,8 +39,8 @@ def uses_nccl(group) -> bool:
 
 def batched(group) -> bool:
     """Whether hops on ``group`` go through ``batch_isend_irecv``: whenever NCCL may carry them (a
-    Gloo hop in a batch is still right, only slower)."""
-    return uses_nccl(group)
+    Gloo hop in a batch is still right, only slower); never on a :class:`PeerGroup`."""
+    return not isinstance(group, PeerGroup) and uses_nccl(group)
 
 
 def post(recvs: Sequence[tuple[Tensor, int]], sends: Sequence[tuple[Tensor, int]], group,
@@ -49,6 +56,8 @@ def post(recvs: Sequence[tuple[Tensor, int]], sends: Sequence[tuple[Tensor, int]
         ops += [dist.P2POp(dist.isend, t, group=group, group_peer=dst) for t, dst in sends]
         hop = _Hop(dist.batch_isend_irecv(ops) if ops else [])
         return [hop] * len(recvs), [hop] * len(sends)
+    if isinstance(group, PeerGroup):
+        return [group.irecv(t, src) for t, src in recvs], [group.isend(t, dst) for t, dst in sends]
     rreqs = [dist.irecv(t, group=group, group_src=src) for t, src in recvs]
     sreqs = [dist.isend(t, group=group, group_dst=dst) for t, dst in sends]
     return rreqs, sreqs

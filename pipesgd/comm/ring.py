@@ -21,6 +21,7 @@ from .. import trace
 from ..compress import Compressor, Ctx, get_compressor
 from ..timing.cost import Phase
 from .base import CommStats, note, register, timed
+from .group import group_rank, group_size, peer_name
 from .p2p import batched, post
 
 
@@ -62,9 +63,9 @@ def write_back(tensor: Tensor, flat: Tensor, work: Tensor) -> None:
 
 def _exchange(send: Tensor, recv: Tensor, right: int, left: int, group, hop: str, batch: bool) -> None:
     (rreq,), (sreq,) = post([(recv, left)], [(send, right)], group, batch)
-    note(f"ring allreduce {hop}: receiving from rank {global_rank(group, left)}")
+    note(f"ring allreduce {hop}: receiving from {peer_name(group, left)}")
     rreq.wait()
-    note(f"ring allreduce {hop}: sending to rank {global_rank(group, right)}")
+    note(f"ring allreduce {hop}: sending to {peer_name(group, right)}")
     sreq.wait()
 
 
@@ -87,7 +88,8 @@ def ring_phases(nbytes: float, p: int, ratio: float = 1.0, per_node: int = 1) ->
 
 @register("ring", cost=ring_phases)
 def ring_allreduce(tensor: Tensor, compressor: Compressor | str | None = None, group=None) -> CommStats:
-    """Sum ``tensor`` in place across the ranks of ``group``, like ``dist.all_reduce(op=SUM)``.
+    """Sum ``tensor`` in place across the ranks of ``group``, like ``dist.all_reduce(op=SUM)``;
+    ``group`` may also be a :class:`~pipesgd.comm.group.PeerGroup` (torchft's, trainer.mode=live).
 
     Any length (also 0 and fewer values than ranks) and fp32/fp64/fp16/bf16. Without a compressor
     the result matches ``dist.all_reduce`` up to floating-point summation order; with one, each
@@ -99,11 +101,11 @@ def ring_allreduce(tensor: Tensor, compressor: Compressor | str | None = None, g
 
 
 def _ring(tensor: Tensor, comp: Compressor, group) -> CommStats:
-    p = dist.get_world_size(group)
+    p = group_size(group)  # read at each reduction: a PeerGroup may have been re-formed since the last
     stats = CommStats()
     if p == 1 or tensor.numel() == 0:
         return stats
-    r = dist.get_rank(group)
+    r = group_rank(group)
     right, left = (r + 1) % p, (r - 1) % p
     batch = batched(group)
 

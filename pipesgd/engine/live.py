@@ -16,18 +16,24 @@ from datetime import timedelta
 import torch
 from torch import Tensor, nn
 
-from ..comm import CommStats, CommThread, CompletedHandle, Handle
+from ..comm import REGISTRY as COMM_REGISTRY
+from ..comm import CommStats, CommThread, CompletedHandle, Handle, bind
+from ..comm.native import native_allreduce
+from ..compress import Compressor
 from ..flat import has_nonfinite
 from ..live import require_torchft
 from ..live import launch as live_launch
+from ..live.group import TorchftGroup
 from ..live.options import LiveOptions
-from ..modes import register
+from ..modes import check_comm, check_compressor, register
+from ..reduction import Reduction, resolve
 from ..staleness import Staleness, make_staleness
 from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, state_to_device
 
 log = logging.getLogger(__name__)
 
 STALENESSES = ("none", "lookahead", "predict")  # rules whose state a heal carries whole (docs/reliability.md)
+COMMS = ("auto", "native", "ring")  # the allreduces that run over torchft's group (auto: the ring there, on Gloo)
 WIDTH = 2  # torchft changes quorums between steps: at most one reduction may be in flight across one
 FLAG, COUNT = -2, -1  # the flat buffer's tail: non-finite flag, then the count of valid contributions
 
@@ -42,6 +48,14 @@ class LiveEngine(Engine):
     change. The flat buffer is ``[gradient, non-finite flag, valid count]``: the summed gradient is
     divided by the summed count, so a replica that contributes nothing (a healer's stale
     gradient, zeroed, count 0) does not dilute the average.
+
+    ``allreduce`` (one of :data:`COMMS`, by name or the registered function) runs over torchft's
+    group through its own send / recv / allreduce (:class:`pipesgd.live.group.TorchftGroup`),
+    at the rank and size of the quorum the reduction waited for; ``compressor``: a per-chunk
+    compressor it carries (int8 rides the ring only). A lossy one encodes the gradient and the
+    flag, as under ``pipe``; the count is summed exactly, in an all_reduce of its own. A
+    reduction that fails (a lost peer, a timeout) is reported to the Manager, whose vote then
+    drops the step.
 
     A replica that joins late heals: torchft fetches a peer's state (weights and buffers,
     optimizer, whatever :meth:`register_state` added, e.g. the scheduler, and this engine's step
@@ -59,7 +73,9 @@ class LiveEngine(Engine):
     lighthouse = None  # a lighthouse this engine started for itself (a lone replica group), shut down on close
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: LiveOptions,
-                 nonfinite: str = "abort", width: int = WIDTH, staleness: str | Staleness = "none"):
+                 nonfinite: str = "abort", width: int = WIDTH, staleness: str | Staleness = "none",
+                 compressor: str | Compressor | Reduction | None = "none",
+                 allreduce: str | Callable[..., CommStats] = "auto"):
         if width != WIDTH:
             raise ValueError(f"trainer.width={width!r} is not available with trainer.mode=live: torchft re-forms "
                              f"the group between steps, so only width {WIDTH} (one reduction in flight) runs")
@@ -67,6 +83,7 @@ class LiveEngine(Engine):
         if self.staleness.name not in STALENESSES:
             raise ValueError(f"staleness={self.staleness.name} is not available with trainer.mode=live; allowed: "
                              f"{', '.join(STALENESSES)} (docs/reliability.md, \"Live recovery\", says why)")
+        self.compressor, self._allreduce = _carried(compressor, allreduce)
         require_torchft()
         _quiet_torchft()
         from torchft.manager import Manager
@@ -86,15 +103,17 @@ class LiveEngine(Engine):
         self.healed = 0  # times this replica loaded a peer's state
         self.last = StepStats()
         self._stale = False  # the gradient in hand was computed before a heal: send zeros
-        self._pending: Handle[Tensor] | None = None
+        self._pending: Handle[tuple[Tensor, CommStats]] | None = None
         self._extra: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {}
         self._snapshot = _Snapshot()
         timeout = timedelta(seconds=options.timeout_s)
         self._store = torch.distributed.TCPStore(options.host, 0, is_master=True, wait_for_workers=False,
                                                  timeout=timeout)
         self._transport = RunTransport(options.run_id, options.host, timeout)
+        pg = ProcessGroupGloo(timeout=timeout)
+        self.group = TorchftGroup(pg)
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None,
+            pg=pg, load_state_dict=None, state_dict=None,
             min_replica_size=options.min_replicas, use_async_quorum=True, timeout=timeout,
             quorum_timeout=timedelta(seconds=options.quorum_timeout_s), connect_timeout=timeout, rank=0,
             world_size=1, store_addr=options.host, store_port=self._store.port, lighthouse_addr=options.lighthouse,
@@ -146,24 +165,43 @@ class LiveEngine(Engine):
         self.staleness.launched(buf[:FLAG])  # the rule copies what it keeps: the reduction sums in place
         manager = self.manager
 
-        def reduce() -> Tensor:
-            from torch.distributed import ReduceOp
-
+        def reduce() -> tuple[Tensor, CommStats]:
+            stats = CommStats()
             try:  # a failure is the quorum's to vote on (should_commit), not the thread's to keep
-                manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()  # waits for the quorum first
+                manager.wait_quorum()
+                if manager.errored() is None:  # else the quorum failed (no group to send on): the vote fails
+                    if not manager.is_participating():  # torchft's rule: a replica still fetching its state
+                        buf.zero_()
+                    stats = self._reduce(buf)
             except Exception as e:  # noqa: BLE001 (a dead peer surfaces as any of several errors)
                 log.warning("live reduction failed: %s", e)
                 manager.report_error(e)
-            return buf
+            return buf, stats
 
         self._pending = self._thread.submit(reduce)
+
+    def _reduce(self, buf: Tensor) -> CommStats:
+        """Sum ``buf`` over the quorum's group, at its rank and size now. The identity sends the
+        buffer whole. A lossy compressor carries the gradient and the flag, as PipeSGD's buffer
+        (a 0 decodes as 0, an inf spoils its block, and a sum that overflowed sets the flag
+        below), so the result is PipeSGD's bit for bit; the count goes apart, exact: in an int8
+        block it would round (1.0 beside a largest value of 5 decodes as 0.984) and scale its
+        neighbours by itself."""
+        if self.compressor.identity:
+            stats = self._allreduce(buf, self.compressor, self.group)
+        else:
+            stats = self._allreduce(buf[:COUNT], self.compressor, self.group)
+            native_allreduce(buf[COUNT:], None, self.group)
+        # non-finite with every group's own gradient finite: a 16-bit hop's sum overflowed
+        buf[FLAG] = torch.where(has_nonfinite(buf[:FLAG]), float("inf"), buf[FLAG])
+        return stats
 
     def _finish(self, stats: StepStats) -> None:
         t0 = time.perf_counter()
         handle, self._pending = self._pending, None
-        buf = self._reduced(handle)
+        buf, stats.comm = self._reduced(handle)
         t1 = time.perf_counter()
-        stats.wait_s, stats.comm = t1 - t0, CommStats()
+        stats.wait_s = t1 - t0
         committed = self.manager.should_commit()  # loads a peer's state here when this replica heals
         count = float(buf[COUNT])
         stats.metrics = {"live/participants": float(self.manager.num_participants()), "live/valid": count}
@@ -197,7 +235,7 @@ class LiveEngine(Engine):
     def consistent_weights(self) -> AbstractContextManager:
         return self.staleness.consistent_weights()
 
-    def _reduced(self, handle: Handle[Tensor]) -> Tensor:
+    def _reduced(self, handle: Handle[tuple[Tensor, CommStats]]) -> tuple[Tensor, CommStats]:
         """The reduction's result. It waits for its quorum, which may wait for this replica's state
         (a peer heals): served while waiting, since nothing has been applied since the step
         boundary. ReductionError after ``timeout_s`` + ``quorum_timeout_s``."""
@@ -238,9 +276,11 @@ class LiveEngine(Engine):
 
     def state_dict(self) -> dict:
         """For a checkpoint: waits for the reduction in flight and keeps it (voted on at the next step)."""
-        pending = [] if self._pending is None else [self._reduced(self._pending).clone()]
-        if pending:
-            self._pending = CompletedHandle(pending[0])
+        pending = []
+        if self._pending is not None:
+            buf, comm = self._reduced(self._pending)
+            pending = [buf.clone()]
+            self._pending = CompletedHandle((pending[0], comm))
         return {"width": self.width, "steps": self.steps, "pending": pending,
                 "nonfinite": self.nonfinite.state_dict(), "manager": self.manager.state_dict(),
                 "staleness": self.staleness.state_dict()}
@@ -308,6 +348,20 @@ class _Snapshot:
         self._ready.set()
 
 
+def _carried(compressor: str | Compressor | Reduction | None, allreduce: str | Callable[..., CommStats]
+             ) -> tuple[Compressor, Callable[..., CommStats]]:
+    """The compressor and the allreduce that runs it over torchft's group (comm=auto: the ring,
+    what it picks on Gloo); ValueError naming the setting the live mode cannot honour, as the
+    config checks name it (:func:`pipesgd.modes.check_comm`, :func:`~pipesgd.modes.check_compressor`)."""
+    name = allreduce
+    if not isinstance(allreduce, str):  # a registered function, by its registered name
+        name = next((n for n in COMM_REGISTRY if COMM_REGISTRY[n] is allreduce), allreduce)
+    check_comm("live", name)
+    comp = resolve(compressor)
+    check_compressor("live", comp, name)
+    return comp, bind(COMM_REGISTRY.get(name), comp, TorchftGroup.backend)
+
+
 def _quiet_torchft() -> None:
     """torchft logs every quorum and every vote at INFO (thousands of lines a run); this engine
     logs what matters (skipped updates, heals). A level the caller set is kept."""
@@ -317,7 +371,7 @@ def _quiet_torchft() -> None:
 
 
 # torchft's quorums (pipesgd[live]): replica groups without a shared process group, so no replica checks
-@register("live", width=2, staleness=True, stalenesses=STALENESSES, compressors=("none",), fixed_comm="native",
+@register("live", width=2, staleness=True, stalenesses=STALENESSES, allreduce=True, comms=COMMS,
           replicas_agree=False, elastic=False, nccl=False, launcher=live_launch.run, settings=live_launch.settings)
 def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
     """The live mode from the composition root: the lighthouse, run id and replica group come from
@@ -332,7 +386,8 @@ def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
     if options is None:
         lighthouse = Lighthouse()
         options = LiveOptions(lighthouse.address, f"lone-{uuid.uuid4().hex[:8]}", 0)
-    engine = LiveEngine(a.model, a.optimizer, options, nonfinite=a.nonfinite, width=a.width, staleness=a.staleness)
+    engine = LiveEngine(a.model, a.optimizer, options, nonfinite=a.nonfinite, width=a.width, staleness=a.staleness,
+                        compressor=a.compressor, allreduce=a.allreduce if a.allreduce is not None else "auto")
     engine.lighthouse = lighthouse
     if lighthouse is None:
         # After the Manager exists: every group then heartbeats to the lighthouse before any asks

@@ -494,7 +494,7 @@ def _plan(width: int, per_node: int, p: int) -> list[tuple[str, str, int]]:
     """(mode, algorithm, width) of every table row: the modes that reduce, each over every
     registered allreduce whose price differs (one that declares another's cost, as native does the
     ring's, as do native and auto, would repeat its rows; a node-grouped one only when
-    1 < per_node < p) or what the mode declares it runs instead."""
+    1 < per_node < p) that the mode runs (its ``comms``), or what it declares it runs instead."""
     allreduces = registry("allreduce")
     costs, collectives = set(), []
     for name in allreduces:
@@ -508,7 +508,8 @@ def _plan(width: int, per_node: int, p: int) -> list[tuple[str, str, int]]:
         row = get_mode(mode)
         if row.overlap == "none":
             continue
-        algorithms = collectives if row.allreduce else [algorithm_for(mode, collectives[0])]
+        runs = [a for a in collectives if row.comms is None or a in row.comms]
+        algorithms = runs if row.allreduce else [algorithm_for(mode, collectives[0])]
         rows += [(mode, a, _width(mode, width)) for a in algorithms]
     return rows
 

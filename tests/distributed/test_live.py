@@ -75,17 +75,20 @@ def _kill_left(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=10)
 
 
-# none: the plain rule; lookahead: a rule with per-replica state (kept local gradients) that must
-# travel with the heal for the healer to stay bit-identical
-@pytest.mark.parametrize("staleness", ["none", "lookahead"])
+# none: the plain rule, over the ring with int8 (a lost peer fails a ring hop; the count stays exact);
+# lookahead: a rule with per-replica state (kept local gradients) that must travel with the heal for
+# the healer to stay bit-identical, over torchft's Gloo allreduce
+@pytest.mark.parametrize("staleness, comm, compressor", [("none", "ring", "int8"), ("lookahead", "native", "none")])
 @pytest.mark.timeout(170)
-def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_identical(tmp_path, staleness):
+def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_identical(tmp_path, staleness, comm,
+                                                                                          compressor):
     stop = tmp_path / "stop"
     procs: list[subprocess.Popen] = []
     lighthouse = Lighthouse(LighthouseOptions(heartbeat_timeout_ms=1000, join_timeout_ms=500))
 
     def start(replica: int, out: Path, *extra: str) -> subprocess.Popen:
-        p = _replica(lighthouse, replica, out, tmp_path, "--staleness", staleness, *extra)
+        p = _replica(lighthouse, replica, out, tmp_path, "--staleness", staleness, "--comm", comm, "--compressor",
+                     compressor, *extra)
         procs.append(p)
         return p
 
@@ -134,34 +137,109 @@ def test_live_with_a_staleness_rule_and_no_fault_is_pipe_sgd_width_2_with_that_r
     """Two replica groups of one process each, in every quorum (min_replicas=2, no step-0 sync:
     they start alike), against width-2 Pipe-SGD over two simulated ranks with the library's rule:
     the weights after every step, bit for bit."""
-    sys.path.insert(0, str(ROOT / "tests"))
     steps = 12
-    outs = [tmp_path / "r0.jsonl", tmp_path / "r1.jsonl"]
-    procs: list[subprocess.Popen] = []
-    with Lighthouse(LighthouseOptions(min_replicas=2)) as lighthouse:
-        try:
-            procs = [_replica(lighthouse, r, out, tmp_path, "--staleness", staleness, "--same-init", "--min-replicas",
-                              "2", "--init-sync", "0", "--max-steps", str(steps)) for r, out in enumerate(outs)]
-            _all_exit_0(procs, 100)
-        finally:
-            _kill_left(procs)
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the replicas run: another thread count may sum a matmul in another order
-    try:
-        expected = _pipe_reference(staleness, steps, len(outs))
-    finally:
-        torch.set_num_threads(threads)
+    outs = _in_every_quorum(tmp_path, steps, "--staleness", staleness)
+    expected = _pipe_reference(staleness, steps, len(outs))
     for out in outs:
         got = [{k: r[k] for k in ("applied", "valid", "digest")} for r in _records(out)]
         assert got == expected, f"{out.name} departs from the reference at step " \
                                 f"{next(i for i, (g, e) in enumerate(zip(got, expected)) if g != e) + 1}"
 
 
+def _in_every_quorum(tmp_path: Path, steps: int, *extra: str) -> list[Path]:
+    """Two replica groups of one process each, in every quorum (min_replicas=2, no step-0 sync:
+    they start alike), ``steps`` steps each; the files they wrote their steps to."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    outs = [tmp_path / "r0.jsonl", tmp_path / "r1.jsonl"]
+    procs: list[subprocess.Popen] = []
+    with Lighthouse(LighthouseOptions(min_replicas=2)) as lighthouse:
+        try:
+            procs = [_replica(lighthouse, r, out, tmp_path, "--same-init", "--min-replicas", "2", "--init-sync", "0",
+                              "--max-steps", str(steps), *extra) for r, out in enumerate(outs)]
+            _all_exit_0(procs, 100)
+        finally:
+            _kill_left(procs)
+    return outs
+
+
+# ring/none against the reference the native allreduce meets above (so: bit-identical to live + native);
+# ring/int8 and native/fp16 (a cast) against the pipe engine with that allreduce and compressor, run on Gloo
+@pytest.mark.parametrize("comm, compressor", [("ring", "none"), ("ring", "int8"), ("native", "fp16")])
+@pytest.mark.timeout(120)
+def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path, comm, compressor):
+    """Two replica groups in every quorum, no fault, reducing with ``comm`` and ``compressor``
+    through torchft's group's own send / recv / allreduce: the weights after every step, bit for
+    bit, against width-2 Pipe-SGD of the same data; the count of valid contributions stays
+    exact under a lossy compressor, and the compressor did compress."""
+    steps = 8
+    outs = _in_every_quorum(tmp_path, steps, "--comm", comm, "--compressor", compressor)
+    if compressor == "none":
+        expected = _pipe_reference("none", steps, len(outs))
+    else:
+        from distributed_utils import run_workers
+
+        expected, other = run_workers(_pipe_worker, len(outs), comm, compressor, steps, timeout=90)
+        assert expected == other
+    from live_replica import make_model
+
+    from pipesgd.comm import ring_bytes
+
+    raw = ring_bytes(sum(p.numel() for p in make_model(0).parameters()) + 2, len(outs), 4)  # fp32, flag, count
+    for out in outs:
+        records = _records(out)
+        got = [{k: r[k] for k in ("applied", "digest")} for r in records]
+        want = [{k: e[k] for k in ("applied", "digest")} for e in expected]
+        assert got == want, f"{out.name} departs from pipe at step " \
+                            f"{next(i for i, (g, e) in enumerate(zip(got, want)) if g != e) + 1}"
+        assert [r["valid"] for r in records[1:]] == [2.0] * (steps - 1)
+        sent = records[-1]["wire"]  # bytes this replica sent in its last reduction (a lossy one's count apart)
+        assert sent == raw if compressor == "none" else 0 < sent < raw / 1.9
+
+
+def _pipe_worker(rank: int, world: int, comm: str, compressor: str, steps: int) -> list[dict]:
+    """Width-2 Pipe-SGD (pipesgd.engine.pipe) on rank ``rank`` of a Gloo group, training what
+    tests/live_replica.py trains on replica group ``rank``'s data: per step, whether an update
+    was applied and the weights' digest."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from live_replica import batch, make_model, make_optimizer
+
+    from pipesgd.engine.pipe import PipeSGD
+    from pipesgd.replicas import digest
+
+    model = make_model(0)
+    optimizer, scheduler = make_optimizer(model)
+    engine = PipeSGD(optimizer, model.parameters(), width=2, compressor=compressor, allreduce=comm)
+    out = []
+    try:
+        for step in range(steps):
+            x, y = batch(rank, step)
+            optimizer.zero_grad(set_to_none=True)
+            with engine.forward_context():
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+            applied = engine.step().applied
+            if applied:
+                scheduler.step()
+            out.append({"applied": applied, "digest": digest(torch.cat([q.detach().reshape(-1)
+                                                                        for q in model.parameters()]))})
+    finally:
+        engine.close()
+    return out
+
+
 def _pipe_reference(staleness: str, steps: int, replicas: int) -> list[dict]:
     """Width-2 Pipe-SGD over ``replicas`` simulated ranks, each with its own instance of the rule,
     in the live engine's order (apply step t-1's average, then launch step t): per step, whether
-    an update was applied, the valid contributions and the weights' digest."""
+    an update was applied, the valid contributions and the weights' digest. On one thread, as the
+    replicas run: another thread count may sum a matmul in another order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _simulated_pipe(staleness, steps, replicas)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _simulated_pipe(staleness: str, steps: int, replicas: int) -> list[dict]:
     from live_replica import batch, make_model, make_optimizer
 
     from pipesgd.replicas import digest
@@ -192,6 +270,43 @@ def _pipe_reference(staleness: str, steps: int, replicas: int) -> list[dict]:
         expected.append({"applied": step > 0, "valid": float(replicas) if step > 0 else None,
                          "digest": digest(weights)})
     return expected
+
+
+def _reformed_ring(rank: int, world: int) -> list[list[float]]:
+    """The ring (plain and int8) over one torchft group, formed of all three ranks, then re-formed
+    without rank 0: the survivors move down one rank. What each reduction summed, per rank."""
+    from torchft.process_group import ProcessGroupGloo
+
+    from pipesgd.comm import ring_allreduce
+    from pipesgd.live.group import TorchftGroup
+
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=20))
+    group = TorchftGroup(pg)
+    store = f"127.0.0.1:{os.environ['MASTER_PORT']}/live-ring"
+    sums = []
+    for quorum, (members, compressor) in enumerate([((0, 1, 2), "none"), ((1, 2), "none"), ((1, 2), "int8")]):
+        if rank not in members:
+            break
+        if quorum < 2:  # the Manager's configure at a new quorum: its rank and size now
+            pg.configure(f"{store}/{quorum}", str(rank), members.index(rank), len(members))
+        t = torch.arange(5, dtype=torch.float32) + 10 * rank
+        ring_allreduce(t, compressor, group)
+        sums.append(t.tolist())
+    return sums
+
+
+@pytest.mark.timeout(90)
+def test_the_ring_takes_each_quorums_rank_and_size_from_torchfts_group():
+    sys.path.insert(0, str(ROOT / "tests"))
+    from distributed_utils import run_workers
+
+    got = run_workers(_reformed_ring, 3, timeout=60)
+    whole = (torch.arange(5.0) * 3 + 30).tolist()
+    without_0 = (torch.arange(5.0) * 2 + 30).tolist()
+    assert got[0] == [whole]
+    assert got[1][:2] == got[2][:2] == [whole, without_0]
+    assert got[1][2] == got[2][2]  # every rank decodes the same bytes
+    assert torch.allclose(torch.tensor(got[1][2]), torch.tensor(without_0), rtol=2 / 127)
 
 
 def _transport(run_id: str, timeout_s: float = 10):
@@ -285,6 +400,42 @@ def test_the_state_a_donor_hands_over_is_a_copy_later_updates_do_not_reach():
         assert not torch.equal(model.weight.detach(), weight)
         assert torch.equal(snapshot["model"]["weight"], weight)
         assert torch.equal(snapshot["optimizer"]["state"][0]["momentum_buffer"], momentum)
+    finally:
+        engine.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_reduction_that_fails_is_reported_to_the_manager_and_its_update_dropped(caplog):
+    """A ring hop that raises (a lost peer, a timeout) is the quorum's to vote on: the Manager
+    hears of it, the vote fails, the update is skipped, and the next one applies."""
+    from pipesgd.engine.base import ModeArgs
+    from pipesgd.engine.live import build
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    _, engine = build(ModeArgs(model, optimizer, 2, "int8", "ring", None, 1, 0, torch.device("cpu")))
+    ring, failures = engine._allreduce, []
+
+    def failing_once(tensor, compressor, group):
+        if not failures:
+            failures.append(group.size())
+            raise RuntimeError("ring allreduce reduce-scatter hop 1/1: Connection reset by peer")
+        return ring(tensor, compressor, group)
+
+    engine._allreduce = failing_once
+    try:
+        stats = []
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.ones(4, 3)).sum().backward()
+            before = model.weight.detach().clone()
+            with caplog.at_level(logging.WARNING, logger="pipesgd.engine.live"):
+                stats.append(engine.step())
+        assert failures == [1]  # the group of the quorum the reduction waited for: this replica alone
+        assert [s.skipped for s in stats] == [False, True, False] and engine.skipped_commits == 1
+        assert [s.applied for s in stats] == [False, False, True]
+        assert not torch.equal(model.weight.detach(), before)
+        assert "live reduction failed" in caplog.text and "Connection reset by peer" in caplog.text
     finally:
         engine.close()
 

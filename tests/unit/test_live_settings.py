@@ -147,3 +147,40 @@ def test_the_live_engine_refuses_a_rule_it_cannot_heal_with():
     with pytest.raises(ValueError, match="staleness=dga is not available with trainer.mode=live"):
         LiveEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), LiveOptions("http://127.0.0.1:1", "r", 0),
                    staleness="dga")
+
+
+@pytest.mark.parametrize("comm,compressor", [("ring", "int8"), ("ring", "fp16"), ("ring", "bf16"), ("ring", "none"),
+                                             ("native", "fp16"), ("native", "bf16"), ("auto", "int8")])
+def test_the_live_mode_takes_the_ring_and_the_native_allreduce_with_what_each_carries(comm, compressor):
+    overrides = ["trainer.mode=live", f"comm={comm}", f"compressor={compressor}"]
+    validate(composed(*overrides), command_line_keys(overrides))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["comm=tree"], "comm=tree is not available with trainer.mode=live; allowed: auto, native, ring"),
+    (["comm=native", "compressor=int8"], "compressor='int8' cannot ride the backend's all_reduce"),
+    (["compressor=topk"], "compressor=topk is not available with trainer.mode=live, which carries per-chunk "
+                          "compressors only"),
+    (["compressor=int8", "compressor.error_feedback=true"], "compressor.error_feedback=true is not used by "
+                                                             "trainer.mode=live"),
+])
+def test_what_the_live_mode_cannot_honour_is_refused_naming_the_key(overrides, message):
+    overrides = ["trainer.mode=live", *overrides]
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        validate(composed(*overrides), command_line_keys(overrides))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"allreduce": "tree"}, "comm=tree is not available with trainer.mode=live; allowed: auto, native, ring"),
+    ({"allreduce": "native", "compressor": "int8"}, "compressor='int8' cannot ride the backend's all_reduce"),
+    ({"compressor": "topk"}, "compressor=topk is not available with trainer.mode=live"),
+])
+def test_the_live_engine_refuses_what_it_cannot_carry_before_it_starts_anything(kwargs, message):
+    import torch
+
+    from pipesgd.engine.live import LiveEngine
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=message):
+        LiveEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), LiveOptions("http://127.0.0.1:1", "r", 0),
+                   **kwargs)

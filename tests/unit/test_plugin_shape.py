@@ -82,6 +82,19 @@ def test_a_mode_with_a_fact_it_cannot_have_does_not_register():
     assert "odd" not in modes()
 
 
+def test_the_allreduces_a_mode_lists_are_registered_and_the_rest_refused():
+    listing = [name for name in modes() if get_mode(name).comms is not None]
+    assert "live" in listing
+    for name in listing:
+        mode = get_mode(name)
+        assert mode.allreduce, f"trainer.mode={name} lists comms but does not reduce over the configured one"
+        assert set(mode.comms) <= set(registry("allreduce")), f"trainer.mode={name} lists an unknown allreduce"
+        refused = [a for a in registry("allreduce") if a not in mode.comms]
+        for comm in refused:
+            with pytest.raises(ConfigError, match=f"comm={comm} is not available with trainer.mode={name}"):
+                validate(composed(f"trainer.mode={name}", f"comm={comm}"), ["trainer.mode", "comm"])
+
+
 def test_unknown_modes_are_named_with_the_registered_ones():
     with pytest.raises(ValueError, match="trainer.mode='fast' is not known; allowed: sync, pipe, ddp"):
         get_mode("fast")

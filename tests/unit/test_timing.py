@@ -278,7 +278,9 @@ def test_predict_rows():
     # ddp runs the backend's allreduce (its row's fixed_comm), with DDP's own hooks only
     assert ("ddp", "native", "int8") not in index and ("ddp", "native", "fp16") in index
     assert {r["mode"] for r in rows} == {"sync", "pipe", "ddp", "ps_sync", "ps_async", "live"}
-    assert ("live", "native", "none") in index  # priced as width 2 over Gloo; the quorum round-trip is not
+    # priced as width 2 over the ring it runs on torchft's group (int8 too); the quorum round-trip is not
+    assert ("live", "ring", "none") in index and ("live", "ring", "int8") in index
+    assert not any(mode == "live" and algorithm == "tree" for mode, algorithm, _ in index)  # not among its comms
     pipe = index["pipe", "ring", "none"]
     assert pipe["iter_ms"] == pytest.approx(174.0)
     assert pipe["iter_ms"] == predict_iter_ms("pipe", "ring", 4 * MODEL_PARAMS["resnet20"], 2, link, 0.172,
