@@ -58,7 +58,7 @@ def run_workers(fn, world_size: int, *args, timeout: float = 120.0, expect: list
     ``backend="nccl"``: rank r runs on ``cuda:r`` (tests/gpu)."""
     expect = list(range(world_size)) if expect is None else expect
     ctx = mp.get_context("forkserver")  # forked from a server that imported torch once: no 2-5 s import per rank
-    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
     results = ctx.Queue()
     import torch.distributed as dist
 
