@@ -7,6 +7,7 @@ import json
 import sys
 
 import pytest
+from runs import CACHE
 
 from pipesgd.tools.bench.__main__ import main as bench_main
 from pipesgd.tools.bench.grid import MLP, RESNET20, Cell
@@ -31,7 +32,7 @@ def test_one_tiny_cell_of_each_kind_end_to_end(tmp_path, shared_data):
     _calibration(cals / "resnet20-p2-loopback.json", RESNET20.params, RESNET20.batch_size)
     settings = Settings(bench_dir=tmp_path / "bench", steps=2, skip=1, repeats=1, allreduce_repeats=3, quick=True,
                         calibration_dir=cals, python=sys.executable, timeout_s=200,
-                        overrides=[f"data.root={shared_data}", f"data.cache_dir={tmp_path / 'cache'}"])
+                        overrides=[f"data.root={shared_data}", f"data.cache_dir={CACHE}"])
     cells = [Cell("train", "pipe", 2, "loopback", "none", 2, "mlp"),
              Cell("allreduce", "ring", 2, "loopback", nbytes=4096)]
     records = list(run_cells(cells, settings))

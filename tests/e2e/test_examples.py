@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from runs import ROOT
+from runs import CACHE, ROOT
 
 EXAMPLES = ROOT / "examples"
 
@@ -60,7 +60,7 @@ def test_sweep_script_needs_an_output_dir():
 def test_headline_table_quick(tmp_path, shared_data):
     out = tmp_path / "headline"
     r = run(sys.executable, str(EXAMPLES / "headline_table.py"), "--quick", "--out", str(out), "--",
-            f"data.root={shared_data}", f"data.cache_dir={tmp_path / 'cache'}", timeout=460)
+            f"data.root={shared_data}", f"data.cache_dir={CACHE}", timeout=460)
     assert r.returncode == 0, r.stderr[-3000:]
     table = (out / "headline.md").read_text()
     assert r.stdout == table

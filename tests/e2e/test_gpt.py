@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from runs import train
+from runs import CACHE, train
 
 TINY = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "data.block_size=32", "data.batch_size=4",
         "data.eval_batch_size=16", "trainer.eval_max_batches=2", "trainer.max_steps=4",
@@ -29,7 +29,7 @@ def shakespeare(shared_data):
 ], ids=["sync", "pipe-lookahead-int8", "ddp-fp16"])
 def test_gpt_recipe_runs_in_each_kind_of_mode(arm, tmp_path, shakespeare):
     run_dir = tmp_path / "run"
-    r = train("+experiment=gpt_shakespeare", f"data.root={shakespeare}", f"data.cache_dir={tmp_path / 'cache'}",
+    r = train("+experiment=gpt_shakespeare", f"data.root={shakespeare}", f"data.cache_dir={CACHE}",
               *TINY, *arm, f"hydra.run.dir={run_dir}")
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((run_dir / "summary.json").read_text())

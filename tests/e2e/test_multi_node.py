@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from distributed_utils import free_port
-from runs import ROOT
+from runs import CACHE, ROOT
 
 
 @pytest.mark.timeout(300)
@@ -26,7 +26,7 @@ def test_two_torchrun_agents_form_one_job(tmp_path, shared_data):
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
              "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
              "-m", "pipesgd.train", "+experiment=mnist_mlp", f"data.root={shared_data}",
-             f"data.cache_dir={tmp_path / 'cache'}", "trainer.max_steps=6", "trainer.log_every=3",
+             f"data.cache_dir={CACHE}", "trainer.max_steps=6", "trainer.log_every=3",
              "dist.threads_per_worker=1", f"hydra.run.dir={run_dir}"],
             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:

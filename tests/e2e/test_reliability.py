@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SHARED_DATA
-from runs import ROOT, needs_mnist, run, summary, tagged_processes
+from runs import CACHE, ROOT, needs_mnist, run, summary, tagged_processes
 
 # 30 steps per epoch (60000 / 2 ranks / 1000), so 40 steps cross an epoch boundary (eval + an
 # epoch-end checkpoint at 30); checkpoints at 8, 16, 24, 30, 32, 40 (the newest 2 kept); evaluations
@@ -154,7 +154,7 @@ def test_sigterm_to_the_launcher_says_what_happened_and_exits_143(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(GLOO_SOCKET_IFNAME="lo", PIPESGD_TEST_TAG=uuid.uuid4().hex, PIPESGD_FAULT="hang:1:35")
     proc = subprocess.Popen([sys.executable, "-m", "pipesgd.train", *MNIST, f"hydra.run.dir={run_dir}",
-                             f"data.root={SHARED_DATA}", f"data.cache_dir={tmp_path / 'cache'}"],
+                             f"data.root={SHARED_DATA}", f"data.cache_dir={CACHE}"],
                             cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     lines = []
     for line in proc.stderr:  # the fault's own log line is the point the run stands at

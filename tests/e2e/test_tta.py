@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from runs import CACHE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,7 +20,7 @@ def test_two_arm_miniature_writes_json_and_plot(tmp_path, shared_data):
     cmd = [sys.executable, "-m", "pipesgd.tools.bench.tta", "--recipe", "mnist_mlp", "--arms", "sync,pipe+lookahead",
            "--links", "loopback", "--repeats", "1", "--steps", "10", "--skip", "3", "--bracket-steps", "12",
            "--bracket-skip", "5", "--dir", str(tmp_path / "d"),
-           "--json", str(out), "--plot", str(png), "--records", str(tmp_path / "records"), f"data.root={shared_data}", f"data.cache_dir={tmp_path / 'c'}",
+           "--json", str(out), "--plot", str(png), "--records", str(tmp_path / "records"), f"data.root={shared_data}", f"data.cache_dir={CACHE}",
            "trainer.max_steps=120", "trainer.eval_every_steps=30", "dist.threads_per_worker=1"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=580)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -14,7 +14,7 @@ import pytest
 from pipesgd.tools.bench import tta_records, tta_reproduce
 from pipesgd.tools.bench.runner import recorded
 from pipesgd.hostinfo import fingerprint, host_kind
-from runs import ROOT, fast, summary, train
+from runs import CACHE, ROOT, fast, summary, train
 
 ARM = ("trainer.mode=pipe", "trainer.width=2", "staleness=none")
 
@@ -40,7 +40,7 @@ def test_a_records_first_evaluation_reruns_to_the_bit_here(tmp_path, shared_data
 
     def reproduce(p):
         return subprocess.run([sys.executable, "-m", "pipesgd.tools.bench.tta_reproduce", str(p), "--dir",
-                               str(tmp_path / f"rerun-{p.stem}"), f"data.cache_dir={tmp_path / 'cache'}"],
+                               str(tmp_path / f"rerun-{p.stem}"), f"data.cache_dir={CACHE}"],
                               cwd=ROOT, capture_output=True, text=True, timeout=200)
 
     out = reproduce(path)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runs import ROOT, needs_mnist
+from runs import CACHE, ROOT, needs_mnist
 from conftest import SHARED_DATA
 
 # What a wheel is built from: the package (conf/ rides in it as pipesgd/conf, a link) and its metadata.
@@ -88,7 +88,7 @@ def test_mnist_experiment_runs_from_another_directory(installed, tmp_path):
     (user / "mine.yaml").write_text("# @package _global_\ndefaults:\n  - mnist_mlp\ntrainer:\n  max_steps: 2\n")
     r = _run(installed, "-m", "pipesgd.train", "--multirun", "--config-dir", str(tmp_path / "myconf"),
              "+experiment=mine", "compressor=none,int8", "trainer.eval_max_batches=1", "dist.nproc=1",
-             f"data.root={SHARED_DATA}", f"data.cache_dir={tmp_path / 'cache'}", "hydra.sweep.dir=sweep",
+             f"data.root={SHARED_DATA}", f"data.cache_dir={CACHE}", "hydra.sweep.dir=sweep",
              timeout=200)
     assert r.returncode == 0, r.stderr[-3000:]
     done = [json.loads((installed["cwd"] / "sweep" / str(i) / "summary.json").read_text()) for i in (0, 1)]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_jobs import job_fields, run_on_login, squeue_empty, wait_until
-from runs import SHARED_DATA, needs_mnist
+from runs import CACHE, SHARED_DATA, needs_mnist
 
 SCRIPT = "examples/slurm_multi_node.sbatch"
 # As tests/e2e/test_reliability.py: 30 steps per epoch, checkpoints at 8, 16, 24, 30, 32 (40 at
@@ -30,7 +30,7 @@ MODEL_BYTES = 4 * (784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10)  # the MLP
 def submit(slurm, tmp_path: Path, run_dir: Path, *sbatch: str, **env: str) -> str:
     """sbatch the recipe (one CPU per node, its log in tmp_path/<job>.out) for `run_dir`; the job id."""
     r = run_on_login(slurm, ["sbatch", "--parsable", "--cpus-per-task=1", f"--output={tmp_path}/%j.out", *sbatch,
-                             SCRIPT, *MNIST, f"data.root={SHARED_DATA}", f"data.cache_dir={tmp_path / 'cache'}"],
+                             SCRIPT, *MNIST, f"data.root={SHARED_DATA}", f"data.cache_dir={CACHE}"],
                      timeout=60, RUN_DIR=str(run_dir), **env)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().split(";")[0]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from slurm_jobs import job_fields, run_on_login
-from runs import needs_mnist
+from runs import CACHE, needs_mnist
 
 SWEEP = ["-m", "hydra/launcher=slurm", "+experiment=mnist_mlp", "trainer.mode=sync,pipe", "compressor=none,int8"]
 # One CPU per job, so the two nodes (2 CPUs each) run all four jobs at once; 1 GB, 10 minutes.
@@ -22,7 +22,7 @@ SMALL = ["hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1", "hydra.lau
 def test_sweep_runs_as_slurm_jobs_and_reports(slurm, shared_data, tmp_path):
     sweep = tmp_path / "sweep"
     r = run_on_login(slurm, [sys.executable, "-m", "pipesgd.train", *SWEEP, *SMALL, f"data.root={shared_data}",
-                             f"data.cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={sweep}"],
+                             f"data.cache_dir={CACHE}", f"hydra.sweep.dir={sweep}"],
                      timeout=260, GLOO_SOCKET_IFNAME="lo")
     assert r.returncode == 0, r.stderr[-4000:]
 
