@@ -382,6 +382,7 @@ def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
     from ..live.lighthouse import Lighthouse
     from ..live.options import options_from_env
 
+    live_launch.log_start(log)
     options, lighthouse = options_from_env(), None
     if options is None:
         lighthouse = Lighthouse()
