@@ -90,3 +90,10 @@ def test_bad_arguments_are_refused_naming_them(argv, message, capsys):
     with pytest.raises(SystemExit):
         live_drill.parse(argv)
     assert message in capsys.readouterr().err
+
+
+def test_a_survivor_that_healed_from_a_peer_got_back_the_update_it_failed():
+    # survivor 0 failed vote 9 that survivor 1 passed, then healed from it: the model lost one update
+    assert live_drill.updates_lost({0: {"live_skipped_commits": 2, "live_healed": 1},
+                                    1: {"live_skipped_commits": 1, "live_healed": 0}}) == 1
+    assert live_drill.updates_lost({0: {"live_skipped_commits": 2, "live_healed": 1}}) == 2

@@ -14,8 +14,8 @@ last group, R-1:
 
 From the groups' logs (``<run>/replica_<r>/train.log``, a timestamped line per step) and summaries
 it computes the survivors' stall (the longest gap between two of their steps from the fault until
-the returning group trains again, less their median step before it), the updates they lost
-(``live_skipped_commits``), the returning group's time from its process start (or SIGCONT) to its
+the returning group trains again, less their median step before it), the updates their common
+model lost (``live_skipped_commits`` of the survivors that never healed), the returning group's time from its process start (or SIGCONT) to its
 first step after healing, split at the moment its imports were done, whether every group ends
 with the same weights (``param_checksum``), and the final accuracy against an uninterrupted live
 run of the same seed (``--reference``). Writes ``--json`` (with the config, commit and host
@@ -215,6 +215,15 @@ def survivor(lines: list[str], fault_at: float, back_at: float) -> dict:
             "stall_s": gap - normal if gap is not None and normal is not None else None}
 
 
+def updates_lost(survivors: dict[int, dict]) -> int:
+    """The updates the survivors' common model lacks: the votes the survivors that never healed
+    lost (a survivor that failed a vote its peers passed heals from them at the next quorum, and
+    takes the update back with their state, so its own count overstates the loss); the most any
+    survivor lost where every one of them healed."""
+    kept = [s["live_skipped_commits"] for s in survivors.values() if s["live_healed"] == 0]
+    return max(kept or [s["live_skipped_commits"] for s in survivors.values()])
+
+
 def analyse(run_dir: Path, replicas: int, resumed_at: float | None) -> dict:
     """What the drill in ``run_dir`` cost (the fields are documented in docs/reliability.md)."""
     faulted = replicas - 1
@@ -234,7 +243,7 @@ def analyse(run_dir: Path, replicas: int, resumed_at: float | None) -> dict:
     return {
         "run_dir": str(run_dir), "fault": m[3], "faulted_group": faulted, "fault_step": int(m[4]),
         "fault_at": fault_at, "resumed_at": resumed_at,
-        "updates_lost": max(summaries[r]["live_skipped_commits"] for r in range(faulted)),
+        "updates_lost": updates_lost({r: summaries[r] for r in range(faulted)}),
         "survivors_stall_s": max(stalls) if stalls else None, "survivors": survivors, "returning": back,
         "skipped_commits": {r: s["live_skipped_commits"] for r, s in summaries.items()},
         "healed": {r: s["live_healed"] for r, s in summaries.items()},
