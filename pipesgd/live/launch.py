@@ -96,8 +96,10 @@ def settings(live: Mapping[str, object]) -> tuple[LighthouseOptions, LiveOptions
 def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_restarts: int = 0) -> None:
     """Run ``fn(container, replica_run_dir)`` in ``nproc`` replica groups behind one lighthouse,
     both set up as the container's ``trainer.live`` says (:func:`settings`); return when every
-    group has exited 0, with the first group's summary.json copied into the run directory. Every
-    process is gone when this returns or raises."""
+    group has exited 0, with the first group's summary.json copied into the run directory. Each
+    group's process is told how often its group was restarted before it (``PIPESGD_LIVE_RESTART``:
+    a fault injected into the group fires in its first process only) and when it was started
+    (:func:`log_start`). Every process is gone when this returns or raises."""
     container, run_dir = args
     options, replica_options = settings(container.get("trainer", {}).get("live") or {})
     replicas = nproc
