@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -53,8 +54,10 @@ log = logging.getLogger("pipesgd.tools.bench.live_drill")
 ROOT = Path()  # defaults are under the current directory (run from a clone's root)
 
 WORKLOADS: dict[str, tuple[str, ...]] = {
-    # the recipe as it is: 2 epochs at batch 64 per group (937 steps with 2 groups, 624 with 3)
-    "mnist": ("+experiment=mnist_mlp",),
+    # the recipe at 4 epochs instead of 2, batch 64 per group (1875 steps with 2 groups, 1248 with 3):
+    # at ~10 ms a step, long enough that a restarted group (process start, imports, data: seconds)
+    # comes back while the others still train
+    "mnist": ("+experiment=mnist_mlp", "trainer.epochs=4"),
     # the elastic study's short CIFAR recipe (elastic_study.WORKLOADS["cifar10"]): ResNet-20, 2 epochs,
     # batch 64 per group, lookahead (390 steps with 2 groups, 260 with 3)
     "cifar10": ("+experiment=resnet_cifar", "staleness=lookahead", "trainer.epochs=2", "data.batch_size=64"),
@@ -106,7 +109,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _command(a: argparse.Namespace, seed: int, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "pipesgd.train", *WORKLOADS[a.workload], *a.overrides, f"seed={seed}",
+    # one torch thread per group unless an override says otherwise: R groups on one host, each a lone
+    # process, would otherwise each take every core (pipesgd.train's default for a world of one)
+    return [sys.executable, "-m", "pipesgd.train", *WORKLOADS[a.workload], "dist.threads_per_worker=1",
+            *a.overrides, f"seed={seed}",
             "trainer.mode=live", f"dist.nproc={a.replicas}", "dist.max_restarts=1", "trainer.log_every=1",
             f"hydra.run.dir={run_dir}"]
 
@@ -160,7 +166,10 @@ def run_drill(a: argparse.Namespace, seed: int) -> tuple[Path, float | None]:
 
 
 def run_reference(a: argparse.Namespace, seed: int) -> Path:
-    run_dir = (a.dir / f"{a.workload}-reference-r{a.replicas}-s{seed}").resolve()
+    """The uninterrupted run of ``seed``, kept and reused by any drill of the same workload, group
+    count and overrides (their digest is in the directory's name)."""
+    digest = hashlib.sha256("\0".join(a.overrides).encode()).hexdigest()[:8]
+    run_dir = (a.dir / f"{a.workload}-reference-r{a.replicas}-{digest}-s{seed}").resolve()
     if not (run_dir / "summary.json").exists():
         cmd = _command(a, seed, run_dir)
         log.info("$ %s", recorded(cmd))
