@@ -97,3 +97,28 @@ def test_a_survivor_that_healed_from_a_peer_got_back_the_update_it_failed():
     assert live_drill.updates_lost({0: {"live_skipped_commits": 2, "live_healed": 1},
                                     1: {"live_skipped_commits": 1, "live_healed": 0}}) == 1
     assert live_drill.updates_lost({0: {"live_skipped_commits": 2, "live_healed": 1}}) == 2
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("after, status", [("SIGCONT", 0), ("SIGKILL", -9)])
+def test_a_stopped_group_is_found_by_its_fault_line_and_signalled(tmp_path, after, status):
+    """A process that logs the fault line the way pipesgd.faults does and stops itself: the drill
+    finds its pid, sees it stopped, and sends the signal that ends the stop."""
+    import signal
+    import subprocess
+    import sys
+
+    train_log = tmp_path / "train.log"
+    code = ("import os, signal, sys; "
+            f"open(sys.argv[1], 'w').write({_line(0, 'fault injection (PIPESGD_FAULT): replica group 1 (pid ')!r} "
+            f"+ str(os.getpid()) + {') does ' + repr('stop') + ' at step 5'!r} + '\\n'); "
+            "os.kill(os.getpid(), signal.SIGSTOP)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(train_log)])
+    try:
+        watch = live_drill._StopThenSignal(train_log, 0.1, getattr(signal, after), deadline_s=30)
+        watch(proc)
+        assert proc.wait(timeout=30) == status
+        assert watch.pid == proc.pid and watch.resumed_at is not None
+    finally:
+        proc.kill()
+        proc.wait()
