@@ -9,17 +9,18 @@ last group, R-1:
 * ``--fault kill``: the group SIGKILLs itself after step ``--at-step``; the launcher restarts it
   and it heals from a live peer;
 * ``--fault stop``: the group SIGSTOPs itself there (a hang); ``--stop-s`` seconds later this tool
-  sends it SIGCONT (``--after-stop cont``: it resumes, fails its reduction and heals) or SIGKILL
-  (``--after-stop kill``: the launcher restarts it, as after ``kill``).
+  sends it SIGCONT (``--after-stop cont``: the same process goes on, and heals where the others
+  moved on without it) or SIGKILL (``--after-stop kill``: the launcher restarts it, as after
+  ``kill``).
 
 From the groups' logs (``<run>/replica_<r>/train.log``, a timestamped line per step) and summaries
 it computes the survivors' stall (the longest gap between two of their steps from the fault until
 the returning group trains again, less their median step before it), the updates their common
-model lost (``live_skipped_commits`` of the survivors that never healed), the returning group's time from its process start (or SIGCONT) to its
-first step after healing, split at the moment its imports were done, whether every group ends
-with the same weights (``param_checksum``), and the final accuracy against an uninterrupted live
-run of the same seed (``--reference``). Writes ``--json`` (with the config, commit and host
-fingerprint) and prints a table.
+model lost (``live_skipped_commits`` of the survivors that never healed), the returning group's
+time from its process start (or the SIGCONT) to its first step after healing, split where its
+imports were done, whether every group ends with the same weights (``param_checksum``), and the
+final accuracy against an uninterrupted live run of the same seed (``--reference``). Writes
+``--json`` (with the overrides, commit and host fingerprint) and prints a table.
 
 Loopback only: the groups of a live run start under the local live launcher; running them under
 torchrun on the emulated nodes is not supported by the live mode yet.
@@ -256,7 +257,8 @@ def analyse(run_dir: Path, replicas: int, resumed_at: float | None) -> dict:
         "survivors_stall_s": max(stalls) if stalls else None, "survivors": survivors, "returning": back,
         "skipped_commits": {r: s["live_skipped_commits"] for r, s in summaries.items()},
         "healed": {r: s["live_healed"] for r, s in summaries.items()},
-        "param_checksums": checksums, "weights_agree": len(set(checksums.values())) == 1 and None not in checksums.values(),
+        "param_checksums": checksums,
+        "weights_agree": len(set(checksums.values())) == 1 and None not in checksums.values(),
         "test_accuracy": {r: s["test_accuracy"] for r, s in summaries.items()},
         "steps": {r: s["steps"] for r, s in summaries.items()},
     }
