@@ -74,6 +74,8 @@ def test_the_live_drill_measures_a_killed_group_that_heals(tmp_path):
     assert (d["fault"], d["faulted_group"], d["fault_step"]) == ("kill", 1, 5)
     assert d["updates_lost"] <= 1 and d["skipped_commits"]["0"] <= 1, why
     assert d["healed"] == {"0": 0, "1": 1} and d["weights_agree"], why
+    # bit-identical to its donor's at the first update they apply together (the engine logs both digests)
+    assert d["first_joint_step"]["identical"] and list(d["first_joint_step"]["donors"]) == ["0"], why
     assert d["steps"] == {"0": 30, "1": 30} and d["test_accuracy"]["0"] == d["test_accuracy"]["1"], why
     back = d["returning"]
     assert back["restart"] == 1 and back["healed"] and back["first_step"] > d["fault_step"], why

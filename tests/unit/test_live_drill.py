@@ -35,11 +35,14 @@ def _write(run_dir: Path, replica: int, lines: list[str], **summary) -> None:
 def test_a_killed_group_its_survivors_stall_and_its_time_to_train_again(tmp_path):
     # the survivor steps every 0.1 s, stalls from step 5 (t=0.5) to step 6 (t=3.5), then goes on
     survivor = [_step(0.1 * s, s) for s in range(1, 6)] + [_step(3.5 + 0.1 * (s - 6), s) for s in range(6, 31)]
+    survivor.insert(5, _line(3.45, "weights sha256 5eed after the update of step 5, the first since this replica "
+                                   "served a healing peer"))
     faulted = [_step(0.1 * s, s) for s in range(1, 6)] + [
         _line(0.52, "fault injection (PIPESGD_FAULT): replica group 1 (pid 41) does 'kill' at step 5"),
         _line(2.0, f"replica group 1 restart 1 pid 42: process started at {T0 + 0.6:.3f}, imports done at "
                    f"{T0 + 1.6:.3f} (unix s)"),
         _line(3.4, "healed from a peer at its step 5 (manager step 5)"),
+        _line(3.45, "weights sha256 5eed after the update of step 5, the first since this replica healed"),
         _step(3.5, 6)] + [_step(3.5 + 0.1 * (s - 6), s) for s in range(7, 31)]
     _write(tmp_path, 0, survivor)
     _write(tmp_path, 1, faulted, live_healed=1)
@@ -55,7 +58,8 @@ def test_a_killed_group_its_survivors_stall_and_its_time_to_train_again(tmp_path
     assert back["after_imports_s"] == pytest.approx(1.9, abs=2e-3)
     assert back["to_train_s"] == pytest.approx(2.9, abs=2e-3)
     assert d["weights_agree"] and d["healed"] == {0: 0, 1: 1}
-    assert "| 0 | kill at 5 of group 1 | 2.90 (3.00) | 1 | 1.00 + 1.90 = 2.90 | yes | yes | 90.00 |" in \
+    assert d["first_joint_step"] == {"step": 5, "healer": "5eed", "donors": {0: "5eed"}, "identical": True}
+    assert "| 0 | kill at 5 of group 1 | 2.90 (3.00) | 1 | 1.00 + 1.90 = 2.90 | yes | yes / yes | 90.00 |" in \
         live_drill.table({"runs": [{"seed": 0, "drill": d}]})
 
 
@@ -70,7 +74,15 @@ def test_a_stopped_group_returns_in_its_own_process_at_the_signal(tmp_path):
     back = d["returning"]
     assert (back["restart"], back["pid"], back["import_s"], back["first_step"]) == (0, None, None, 18)
     assert back["to_train_s"] == pytest.approx(0.4, abs=2e-3) == back["after_imports_s"]
-    assert d["updates_lost"] == 0 and not d["weights_agree"]
+    assert d["updates_lost"] == 0 and not d["weights_agree"] and d["first_joint_step"] is None
+
+
+def test_weights_that_differ_at_the_first_joint_step_are_reported():
+    logs = {0: [_line(1.0, "weights sha256 aaaa after the update of step 7, the first since this replica served a "
+                           "healing peer")],
+            1: [_line(1.0, "weights sha256 bbbb after the update of step 7, the first since this replica healed")]}
+    assert live_drill.first_joint_step(logs, 1, T0)["identical"] is False
+    assert live_drill.first_joint_step(logs, 1, T0 + 2) is None  # a heal before the group's return is not its
 
 
 def test_a_run_whose_fault_never_fired_is_a_failed_cell(tmp_path):

@@ -70,6 +70,7 @@ _STARTED = re.compile(r"replica group (\d+) restart (\d+) pid (\d+): process sta
                       r"imports done at ([\d.]+)")
 _FAULT = re.compile(r"fault injection \(PIPESGD_FAULT\): replica group (\d+) \(pid (\d+)\) does '(\w+)' at step (\d+)")
 _HEALED = "healed from a peer"
+_DIGEST = re.compile(r"weights sha256 (\w+) after the update of step (\d+), the first since this replica (healed|served)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -234,6 +235,21 @@ def updates_lost(survivors: dict[int, dict]) -> int:
     return max(kept or [s["live_skipped_commits"] for s in survivors.values()])
 
 
+def first_joint_step(logs: dict[int, list[str]], returning: int, since: float) -> dict | None:
+    """The returning group's weights after its first update since it healed (after ``since``)
+    against those of the peers that served it their state, after the same step's update (the
+    engine logs both digests); None where it did not heal."""
+    healer = [(int(m[2]), m[1]) for line in logs[returning]
+              if (m := _DIGEST.search(line)) and m[3] == "healed" and stamp(line) >= since]
+    if not healer:
+        return None
+    step, digest = healer[0]
+    donors = {r: m[1] for r, lines in logs.items() if r != returning
+              for line in lines if (m := _DIGEST.search(line)) and m[3] == "served" and int(m[2]) == step}
+    return {"step": step, "healer": digest, "donors": donors,
+            "identical": bool(donors) and all(d == digest for d in donors.values())}
+
+
 def analyse(run_dir: Path, replicas: int, resumed_at: float | None) -> dict:
     """What the drill in ``run_dir`` cost (the fields are documented in docs/reliability.md)."""
     faulted = replicas - 1
@@ -257,6 +273,7 @@ def analyse(run_dir: Path, replicas: int, resumed_at: float | None) -> dict:
         "survivors_stall_s": max(stalls) if stalls else None, "survivors": survivors, "returning": back,
         "skipped_commits": {r: s["live_skipped_commits"] for r, s in summaries.items()},
         "healed": {r: s["live_healed"] for r, s in summaries.items()},
+        "first_joint_step": first_joint_step(logs, faulted, back.get("started_at") or fault_at),
         "param_checksums": checksums,
         "weights_agree": len(set(checksums.values())) == 1 and None not in checksums.values(),
         "test_accuracy": {r: s["test_accuracy"] for r, s in summaries.items()},
@@ -276,19 +293,25 @@ def _f(x: float | None, fmt: str = ".2f") -> str:
     return "–" if x is None else format(x, fmt)
 
 
+def _yes(x: bool | None) -> str:
+    return "–" if x is None else "yes" if x else "NO"
+
+
 def table(res: dict) -> str:
     lines = ["| seed | fault | survivors' stall, s (longest gap − median step) | updates lost | "
-             "returning group: start → imports → first step after heal, s | healed | weights agree | "
+             "returning group: start → imports → first step after heal, s | healed | same weights at the "
+             "first joint step / at the end | "
              "accuracy, % (uninterrupted) |", "|---|---|---|---|---|---|---|---|"]
     for row in res["runs"]:
-        d, back = row["drill"], row["drill"]["returning"]
+        d, back, joint = row["drill"], row["drill"]["returning"], row["drill"]["first_joint_step"]
         gaps = [s["longest_gap_s"] for s in d["survivors"].values() if s["longest_gap_s"] is not None]
         acc = 100 * d["test_accuracy"][0]
         ref = f" ({100 * row['reference_accuracy']:.2f})" if row.get("reference_accuracy") is not None else ""
         lines.append(f"| {row['seed']} | {d['fault']} at {d['fault_step']} of group {d['faulted_group']} | "
                      f"{_f(d['survivors_stall_s'])} ({_f(max(gaps) if gaps else None)}) | {d['updates_lost']} | "
                      f"{_f(back.get('import_s'))} + {_f(back.get('after_imports_s'))} = {_f(back.get('to_train_s'))} | "
-                     f"{'yes' if back.get('healed') else 'no'} | {'yes' if d['weights_agree'] else 'NO'} | "
+                     f"{'yes' if back.get('healed') else 'no'} | {_yes(joint['identical'] if joint else None)} / "
+                     f"{_yes(d['weights_agree'])} | "
                      f"{acc:.2f}{ref} |")
     return "\n".join(lines)
 
