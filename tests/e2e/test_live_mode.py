@@ -79,8 +79,10 @@ def test_the_live_drill_measures_a_killed_group_that_heals(tmp_path):
     assert d["steps"] == {"0": 30, "1": 30} and d["test_accuracy"]["0"] == d["test_accuracy"]["1"], why
     back = d["returning"]
     assert back["restart"] == 1 and back["healed"] and back["first_step"] > d["fault_step"], why
-    assert back["started_at"] <= back["imports_done_at"] <= back["healed_at"] <= back["first_step_at"], why
+    assert (back["started_at"] <= back["imports_done_at"] <= back["build_at"] <= back["healed_at"]
+            <= back["first_step_at"]), why
     assert back["to_train_s"] == pytest.approx(back["import_s"] + back["after_imports_s"])
+    assert back["after_imports_s"] == pytest.approx(back["setup_s"] + back["join_s"])
     survivor = d["survivors"]["0"]
     assert survivor["longest_gap_s"] >= survivor["normal_step_s"] > 0, why
     assert "| 0 | kill at 5 of group 1 |" in r.stdout

@@ -57,9 +57,10 @@ def test_a_killed_group_its_survivors_stall_and_its_time_to_train_again(tmp_path
     assert back["import_s"] == pytest.approx(1.0, abs=2e-3)
     assert back["after_imports_s"] == pytest.approx(1.9, abs=2e-3)
     assert back["to_train_s"] == pytest.approx(2.9, abs=2e-3)
+    assert back["setup_s"] == pytest.approx(0.4, abs=2e-3) and back["join_s"] == pytest.approx(1.5, abs=2e-3)
     assert d["weights_agree"] and d["healed"] == {0: 0, 1: 1}
     assert d["first_joint_step"] == {"step": 5, "healer": "5eed", "donors": {0: "5eed"}, "identical": True}
-    assert "| 0 | kill at 5 of group 1 | 2.90 (3.00) | 1 | 1.00 + 1.90 = 2.90 | yes | yes / yes | 90.00 |" in \
+    assert "| 0 | kill at 5 of group 1 | 2.90 (3.00) | 1 | 1.00 + 0.40 + 1.50 = 2.90 | yes | yes / yes | 90.00 |" in \
         live_drill.table({"runs": [{"seed": 0, "drill": d}]})
 
 
@@ -73,7 +74,8 @@ def test_a_stopped_group_returns_in_its_own_process_at_the_signal(tmp_path):
     d = live_drill.analyse(tmp_path, 2, T0 + 1.5)
     back = d["returning"]
     assert (back["restart"], back["pid"], back["import_s"], back["first_step"]) == (0, None, None, 18)
-    assert back["to_train_s"] == pytest.approx(0.4, abs=2e-3) == back["after_imports_s"]
+    assert back["to_train_s"] == pytest.approx(0.4, abs=2e-3) == back["after_imports_s"] == back["join_s"]
+    assert back["setup_s"] is None
     assert d["updates_lost"] == 0 and not d["weights_agree"] and d["first_joint_step"] is None
 
 

@@ -192,16 +192,19 @@ def _first_at_or_after(lines: list[str], t: float, what: str | re.Pattern) -> st
 
 
 def returning(lines: list[str], fault_at: float, resumed_at: float | None) -> dict:
-    """The faulted group from its return: its (re)start, imports, heal and first step after it.
-    A group that was stopped and continued returns at ``resumed_at`` in the process it had."""
+    """The faulted group from its return: its (re)start, imports, setup (process group, data,
+    model: until the mode's builder starts), heal and first step after it (``join_s``: the engine,
+    torchft's Manager, the quorum and the state transfer). A group that was stopped and continued
+    returns at ``resumed_at`` in the process it had."""
     starts = [(stamp(line), m) for line in lines if (m := _STARTED.search(line)) and stamp(line) >= fault_at]
-    if starts:
-        _, m = starts[-1]
+    if starts:  # the line is logged as the mode's builder starts: data and model are built by then
+        built, m = starts[-1]
         started, imported, restart, pid = float(m[4]), float(m[5]), int(m[2]), int(m[3])
     else:  # the same process, continued
-        started, imported, restart, pid = resumed_at, None, 0, None
-    out = {"restart": restart, "pid": pid, "started_at": started, "imports_done_at": imported,
-           "import_s": imported - started if imported is not None else None}
+        built, started, imported, restart, pid = None, resumed_at, None, 0, None
+    out = {"restart": restart, "pid": pid, "started_at": started, "imports_done_at": imported, "build_at": built,
+           "import_s": imported - started if imported is not None else None,
+           "setup_s": built - imported if built is not None else None}
     if started is None:
         return out
     healed = _first_at_or_after(lines, started, _HEALED)
@@ -210,7 +213,8 @@ def returning(lines: list[str], fault_at: float, resumed_at: float | None) -> di
     out |= {"healed": healed is not None, "healed_at": stamp(healed) if healed else None,
             "first_step": first[1] if first else None, "first_step_at": first[0] if first else None,
             "to_train_s": first[0] - started if first else None,
-            "after_imports_s": first[0] - (imported if imported is not None else started) if first else None}
+            "after_imports_s": first[0] - (imported if imported is not None else started) if first else None,
+            "join_s": first[0] - (built if built is not None else started) if first else None}
     return out
 
 
@@ -299,7 +303,7 @@ def _yes(x: bool | None) -> str:
 
 def table(res: dict) -> str:
     lines = ["| seed | fault | survivors' stall, s (longest gap − median step) | updates lost | "
-             "returning group: start → imports → first step after heal, s | healed | same weights at the "
+             "returning group: imports + setup + join = to train, s | healed | same weights at the "
              "first joint step / at the end | "
              "accuracy, % (uninterrupted) |", "|---|---|---|---|---|---|---|---|"]
     for row in res["runs"]:
@@ -309,7 +313,8 @@ def table(res: dict) -> str:
         ref = f" ({100 * row['reference_accuracy']:.2f})" if row.get("reference_accuracy") is not None else ""
         lines.append(f"| {row['seed']} | {d['fault']} at {d['fault_step']} of group {d['faulted_group']} | "
                      f"{_f(d['survivors_stall_s'])} ({_f(max(gaps) if gaps else None)}) | {d['updates_lost']} | "
-                     f"{_f(back.get('import_s'))} + {_f(back.get('after_imports_s'))} = {_f(back.get('to_train_s'))} | "
+                     f"{_f(back.get('import_s'))} + {_f(back.get('setup_s'))} + {_f(back.get('join_s'))} = "
+                     f"{_f(back.get('to_train_s'))} | "
                      f"{'yes' if back.get('healed') else 'no'} | {_yes(joint['identical'] if joint else None)} / "
                      f"{_yes(d['weights_agree'])} | "
                      f"{acc:.2f}{ref} |")
