@@ -59,6 +59,8 @@ def test_without_torchft_the_mode_names_the_extra(monkeypatch):
 @pytest.mark.timeout(240)
 def test_the_live_drill_measures_a_killed_group_that_heals(tmp_path):
     out = tmp_path / "drill.json"
+    # --timeout-s: the drill's own limit, under the subprocess's: past it the drill stops the live
+    # job's whole process group (launcher, lighthouse, every replica group) before it exits
     r = run("--replicas", "2", "--fault", "kill", "--at-step", "5", "--no-reference", "--timeout-s", "180",
             "--dir", str(tmp_path / "runs"), "--json", str(out), "trainer.max_steps=30", "data.batch_size=250",
             "optimizer.lr=0.01", "trainer.lr_reference_batch=250", "dist.threads_per_worker=1",
