@@ -11,6 +11,11 @@ attempt only (``TORCHELASTIC_RESTART_COUNT`` unset or 0), like a transient fault
 * ``hang``: wait for a signal, forever (a job that a scheduler cancels or times out mid-run: the
   run stands at a known step, with a known newest checkpoint, until the signal comes).
 
+Under ``trainer.mode=live`` every replica group is a lone process of rank 0, so ``rank`` names the
+replica group (``pipesgd.live.options.replica_attempt``) and the attempt is the number of times the
+live launcher has restarted that group (``PIPESGD_LIVE_RESTART``): ``kill:1:35`` kills group 1 once,
+and its restarted process trains on.
+
 An environment variable rather than a config key: it is not a setting of the run, it reaches
 workers started by any launcher, and an unset variable costs one dict lookup per step.
 """
@@ -24,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from .live.options import replica_attempt
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +62,22 @@ def parse(spec: str) -> list[Fault]:
 
 
 class Faults:
-    """The faults of this rank on this attempt; :meth:`after_backward` fires the due ones."""
+    """The faults of this rank (``who`` names it in the log) on this attempt; :meth:`after_backward`
+    fires the due ones."""
 
-    def __init__(self, faults: list[Fault], rank: int, attempt: int = 0):
+    def __init__(self, faults: list[Fault], rank: int, attempt: int = 0, who: str = "rank"):
         self.mine = [f for f in faults if f.rank == rank] if attempt == 0 else []
-        self.rank = rank
+        self.rank, self.who = rank, who
 
     @classmethod
     def from_env(cls, rank: int) -> Faults:
-        return cls(parse(os.environ.get(ENV, "")), rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        """The faults ``PIPESGD_FAULT`` gives ``rank`` on this attempt (``TORCHELASTIC_RESTART_COUNT``);
+        in a replica group of the live launcher, those it gives the group on the group's attempt."""
+        faults = parse(os.environ.get(ENV, ""))
+        live = replica_attempt()
+        if live is not None:
+            return cls(faults, *live, who="replica group")
+        return cls(faults, rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
 
     def after_backward(self, step: int, model: nn.Module) -> None:
         for f in self.mine:
@@ -71,8 +85,8 @@ class Faults:
                 self._fire(f, model)
 
     def _fire(self, f: Fault, model: nn.Module) -> None:
-        log.warning("fault injection (%s): rank %d (pid %d) does %r at step %d",
-                    ENV, self.rank, os.getpid(), f.kind, f.step)
+        log.warning("fault injection (%s): %s %d (pid %d) does %r at step %d",
+                    ENV, self.who, self.rank, os.getpid(), f.kind, f.step)
         for h in logging.getLogger().handlers:
             h.flush()
         if f.kind == "kill":

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ..comm import REGISTRY as COMM_REGISTRY
 from ..comm import CommStats, CommThread, CompletedHandle, Handle, bind
+from ..checkpoint import param_checksum
 from ..comm.native import native_allreduce
 from ..compress import Compressor
 from ..flat import has_nonfinite
@@ -106,6 +107,7 @@ class LiveEngine(Engine):
         self._pending: Handle[tuple[Tensor, CommStats]] | None = None
         self._extra: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {}
         self._snapshot = _Snapshot()
+        self._heal_event: str | None = None  # healed, or served a healer: log the weights' digest at the next update
         timeout = timedelta(seconds=options.timeout_s)
         self._store = torch.distributed.TCPStore(options.host, 0, is_master=True, wait_for_workers=False,
                                                  timeout=timeout)
@@ -224,6 +226,10 @@ class LiveEngine(Engine):
         self.nonfinite.good()
         self.staleness.apply(buf[:FLAG].div_(count))
         stats.update_s, stats.applied, stats.staleness = time.perf_counter() - t1, True, 1
+        if self._heal_event is not None:  # one pass over the weights, once per heal
+            log.info("weights sha256 %s after the update of step %d, the first since this replica %s",
+                     param_checksum(self.module), self.steps, self._heal_event)
+            self._heal_event = None
 
     def forward_context(self) -> AbstractContextManager:
         """The weights the staleness rule wants the next gradient at (one reduction in flight, or none)."""
@@ -252,7 +258,9 @@ class LiveEngine(Engine):
     def _state(self) -> dict:
         """What a healer loads: taken on the training thread between steps, with nothing in flight
         that the healer will not take part in. A copy: torchft serializes it on its own thread
-        while this one goes on updating the weights and the momentum in place."""
+        while this one goes on updating the weights and the momentum in place. The weights' digest
+        after the next update is logged, as the healer logs its own (the first joint step)."""
+        self._heal_event = "served a healing peer"
         return copy.deepcopy(state_to_device({
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -271,6 +279,7 @@ class LiveEngine(Engine):
         for key, (_, load) in self._extra.items():
             load(state[key])
         self._stale = True
+        self._heal_event = "healed"
         self.healed += 1
         log.info("healed from a peer at its step %d (manager step %d)", self.steps, self.manager.current_step())
 
@@ -382,6 +391,7 @@ def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
     from ..live.lighthouse import Lighthouse
     from ..live.options import options_from_env
 
+    live_launch.log_start(log)
     options, lighthouse = options_from_env(), None
     if options is None:
         lighthouse = Lighthouse()

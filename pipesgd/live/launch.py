@@ -9,6 +9,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -17,7 +18,8 @@ from pathlib import Path
 
 from ..launch import WorkerFailed
 from .lighthouse import Lighthouse, LighthouseOptions
-from .options import ENV_REPLICA, ENV_REPLICAS, ENV_START, LiveOptions, replica_env
+from .options import (ENV_REPLICA, ENV_REPLICAS, ENV_RESTART, ENV_SPAWNED, ENV_START, LiveOptions, replica_attempt,
+                      replica_env)
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +53,25 @@ def start_together(timeout_s: float) -> None:
     store.wait([f"started/{r}" for r in range(int(os.environ[ENV_REPLICAS]))])
 
 
+_imported_at: float | None = None  # when this replica group's process had imported fn (set by _replica_main)
+
+
 def _replica_main(env: dict[str, str], fn: Callable[..., object], args: tuple) -> None:
+    global _imported_at
+    _imported_at = time.time()  # fn arrived pickled: its module, torch with it, is imported by now
     os.environ.update(env)
     fn(*args)
+
+
+def log_start(logger: logging.Logger) -> None:
+    """Under the live launcher, log once, in the replica group's own log, its number, restart
+    count and pid, and when its process was started and had imported its code (unix seconds:
+    ``pipesgd.tools.bench.live_drill`` splits a returning group's time to train again with them)."""
+    attempt = replica_attempt()
+    if attempt is None or _imported_at is None:
+        return
+    logger.info("replica group %d restart %d pid %d: process started at %.3f, imports done at %.3f (unix s)",
+                *attempt, os.getpid(), float(os.environ.get(ENV_SPAWNED, "nan")), _imported_at)
 
 
 def settings(live: Mapping[str, object]) -> tuple[LighthouseOptions, LiveOptions]:
@@ -78,8 +96,10 @@ def settings(live: Mapping[str, object]) -> tuple[LighthouseOptions, LiveOptions
 def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_restarts: int = 0) -> None:
     """Run ``fn(container, replica_run_dir)`` in ``nproc`` replica groups behind one lighthouse,
     both set up as the container's ``trainer.live`` says (:func:`settings`); return when every
-    group has exited 0, with the first group's summary.json copied into the run directory. Every
-    process is gone when this returns or raises."""
+    group has exited 0, with the first group's summary.json copied into the run directory. Each
+    group's process is told how often its group was restarted before it (``PIPESGD_LIVE_RESTART``:
+    a fault injected into the group fires in its first process only) and when it was started
+    (:func:`log_start`). Every process is gone when this returns or raises."""
     container, run_dir = args
     options, replica_options = settings(container.get("trainer", {}).get("live") or {})
     replicas = nproc
@@ -97,7 +117,8 @@ def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_resta
             out.mkdir(parents=True, exist_ok=True)
             env = {**replica_env(replace(replica_options, lighthouse=lighthouse.address, run_id=run_id,
                                          replica=replica)),
-                   ENV_REPLICAS: str(replicas), ENV_START: f"{options.host}:{store.port}"}
+                   ENV_REPLICAS: str(replicas), ENV_START: f"{options.host}:{store.port}",
+                   ENV_RESTART: str(restarts[replica]), ENV_SPAWNED: repr(time.time())}
             p = context.Process(target=_replica_main, args=(env, fn, (container, str(out))),
                                 name=f"pipesgd-live-replica-{replica}")
             p.start()

@@ -54,6 +54,8 @@ ENV_MIN_REPLICAS = "PIPESGD_LIVE_MIN_REPLICAS"
 ENV_INIT_SYNC = "PIPESGD_LIVE_INIT_SYNC"
 ENV_REPLICAS = "PIPESGD_LIVE_REPLICAS"
 ENV_START = "PIPESGD_LIVE_START_STORE"  # host:port of the launcher's store: the replica groups start together
+ENV_RESTART = "PIPESGD_LIVE_RESTART"  # how often the launcher has restarted this replica group (0: its first process)
+ENV_SPAWNED = "PIPESGD_LIVE_SPAWNED_AT"  # unix time at which the launcher started this process
 
 
 def replica_env(options: LiveOptions) -> dict[str, str]:
@@ -88,3 +90,12 @@ def replica_shard() -> tuple[int, int] | None:
     if not os.environ.get(ENV_REPLICAS):
         return None
     return int(os.environ[ENV_REPLICA]), int(os.environ[ENV_REPLICAS])
+
+
+def replica_attempt() -> tuple[int, int] | None:
+    """``(replica, restarts)``: this replica group's number and how often the live launcher has
+    restarted it (0 in its first process), or None outside a live launch."""
+    shard = replica_shard()
+    if shard is None:
+        return None
+    return shard[0], int(os.environ.get(ENV_RESTART, "0"))

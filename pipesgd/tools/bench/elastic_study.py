@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pipesgd.runinfo import git_commit, write_json_atomic
 
-from .runner import CellFailed, recorded, run_logged
+from .runner import CellFailed, check_seeds_and_overrides, recorded, run_logged
 
 log = logging.getLogger("pipesgd.tools.bench.elastic_study")
 ROOT = Path()  # defaults are under the current directory (run from a clone's root to update its docs/)
@@ -67,15 +67,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     bad = [w for w in a.workloads if w not in WORKLOADS]
     if bad or not a.workloads:
         parser.error(f"argument --workloads: {','.join(bad) or '(empty)'} is not one of {', '.join(WORKLOADS)}")
-    try:
-        a.seeds = [int(s) for s in a.seeds.split(",") if s]
-    except ValueError:
-        parser.error(f"argument --seeds: {a.seeds!r} is not a comma-separated list of integers")
-    if not a.seeds or min(a.seeds) < 0:
-        parser.error(f"argument --seeds: {a.seeds!r} must name at least one seed >= 0")
-    bad = [o for o in a.overrides if "=" not in o]
-    if bad:
-        parser.error(f"unexpected argument(s) {bad}: positional arguments are Hydra overrides key=value")
+    check_seeds_and_overrides(parser, a)
     return a
 
 

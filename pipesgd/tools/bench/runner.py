@@ -9,6 +9,7 @@ checkout. Output of each process goes to a log file next to its run directory, n
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -72,6 +73,20 @@ def recorded(cmd: Sequence[str], s: Settings | None = None) -> str:
     return shlex.join("python" if a == python else a.replace(f"{root}/", "") for a in cmd)
 
 
+def check_seeds_and_overrides(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """A study's ``--seeds`` (comma-separated, in ``a.seeds``) as a list of ints >= 0, and its
+    positional Hydra overrides each ``key=value``; ``parser.error`` naming the bad argument."""
+    try:
+        a.seeds = [int(s) for s in a.seeds.split(",") if s]
+    except ValueError:
+        parser.error(f"argument --seeds: {a.seeds!r} is not a comma-separated list of integers")
+    if not a.seeds or min(a.seeds) < 0:
+        parser.error(f"argument --seeds: {a.seeds!r} must name at least one seed >= 0")
+    bad = [o for o in a.overrides if "=" not in o]
+    if bad:
+        parser.error(f"unexpected argument(s) {bad}: positional arguments are Hydra overrides key=value")
+
+
 # --- processes --------------------------------------------------------------------------------------
 
 
@@ -105,10 +120,11 @@ def stop_on_signals(signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signa
 
 
 def run_logged(cmd: Sequence[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None,
-               append: bool = False) -> None:
+               append: bool = False, watch: Callable[[subprocess.Popen], None] | None = None) -> None:
     """Run ``cmd`` with its output in ``log_path`` (``env``: extra variables; ``append``: after what
     the file already holds, as a resumed run's next segment); raise CellFailed on a non-zero exit or
-    timeout.
+    timeout. ``watch(proc)``, if given, runs once the child has started (a drill acting on it while
+    it runs); what it raises stops the child as a timeout does.
 
     The child gets its own process group, so a timeout or Ctrl-C here stops it and everything it
     started (pipesgd.tools.emulate tears its namespaces down on SIGTERM).
@@ -122,6 +138,8 @@ def run_logged(cmd: Sequence[str], log_path: Path, timeout_s: float, env: dict[s
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
         try:
+            if watch is not None:
+                watch(proc)
             code = proc.wait(timeout=timeout_s)
         except BaseException:
             _stop(proc)

@@ -31,8 +31,8 @@ from pipesgd.runinfo import write_json_atomic
 
 log = logging.getLogger("pipesgd.tools.emulate.drill")
 
-_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
-_STEP = re.compile(r" step (\d+)/(\d+) ")
+STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
+STEP = re.compile(r" step (\d+)/(\d+) ")
 RDZV_PORT = 29400
 
 
@@ -52,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _stamp(line: str) -> float | None:
-    m = _STAMP.match(line)
+def stamp(line: str) -> float | None:
+    """The unix time of a pipesgd log line (``[2026-11-27 11:47:40,548][...]``), or None."""
+    m = STAMP.match(line)
     return None if m is None else datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
@@ -69,7 +70,7 @@ class Log:
         return self.lines
 
     def last_step(self) -> int:
-        steps = [int(m[1]) for line in self.poll() if (m := _STEP.search(line))]
+        steps = [int(m[1]) for line in self.poll() if (m := STEP.search(line))]
         return steps[-1] if steps else 0
 
 
@@ -139,24 +140,24 @@ def drill(a: argparse.Namespace) -> dict:
             _wait_for("the smaller world's resume", lambda: any(shrink in x for x in train_log.poll()), deadline, agents)
             i = next(k for k, x in enumerate(train_log.poll()) if shrink in x)
             _wait_for("the first step at the smaller world",
-                      lambda: any(_STEP.search(x) for x in train_log.poll()[i:]), deadline, agents)
+                      lambda: any(STEP.search(x) for x in train_log.poll()[i:]), deadline, agents)
             lines = train_log.lines
-            first = next(x for x in lines[i:] if _STEP.search(x))
+            first = next(x for x in lines[i:] if STEP.search(x))
             resumed = re.search(r"step (\d+) -> (\d+)", lines[i])
-            result |= {"seconds_to_resume": _stamp(lines[i]) - t_kill, "seconds_to_first_step": _stamp(first) - t_kill,
+            result |= {"seconds_to_resume": stamp(lines[i]) - t_kill, "seconds_to_first_step": stamp(first) - t_kill,
                        "steps_lost": result["killed_at_step"] - int(resumed[1]) if resumed else None,
                        "shrink_line": lines[i].split(" - ", 1)[-1]}
             log.info("the group re-formed with %d nodes: first step %.1f s after the kill, %s steps of work lost",
                      a.nodes - 1, result["seconds_to_first_step"], result["steps_lost"])
             if a.rejoin_after >= 0:
-                at = int(_STEP.search(first)[1]) + a.rejoin_after
+                at = int(STEP.search(first)[1]) + a.rejoin_after
                 _wait_for(f"step {at}", lambda: train_log.last_step() >= at, deadline, agents)
                 t_back = time.time()
                 agents[a.kill_node] = start_agent(cluster, a, a.kill_node, a.run_dir / f"node{a.kill_node}.log")
                 grow = f"elastic resume: world {a.nodes - 1} -> {a.nodes} ranks"
                 _wait_for("the node's rejoin", lambda: any(grow in x for x in train_log.poll()), deadline, agents)
                 line = next(x for x in train_log.poll() if grow in x)
-                result |= {"seconds_to_rejoin": _stamp(line) - t_back, "grow_line": line.split(" - ", 1)[-1]}
+                result |= {"seconds_to_rejoin": stamp(line) - t_back, "grow_line": line.split(" - ", 1)[-1]}
             for node, p in agents.items():
                 p.wait(timeout=max(1.0, deadline - time.monotonic()))
             result["agent_exit_codes"] = {node: p.returncode for node, p in agents.items()}
