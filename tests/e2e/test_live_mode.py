@@ -74,7 +74,10 @@ def test_the_live_drill_measures_a_killed_group_that_heals(tmp_path):
     d = res["runs"][0]["drill"]
     why = json.dumps(d, indent=1)  # what the drill measured, for a failure's message
     assert (d["fault"], d["faulted_group"], d["fault_step"]) == ("kill", 1, 5)
-    assert d["updates_lost"] <= 1 and d["skipped_commits"]["0"] <= 1, why
+    # Width 2 keeps two reductions in flight: group 1 dies after step 5's backward, so the survivor
+    # loses the one launched at step 5 (its quorum had group 1) and, when group 1's share of the one
+    # launched at step 4 was still on the wire (a slow step; seen in CI), that one too.
+    assert d["updates_lost"] <= 2 and d["skipped_commits"]["0"] <= 2, why
     assert d["healed"] == {"0": 0, "1": 1} and d["weights_agree"], why
     # bit-identical to its donor's at the first update they apply together (the engine logs both digests)
     assert d["first_joint_step"]["identical"] and list(d["first_joint_step"]["donors"]) == ["0"], why
