@@ -136,3 +136,15 @@ def test_a_stopped_group_is_found_by_its_fault_line_and_signalled(tmp_path, afte
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_drills_with_other_overrides_never_share_a_run_directory(tmp_path):
+    """A stop drill with trainer.live.timeout_s=2 once resumed the default stop drill's checkpoints
+    (same directory name) and failed on the config digest: the overrides are in the name now."""
+    base = ["--workload", "mnist", "--replicas", "2", "--fault", "stop", "--dir", str(tmp_path), "--json",
+            str(tmp_path / "d.json")]
+    plain = live_drill.parse([*base, "data.root=x"])
+    shorter = live_drill.parse([*base, "data.root=x", "trainer.live.timeout_s=2"])
+    assert live_drill.drill_dir(plain, 0) != live_drill.drill_dir(shorter, 0)
+    assert live_drill.drill_dir(plain, 0) == live_drill.drill_dir(live_drill.parse([*base, "data.root=x"]), 0)
+    assert live_drill.drill_dir(plain, 0) != live_drill.drill_dir(plain, 1)

@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -152,10 +153,26 @@ def _stopped(pid: int) -> bool:
         return False
 
 
+def _overrides_digest(a: argparse.Namespace) -> str:
+    return hashlib.sha256("\0".join(a.overrides).encode()).hexdigest()[:8]
+
+
+def drill_dir(a: argparse.Namespace, seed: int) -> Path:
+    """The faulted run's directory: named by the fault, the group count, the overrides' digest and
+    the seed, so drills with other overrides (``trainer.live.timeout_s=2``) never share one."""
+    stop = f"-{a.after_stop}" if a.fault == "stop" else ""
+    return (a.dir / f"{a.workload}-{a.fault}{stop}-r{a.replicas}-{_overrides_digest(a)}-s{seed}").resolve()
+
+
 def run_drill(a: argparse.Namespace, seed: int) -> tuple[Path, float | None]:
-    """The faulted run of ``seed``; returns its directory and when a stopped group was signalled."""
-    name = f"{a.workload}-{a.fault}{'-' + a.after_stop if a.fault == 'stop' else ''}-r{a.replicas}-s{seed}"
-    run_dir = (a.dir / name).resolve()
+    """The faulted run of ``seed``, from scratch (a previous drill's directory of the same name is
+    removed: resuming its checkpoints would not be the drill); returns its directory and when a
+    stopped group was signalled."""
+    run_dir = drill_dir(a, seed)
+    name = run_dir.name
+    if run_dir.exists():
+        log.info("removing the previous drill's %s: a drill starts from scratch", run_dir)
+        shutil.rmtree(run_dir)
     cmd = _command(a, seed, run_dir)
     fault = f"{a.fault}:{a.replicas - 1}:{a.at_step}"
     log.info("$ PIPESGD_FAULT=%s %s", fault, recorded(cmd))
@@ -170,8 +187,7 @@ def run_drill(a: argparse.Namespace, seed: int) -> tuple[Path, float | None]:
 def run_reference(a: argparse.Namespace, seed: int) -> Path:
     """The uninterrupted run of ``seed``, kept and reused by any drill of the same workload, group
     count and overrides (their digest is in the directory's name)."""
-    digest = hashlib.sha256("\0".join(a.overrides).encode()).hexdigest()[:8]
-    run_dir = (a.dir / f"{a.workload}-reference-r{a.replicas}-{digest}-s{seed}").resolve()
+    run_dir = (a.dir / f"{a.workload}-reference-r{a.replicas}-{_overrides_digest(a)}-s{seed}").resolve()
     if not (run_dir / "summary.json").exists():
         cmd = _command(a, seed, run_dir)
         log.info("$ %s", recorded(cmd))
