@@ -5,6 +5,7 @@ update; a SIGSTOPped peer makes the others fail with an error naming it (heartbe
 import os
 import re
 import signal
+import time
 from datetime import timedelta
 
 import pytest
@@ -126,8 +127,6 @@ def test_stopped_peer_is_named_by_every_other_rank():
 def _late_reader_worker(rank, p):
     """Rank 1 stops; rank 0 returns at once (its process exits); rank 2 reads the heartbeats only
     after rank 0 is gone and rank 1's last beat is stale: the job's store must still answer."""
-    import time
-
     watchdog = Watchdog.from_env(rank, p, timeout_s=3)
     watchdog.set("compute", 1)
     watchdog.start()

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipesgd.runinfo import git_commit, write_json_atomic
+from pipesgd.runinfo import git_commit
 
-from .runner import CellFailed, check_seeds_and_overrides, recorded, run_logged
+from .runner import CellFailed, check_seeds_and_overrides, recorded, run_logged, save
 
 log = logging.getLogger("pipesgd.tools.bench.elastic_study")
 ROOT = Path()  # defaults are under the current directory (run from a clone's root to update its docs/)
@@ -164,8 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     log.error("%s", e)
                     ok = False
     res = result(a)
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(a.json, res)
+    save(a.json, res)
     print(table(res))
     return 0 if ok else 1
 

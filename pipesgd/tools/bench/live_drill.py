@@ -47,10 +47,11 @@ from pathlib import Path
 
 from pipesgd.hostinfo import fingerprint
 from pipesgd.live.launch import replica_dir
-from pipesgd.runinfo import git_commit, write_json_atomic
+from pipesgd.runinfo import git_commit
 from pipesgd.tools.emulate.drill import STEP, Log, stamp
 
-from .runner import CellFailed, Stopped, check_seeds_and_overrides, recorded, run_logged, stop_on_signals
+from .runner import (CellFailed, Stopped, check_seeds_and_overrides, recorded, run_logged, save,
+                     stop_on_signals)
 
 log = logging.getLogger("pipesgd.tools.bench.live_drill")
 ROOT = Path()  # defaults are under the current directory (run from a clone's root)
@@ -363,8 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("stopped by %s: %d seed(s) recorded", e.sig.name, len(rows))
         ok = False
     res = result(a, rows)
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(a.json, res)
+    save(a.json, res)
     print(table(res))
     return 0 if ok else 1
 

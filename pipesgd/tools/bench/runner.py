@@ -481,6 +481,7 @@ def merge(existing: list[dict], new: list[dict], order: Sequence[str]) -> list[d
     return sorted(by_name.values(), key=lambda c: (rank.get(c["name"], len(rank)), c["name"]))
 
 
-def save(path: Path, cells: list[dict]) -> None:
+def save(path: Path, result: object) -> None:
+    """``result`` as JSON at ``path``, atomically, its directory made if missing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, cells)
+    write_json_atomic(path, result)
