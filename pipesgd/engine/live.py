@@ -87,9 +87,9 @@ class LiveEngine(Engine):
         self.compressor, self._allreduce = _carried(compressor, allreduce)
         require_torchft()
         _quiet_torchft()
-        from torchft.manager import Manager
         from torchft.process_group import ProcessGroupGloo
 
+        from ..live import listen
         from ..live.transport import RunTransport
 
         self.module, self.optimizer, self.options = module, optimizer, options
@@ -109,17 +109,16 @@ class LiveEngine(Engine):
         self._snapshot = _Snapshot()
         self._heal_event: str | None = None  # healed, or served a healer: log the weights' digest at the next update
         timeout = timedelta(seconds=options.timeout_s)
-        self._store = torch.distributed.TCPStore(options.host, 0, is_master=True, wait_for_workers=False,
-                                                 timeout=timeout)
+        self._store = listen.store_master(options.host, timeout)
         self._transport = RunTransport(options.run_id, options.host, timeout)
         pg = ProcessGroupGloo(timeout=timeout)
         self.group = TorchftGroup(pg)
-        self.manager = Manager(
-            pg=pg, load_state_dict=None, state_dict=None,
+        self.manager = listen.manager(
+            options.host, pg=pg, load_state_dict=None, state_dict=None,
             min_replica_size=options.min_replicas, use_async_quorum=True, timeout=timeout,
             quorum_timeout=timedelta(seconds=options.quorum_timeout_s), connect_timeout=timeout, rank=0,
             world_size=1, store_addr=options.host, store_port=self._store.port, lighthouse_addr=options.lighthouse,
-            replica_id=f"{options.run_id}_{options.replica}", hostname=options.host,
+            replica_id=f"{options.run_id}_{options.replica}", hostname=listen.bracketed(options.host),
             checkpoint_transport=self._transport, init_sync=options.init_sync)
         self.manager.register_state_dict_fn("pipesgd", self._load_peer_state, self._snapshot.take)
         self._thread = CommThread("pipesgd-live")

@@ -17,6 +17,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from ..launch import WorkerFailed
+from . import listen
 from .lighthouse import Lighthouse, LighthouseOptions
 from .options import (ENV_REPLICA, ENV_REPLICAS, ENV_RESTART, ENV_SPAWNED, ENV_START, LiveOptions, replica_attempt,
                       replica_env)
@@ -108,9 +109,7 @@ def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_resta
     context = multiprocessing.get_context("spawn")
     procs: dict[int, multiprocessing.process.BaseProcess] = {}
     restarts = dict.fromkeys(range(replicas), 0)
-    import torch.distributed as dist
-
-    store = dist.TCPStore(options.host, 0, is_master=True, wait_for_workers=False)  # start_together's
+    store = listen.store_master(options.host)  # start_together's
     with Lighthouse(options) as lighthouse:
         def start(replica: int) -> None:
             out = replica_dir(run_dir, replica)

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 
 from . import require_torchft
+from .listen import bracketed
 from .options import LOOPBACK
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class Lighthouse:
         from torchft.coordination import LighthouseServer
 
         self.options = options
-        host = f"[{options.host}]" if ":" in options.host else options.host
+        host = bracketed(options.host)
         self._server = LighthouseServer(bind=f"{host}:{options.port}", min_replicas=options.min_replicas,
                                         join_timeout_ms=options.join_timeout_ms,
                                         quorum_tick_ms=options.quorum_tick_ms,

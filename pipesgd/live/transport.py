@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 
 from . import require_torchft
+from .listen import bracketed
 
 require_torchft()
 from torchft.checkpointing.transport import CheckpointTransport  # noqa: E402
@@ -88,8 +89,7 @@ class RunTransport(CheckpointTransport):
 
     @property
     def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self._server.server_address[1]}/{self.run_id}/"
+        return f"http://{bracketed(self.host)}:{self._server.server_address[1]}/{self.run_id}/"
 
     def metadata(self) -> str:
         return self.address

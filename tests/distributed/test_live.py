@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ if importlib.util.find_spec("torchft") is None:
                     pytrace=False)
     pytest.skip("torchft is not installed (pip install '.[live]')", allow_module_level=True)
 
+from listening import listening, on_every_interface  # noqa: E402
 from pipesgd.live.lighthouse import Lighthouse, LighthouseOptions  # noqa: E402
 
 
@@ -60,6 +62,14 @@ def _replica(lighthouse: Lighthouse, replica: int, out: Path, tmp_path: Path, *e
         [sys.executable, str(ROOT / "tests" / "live_replica.py"), "--lighthouse", lighthouse.address,
          "--run-id", "live-test", "--replica", str(replica), "--out", str(out), "--stop", str(tmp_path / "stop"),
          *extra], env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "RUST_LOG": "warn"}, cwd=tmp_path)
+
+
+def _on_loopback_only(pid: int, servers: int) -> None:
+    """Process ``pid`` listens on none of every interface's addresses, and on loopback (the run's
+    address here) with at least ``servers`` sockets (docs/reliability.md, "Security")."""
+    sockets = listening(pid)
+    assert not on_every_interface(sockets), f"listening on every interface: {on_every_interface(sockets)}"
+    assert sum(a.is_loopback for a, _, _ in sockets) >= servers, sockets
 
 
 def _all_exit_0(procs: list[subprocess.Popen], timeout_s: float) -> None:
@@ -98,6 +108,8 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
         survivor, victim = start(0, a, "--checkpoint-every-step"), start(1, b)
         applied = lambda path: sum(r["applied"] for r in _records(path))  # noqa: E731
         _wait_until(lambda: applied(a) >= 5 and applied(b) >= 5, 100, "both replicas applying updates", procs)
+        for p in (survivor, victim):  # its store, its Manager's server and its state server (Gloo's too)
+            _on_loopback_only(p.pid, servers=3)
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
         procs.remove(victim)
@@ -366,6 +378,113 @@ def test_the_lighthouse_listens_on_loopback_only():
         assert lighthouse.address.startswith("http://127.0.0.1:")
     with pytest.raises(ValueError, match="every interface"):
         LighthouseOptions(host="")
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.timeout(60)
+def test_the_launcher_listens_on_the_runs_address_only(monkeypatch, tmp_path):
+    """The live launcher's servers, the lighthouse and the store the replica groups start together
+    on, all up when it starts the first group: on loopback (trainer.live.host's default) only."""
+    from ipaddress import ip_address
+
+    from pipesgd.live import launch as live_launch
+
+    before, seen = listening(os.getpid()), {}
+
+    class Context:  # notes what the launcher listens on as it would start the first replica group
+        def Process(self, target, args, name):  # noqa: N802 (multiprocessing's spelling)
+            seen["sockets"] = listening(os.getpid()) - before
+            raise _Stop
+
+    monkeypatch.setattr(live_launch.multiprocessing, "get_context", lambda method: Context())
+    with pytest.raises(_Stop):
+        live_launch.run(lambda *a: None, ({}, str(tmp_path)), nproc=2)
+    assert not on_every_interface(seen["sockets"]), on_every_interface(seen["sockets"])
+    assert sorted(a for a, _, _ in seen["sockets"]) == [ip_address("127.0.0.1")] * 2, seen["sockets"]
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine")
+@pytest.mark.timeout(60)
+def test_a_replica_group_on_an_ipv6_address_listens_there(tmp_path):
+    """trainer.live.host=::1: the lighthouse, the replica's store, its Manager's server (which
+    advertises the address in brackets) and its state server on ::1, and it trains."""
+    from ipaddress import ip_address
+
+    from pipesgd.engine.live import LiveEngine
+    from pipesgd.live.options import LiveOptions
+
+    before = listening(os.getpid())
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Lighthouse(LighthouseOptions(host="::1")) as lighthouse:
+        engine = LiveEngine(model, optimizer, LiveOptions(lighthouse.address, "v6", 0, host="::1", init_sync=False))
+        try:
+            for _ in range(3):
+                optimizer.zero_grad()
+                model(torch.ones(4, 3)).sum().backward()
+                stats = engine.step()
+            sockets = listening(os.getpid()) - before
+        finally:
+            engine.close()
+    assert stats.applied
+    assert not on_every_interface(sockets), on_every_interface(sockets)
+    assert sum(a == ip_address("::1") for a, _, _ in sockets) == 4, sockets  # Gloo's: the hostname's address
+
+
+@pytest.mark.parametrize("host, bind", [("127.0.0.1", "127.0.0.1:4321"), ("::1", "[::1]:4321")])
+def test_the_managers_server_binds_the_runs_address_with_torchfts_port(monkeypatch, host, bind):
+    """What torchft 0.2.0's Manager hands its server (``[::]`` and the port it chose), rewritten."""
+    import torchft.manager as tm
+
+    from pipesgd.live import listen
+
+    binds = []
+
+    def server(**kw):
+        binds.append(kw["bind"])
+
+    monkeypatch.setattr(tm, "ManagerServer", server)
+    monkeypatch.setattr(tm, "Manager", lambda **kw: tm.ManagerServer(bind="[::]:4321", store_addr="s"))
+    listen.manager(host, rank=0)
+    assert binds == [bind]
+    assert tm.ManagerServer is server  # put back once the Manager is built
+
+
+@pytest.mark.parametrize("server_binds, why", [(["0.0.0.0:0"], r"bind='0.0.0.0:0', not '\[::\]:<port>'"),
+                                               ([], "called ManagerServer 0 times, not once")])
+def test_a_torchft_shaped_otherwise_is_refused_rather_than_listening_everywhere(monkeypatch, server_binds, why):
+    import torchft.manager as tm
+
+    from pipesgd.live import listen
+
+    shut = []
+
+    class Manager:  # a torchft whose Manager starts its server differently from 0.2.0's
+        def __init__(self, **kw):
+            for bind in server_binds:
+                tm.ManagerServer(bind=bind)
+
+        def shutdown(self, wait: bool) -> None:
+            shut.append(wait)
+
+    server = tm.ManagerServer
+    monkeypatch.setattr(tm, "Manager", Manager)
+    with pytest.raises(RuntimeError, match=rf"torchft \S+ is not shaped as pipesgd expects \(its Manager .*{why}\).*"
+                                           r"torchft==0\.2\.0"):
+        listen.manager("127.0.0.1", rank=0)
+    assert tm.ManagerServer is server
+    assert shut == ([] if server_binds else [False])  # a Manager built with no server is shut down
 
 
 def test_widths_other_than_two_are_refused():
