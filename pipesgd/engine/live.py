@@ -299,9 +299,9 @@ class LiveEngine(Engine):
         problem = describe_summed_mismatch(groups, sums.tolist(), rider.mine,
                                            f"update {rider.update} (this group's step {rider.step})")
         if problem:
-            raise ReplicaMismatch(problem + " (the live mode's replica check, every trainer.check_every committed "
-                                  "updates; every group applies the same averaged updates, so this is a group that "
-                                  "changed its weights outside engine.step(), memory corruption, a bug or "
+            raise ReplicaMismatch(problem + f" (the live replica check, every {self.check_every} committed updates: "
+                                  "trainer.check_every; every group applies the same averaged updates, so this is a "
+                                  "group that changed its weights outside engine.step(), memory corruption, a bug or "
                                   "non-deterministic hardware)")
         self.replica_checks += groups >= 2 and rider.mine is not None
 
