@@ -521,6 +521,20 @@ def test_widths_other_than_two_are_refused():
                    width=3)
 
 
+@pytest.mark.parametrize("check_every, dtype, why", [
+    (0, torch.float32, r"check_every=0 is invalid: committed updates between replica checks, an integer >= 1"),
+    (2.5, torch.float32, r"check_every=2.5 is invalid"),
+    (4, torch.bfloat16, r"check_every=4 needs float32 or float64 parameters.*these are torch.bfloat16")])
+def test_a_replica_check_the_sums_cannot_make_exact_is_refused(check_every, dtype, why):
+    from pipesgd.engine.live import LiveEngine
+    from pipesgd.live.options import LiveOptions
+
+    model = torch.nn.Linear(2, 2).to(dtype)
+    with pytest.raises(ValueError, match=why):
+        LiveEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), LiveOptions("http://127.0.0.1:1", "r", 0),
+                   check_every=check_every)
+
+
 @pytest.mark.timeout(60)
 def test_the_state_a_donor_hands_over_is_a_copy_later_updates_do_not_reach():
     """torchft serializes the donor's state on its quorum thread while the training thread goes on
