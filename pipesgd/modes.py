@@ -46,6 +46,9 @@ class Mode:
     ``nonfinite_skip``: the ranks can drop a non-finite step together (``trainer.nonfinite=skip``).
     ``min_world``: fewest processes it runs with.
     ``replicas_agree``: identical weights after every step (replica checks apply).
+    ``check_on_reductions``: the replica check rides on the engine's own reductions:
+    ``trainer.check_every`` reaches its builder (``ModeArgs.check_every``) and the reliability
+    hooks gather no digests (live: its replica groups share no process group to gather on).
     ``elastic``: a checkpoint resumes on another world size (pipesgd.elastic's rules cover its
     state; a parameter server's master copy on one rank is not covered).
     ``nccl``: runs on the NCCL backend (ps_async's server receives from whichever worker pushes
@@ -70,6 +73,7 @@ class Mode:
     nonfinite_skip: bool = True
     min_world: int = 1
     replicas_agree: bool = True
+    check_on_reductions: bool = False
     elastic: bool = True
     nccl: bool = True
     launcher: Callable[..., None] | None = None
@@ -78,6 +82,9 @@ class Mode:
     def __post_init__(self) -> None:
         if self.overlap not in OVERLAPS:
             raise ValueError(f"overlap={self.overlap!r} is not known; allowed: {', '.join(OVERLAPS)}")
+        if self.check_on_reductions and not self.replicas_agree:
+            raise ValueError("check_on_reductions=True needs replicas_agree=True: a check compares replicas "
+                             "that agree")
 
     def runs_at(self, width: int) -> int:
         """The width this mode runs at when ``trainer.width`` is ``width``: its own fixed width,

@@ -210,7 +210,8 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
         allreduce=_build_allreduce(cfg) if mode.allreduce else None, group=ctx.comm_group,
         world_size=ctx.world_size, warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
         staleness=instantiate(cfg.staleness),
-        nonfinite=cfg.trainer.nonfinite, timeout_s=ctx.engine_timeout_s))
+        nonfinite=cfg.trainer.nonfinite, timeout_s=ctx.engine_timeout_s,
+        check_every=cfg.trainer.check_every if mode.check_on_reductions else None))
     if cfg.trainer.max_grad_norm is not None:
         clip_applied_gradient(optimizer, cfg.trainer.max_grad_norm)
     steps_per_epoch = len(train_loader)
@@ -223,11 +224,11 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
 
 def _reliability(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, run_dir: str, container: dict) -> Reliability:
     """The trainer's hooks: checkpoints and resume, replica checks, faults, the hang watchdog."""
-    t = cfg.trainer
+    t, mode = cfg.trainer, get_mode(cfg.trainer.mode)
     return Reliability(
         model=run.model, optimizer=run.optimizer, scheduler=run.scheduler, engine=run.engine, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, run_dir=run_dir,
         config=container, checkpoint_every=t.checkpoint_every, keep=t.keep_checkpoints, resume=t.resume,
-        check_every=t.check_every if get_mode(t.mode).replicas_agree else None,
+        check_every=t.check_every if mode.replicas_agree and not mode.check_on_reductions else None,
         faults=Faults.from_env(ctx.rank), watchdog=Watchdog.from_env(ctx.rank, ctx.world_size, cfg.dist.timeout_s),
         elastic=t.elastic, mode=t.mode)
 

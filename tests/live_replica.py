@@ -1,6 +1,8 @@
 """One replica group of a live run, for tests/distributed/test_live.py: a small model trained with
 LiveEngine until ``--stop`` exists; after every step one JSON line: the engine's step, torchft's
-committed step, whether the update was applied or skipped, and the weights' sha256."""
+committed step, whether the update was applied or skipped, the replica checks passed so far, and
+the weights' sha256. A replica check that fails ends it with status 3, its message in
+``<out>.mismatch``."""
 
 from __future__ import annotations
 
@@ -17,8 +19,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipesgd.engine.live import COMMS, STALENESSES, LiveEngine  # noqa: E402
+from pipesgd.faults import Fault, Faults  # noqa: E402
 from pipesgd.live.options import LiveOptions  # noqa: E402
-from pipesgd.replicas import digest  # noqa: E402
+from pipesgd.replicas import ReplicaMismatch, digest  # noqa: E402
+
+MISMATCH = 3  # the exit status of a replica check that failed
 
 
 def make_model(seed: int) -> torch.nn.Module:
@@ -55,6 +60,9 @@ def main() -> None:
     p.add_argument("--init-sync", type=int, default=1, help="torchft's step-0 sync (1) or none (0)")
     p.add_argument("--comm", default="native", choices=COMMS, help="the allreduce over torchft's group")
     p.add_argument("--compressor", default="none", help="a per-chunk compressor it carries (int8: the ring only)")
+    p.add_argument("--check-every", type=int, default=None, help="committed updates between replica checks")
+    p.add_argument("--perturb", help="once this file exists, perturb the weights after the next backward "
+                                     "(PIPESGD_FAULT's perturb: silent drift of this group)")
     a = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format=f"[replica {a.replica}] %(name)s %(message)s")
     torch.set_num_threads(1)
@@ -63,15 +71,20 @@ def main() -> None:
     engine = LiveEngine(model, optimizer, LiveOptions(a.lighthouse, a.run_id, a.replica, timeout_s=10,
                                                       quorum_timeout_s=20, min_replicas=a.min_replicas,
                                                       init_sync=bool(a.init_sync)),
-                        staleness=a.staleness, compressor=a.compressor, allreduce=a.comm)
+                        staleness=a.staleness, compressor=a.compressor, allreduce=a.comm, check_every=a.check_every)
     engine.register_state("scheduler", scheduler.state_dict, scheduler.load_state_dict)
     out = open(a.out, "a", buffering=1)
+    perturbed = False
     try:
         while not os.path.exists(a.stop) and engine.steps < a.max_steps:
             x, y = batch(a.replica, engine.steps)
             optimizer.zero_grad(set_to_none=True)
             with engine.forward_context():
                 F.cross_entropy(model(x), y).backward()
+            if a.perturb and not perturbed and os.path.exists(a.perturb):
+                Faults([Fault("perturb", a.replica, engine.steps + 1)], a.replica).after_backward(engine.steps + 1,
+                                                                                                  model)
+                perturbed = True
             stats = engine.step()
             if stats.applied:
                 scheduler.step()
@@ -81,8 +94,12 @@ def main() -> None:
             out.write(json.dumps({"step": engine.steps, "committed": engine.manager.current_step(),
                                   "applied": stats.applied, "skipped": stats.skipped, "healed": engine.healed,
                                   "valid": stats.metrics.get("live/valid"), "wire": stats.comm.wire_bytes,
+                                  "checks": engine.replica_checks, "perturbed": perturbed,
                                   "lr": optimizer.param_groups[0]["lr"], "digest": digest(weights)}) + "\n")
         engine.flush()
+    except ReplicaMismatch as e:
+        Path(f"{a.out}.mismatch").write_text(str(e))
+        sys.exit(MISMATCH)
     finally:
         engine.close()
         out.close()

@@ -198,3 +198,4 @@ class ModeArgs:
     staleness: str | Staleness = "none"
     nonfinite: str = "abort"
     timeout_s: float | None = None
+    check_every: int | None = None  # trainer.check_every where the mode's reductions carry the check, else None

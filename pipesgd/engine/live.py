@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import timedelta
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +29,7 @@ from ..live.group import TorchftGroup
 from ..live.options import LiveOptions
 from ..modes import check_comm, check_compressor, register
 from ..reduction import Reduction, resolve
+from ..replicas import EXACT_GROUPS, MOMENTS, ReplicaMismatch, describe_summed_mismatch, moments
 from ..staleness import Staleness, make_staleness
 from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, state_to_device
 
@@ -36,7 +38,16 @@ log = logging.getLogger(__name__)
 STALENESSES = ("none", "lookahead", "predict")  # rules whose state a heal carries whole (docs/reliability.md)
 COMMS = ("auto", "native", "ring")  # the allreduces that run over torchft's group (auto: the ring there, on Gloo)
 WIDTH = 2  # torchft changes quorums between steps: at most one reduction may be in flight across one
-FLAG, COUNT = -2, -1  # the flat buffer's tail: non-finite flag, then the count of valid contributions
+TAIL = 2  # after the gradient: the non-finite flag and the count of valid contributions (then a check's sums)
+
+
+class Rider(NamedTuple):
+    """A replica check a reduction carries: the weights after ``update`` committed updates (the
+    quorum's step), launched at this group's ``step``; ``mine``, this group's digest if it took part."""
+
+    update: int
+    step: int
+    mine: str | None
 
 
 class LiveEngine(Engine):
@@ -67,7 +78,19 @@ class LiveEngine(Engine):
 
     ``staleness``: a rule of :data:`STALENESSES` (lookahead, predict), applied as PipeSGD applies
     it at width 2; its state travels with a heal (the donor's, taken with the reduction its kept
-    gradient stands for still in flight, so the healer drops or applies it with that reduction)."""
+    gradient stands for still in flight, so the healer drops or applies it with that reduction).
+
+    ``check_every``: every that many committed updates (torchft's step, which every group of a
+    quorum holds), the replicas' weights are compared on the reduction itself: it carries, after
+    the count, each byte d of the sha256 of the weights it was launched from
+    (:meth:`consistent_weights`) and d*d, summed exactly with the count; a mismatch raises
+    :class:`~pipesgd.replicas.ReplicaMismatch` from the ``step()`` that votes the reduction in, on
+    every group (:func:`~pipesgd.replicas.moments` says how the sums tell). A share that is zeroed
+    (a healer's) takes no part; a reduction the quorum drops takes its check with it. No
+    collective of its own: the groups share no process group to gather digests on, and a check
+    asked for by a call could not be agreed with a group that joins (its buffer would be
+    shorter than its peers'), so the check follows the quorum's step. Float32 or float64
+    parameters (the sums are exact there)."""
 
     width = WIDTH
     shared_state = ()
@@ -76,7 +99,11 @@ class LiveEngine(Engine):
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: LiveOptions,
                  nonfinite: str = "abort", width: int = WIDTH, staleness: str | Staleness = "none",
                  compressor: str | Compressor | Reduction | None = "none",
-                 allreduce: str | Callable[..., CommStats] = "auto"):
+                 allreduce: str | Callable[..., CommStats] = "auto", check_every: int | None = None):
+        if check_every is not None and (isinstance(check_every, bool) or not isinstance(check_every, int)
+                                        or check_every < 1):
+            raise ValueError(f"check_every={check_every!r} is invalid: committed updates between replica checks, "
+                             f"an integer >= 1, or None for none")
         if width != WIDTH:
             raise ValueError(f"trainer.width={width!r} is not available with trainer.mode=live: torchft re-forms "
                              f"the group between steps, so only width {WIDTH} (one reduction in flight) runs")
@@ -97,14 +124,19 @@ class LiveEngine(Engine):
         if not self.params:
             raise ValueError("the module has no parameter with requires_grad=True: nothing to reduce")
         self.numel = sum(p.numel() for p in self.params)
+        if check_every is not None and self.params[0].dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"check_every={check_every} needs float32 or float64 parameters, whose sums of the "
+                             f"digests' bytes are exact; these are {self.params[0].dtype}")
+        self.check_every = check_every
         self.staleness.bind(self.params, optimizer)
         self.nonfinite = NonFinitePolicy(nonfinite)
         self.steps = 0
         self.skipped_commits = 0  # updates dropped because the quorum voted against them
         self.healed = 0  # times this replica loaded a peer's state
+        self.replica_checks = 0  # checks passed that compared this group's weights with another's
         self.last = StepStats()
         self._stale = False  # the gradient in hand was computed before a heal: send zeros
-        self._pending: Handle[tuple[Tensor, CommStats]] | None = None
+        self._pending: Handle[tuple[Tensor, CommStats, Rider | None]] | None = None
         self._extra: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {}
         self._snapshot = _Snapshot()
         self._heal_event: str | None = None  # healed, or served a healer: log the weights' digest at the next update
@@ -152,32 +184,54 @@ class LiveEngine(Engine):
         return stats
 
     def _flatten(self) -> Tensor:
-        buf = torch.empty(self.numel + 2, dtype=self.params[0].dtype, device=self.params[0].device)
+        """``[gradient, flag, count]`` with room after it for a replica check's sums."""
+        n = self.numel
+        buf = torch.empty(n + TAIL + MOMENTS, dtype=self.params[0].dtype, device=self.params[0].device)
         torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
-                  out=buf[:COUNT - 1])
-        buf[FLAG] = float("inf") if has_nonfinite(buf[:FLAG]) else 0.0
-        buf[COUNT] = 1.0
+                  out=buf[:n])
+        buf[n] = float("inf") if has_nonfinite(buf[:n]) else 0.0
+        buf[n + 1] = 1.0
         return buf
 
-    def _launch(self, buf: Tensor) -> None:
-        if self._stale:  # computed on the weights this replica had before it healed
+    def _due(self, update: int) -> bool:
+        """Whether the reduction launched after ``update`` committed updates carries a replica check."""
+        return self.check_every is not None and update > 0 and update % self.check_every == 0
+
+    def _launch(self, full: Tensor) -> None:
+        n, stale = self.numel, self._stale
+        # Committed updates so far: the quorum's step, unless this replica heals in it (then it
+        # sends nothing below). Whether a check rides is read from it, so every group agrees.
+        update = self.manager.current_step()
+        mine = None
+        if self._due(update):
+            with self.staleness.consistent_weights():  # one pass over the weights, on check steps only
+                mine = param_checksum(self.module)
+            full[n + TAIL:] = torch.tensor(moments(mine), dtype=full.dtype)  # times this share's count, 1
+        buf = full[:n + TAIL + (MOMENTS if mine else 0)]
+        if stale:  # computed on the weights this replica had before it healed
             buf.zero_()
             self._stale = False
-        self.staleness.launched(buf[:FLAG])  # the rule copies what it keeps: the reduction sums in place
-        manager = self.manager
+        self.staleness.launched(buf[:n])  # the rule copies what it keeps: the reduction sums in place
+        manager, step = self.manager, self.steps + 1
 
-        def reduce() -> tuple[Tensor, CommStats]:
-            stats = CommStats()
+        def reduce() -> tuple[Tensor, CommStats, Rider | None]:
+            stats, out, rider = CommStats(), buf, None
             try:  # a failure is the quorum's to vote on (should_commit), not the thread's to keep
                 manager.wait_quorum()
                 if manager.errored() is None:  # else the quorum failed (no group to send on): the vote fails
-                    if not manager.is_participating():  # torchft's rule: a replica still fetching its state
-                        buf.zero_()
-                    stats = self._reduce(buf)
+                    agreed = manager.current_step()  # the quorum's: a replica that heals in it holds it now
+                    if agreed != update:  # it heals: its gradient and digest are of weights it no longer holds
+                        out = full[:n + TAIL + (MOMENTS if self._due(agreed) else 0)].zero_()
+                    elif not manager.is_participating():  # torchft's rule: a replica still fetching its state
+                        out.zero_()
+                    if self._due(agreed):
+                        taking_part = not stale and agreed == update and manager.is_participating()
+                        rider = Rider(agreed, step, mine if taking_part else None)
+                    stats = self._reduce(out)
             except Exception as e:  # noqa: BLE001 (a dead peer surfaces as any of several errors)
                 log.warning("live reduction failed: %s", e)
                 manager.report_error(e)
-            return buf, stats
+            return out, stats, rider
 
         self._pending = self._thread.submit(reduce)
 
@@ -187,33 +241,37 @@ class LiveEngine(Engine):
         (a 0 decodes as 0, an inf spoils its block, and a sum that overflowed sets the flag
         below), so the result is PipeSGD's bit for bit; the count goes apart, exact: in an int8
         block it would round (1.0 beside a largest value of 5 decodes as 0.984) and scale its
-        neighbours by itself."""
+        neighbours by itself. So do a replica check's sums after it, which must stay integers."""
+        n = self.numel
         if self.compressor.identity:
             stats = self._allreduce(buf, self.compressor, self.group)
         else:
-            stats = self._allreduce(buf[:COUNT], self.compressor, self.group)
-            native_allreduce(buf[COUNT:], None, self.group)
+            stats = self._allreduce(buf[:n + 1], self.compressor, self.group)
+            native_allreduce(buf[n + 1:], None, self.group)
         # non-finite with every group's own gradient finite: a 16-bit hop's sum overflowed
-        buf[FLAG] = torch.where(has_nonfinite(buf[:FLAG]), float("inf"), buf[FLAG])
+        buf[n] = torch.where(has_nonfinite(buf[:n]), float("inf"), buf[n])
         return stats
 
     def _finish(self, stats: StepStats) -> None:
         t0 = time.perf_counter()
         handle, self._pending = self._pending, None
-        buf, stats.comm = self._reduced(handle)
+        buf, stats.comm, rider = self._reduced(handle)
         t1 = time.perf_counter()
         stats.wait_s = t1 - t0
         committed = self.manager.should_commit()  # loads a peer's state here when this replica heals
-        count = float(buf[COUNT])
+        n = self.numel
+        count = float(buf[n + 1])
         stats.metrics = {"live/participants": float(self.manager.num_participants()), "live/valid": count}
         if not committed:
             self.skipped_commits += 1
             self.staleness.skip()
             stats.skipped = True
-            log.warning("step %d: the quorum did not commit (a replica failed or left); update skipped, %d so far",
-                        self.steps, self.skipped_commits)
+            log.warning("step %d: the quorum did not commit (a replica failed or left); update skipped, %d so far%s",
+                        self.steps, self.skipped_commits, "" if rider is None else ", and the replica check it carried")
             return
-        if float(buf[FLAG]) != 0.0:
+        if rider is not None:
+            self._check(rider, count, buf[n + TAIL:])
+        if float(buf[n]) != 0.0:
             self.nonfinite.bad(self.steps, "on some replica")
             self.staleness.skip()
             stats.skipped = True
@@ -223,12 +281,29 @@ class LiveEngine(Engine):
             stats.skipped = True  # nobody contributed (every replica was healing): nothing to apply
             return
         self.nonfinite.good()
-        self.staleness.apply(buf[:FLAG].div_(count))
+        self.staleness.apply(buf[:n].div_(count))
         stats.update_s, stats.applied, stats.staleness = time.perf_counter() - t1, True, 1
         if self._heal_event is not None:  # one pass over the weights, once per heal
             log.info("weights sha256 %s after the update of step %d, the first since this replica %s",
                      param_checksum(self.module), self.steps, self._heal_event)
             self._heal_event = None
+
+    def _check(self, rider: Rider, count: float, sums: Tensor) -> None:
+        """The replica check a committed reduction carried: ReplicaMismatch if the digests of the
+        groups that took part differ (every group of the quorum reads the same sums)."""
+        groups = int(count)
+        if groups > EXACT_GROUPS:  # the sums of squares would round
+            log.warning("replica check of update %d not made: %d groups, more than the %d whose sums are exact",
+                        rider.update, groups, EXACT_GROUPS)
+            return
+        problem = describe_summed_mismatch(groups, sums.tolist(), rider.mine,
+                                           f"update {rider.update} (this group's step {rider.step})")
+        if problem:
+            raise ReplicaMismatch(problem + f" (the live replica check, every {self.check_every} committed updates: "
+                                  "trainer.check_every; every group applies the same averaged updates, so this is a "
+                                  "group that changed its weights outside engine.step(), memory corruption, a bug or "
+                                  "non-deterministic hardware)")
+        self.replica_checks += groups >= 2 and rider.mine is not None
 
     def forward_context(self) -> AbstractContextManager:
         """The weights the staleness rule wants the next gradient at (one reduction in flight, or none)."""
@@ -240,7 +315,8 @@ class LiveEngine(Engine):
     def consistent_weights(self) -> AbstractContextManager:
         return self.staleness.consistent_weights()
 
-    def _reduced(self, handle: Handle[tuple[Tensor, CommStats]]) -> tuple[Tensor, CommStats]:
+    def _reduced(self, handle: Handle[tuple[Tensor, CommStats, Rider | None]]
+                 ) -> tuple[Tensor, CommStats, Rider | None]:
         """The reduction's result. It waits for its quorum, which may wait for this replica's state
         (a peer heals): served while waiting, since nothing has been applied since the step
         boundary. ReductionError after ``timeout_s`` + ``quorum_timeout_s``."""
@@ -286,9 +362,9 @@ class LiveEngine(Engine):
         """For a checkpoint: waits for the reduction in flight and keeps it (voted on at the next step)."""
         pending = []
         if self._pending is not None:
-            buf, comm = self._reduced(self._pending)
+            buf, comm, rider = self._reduced(self._pending)
             pending = [buf.clone()]
-            self._pending = CompletedHandle((pending[0], comm))
+            self._pending = CompletedHandle((pending[0], comm, rider))
         return {"width": self.width, "steps": self.steps, "pending": pending,
                 "nonfinite": self.nonfinite.state_dict(), "manager": self.manager.state_dict(),
                 "staleness": self.staleness.state_dict()}
@@ -308,7 +384,7 @@ class LiveEngine(Engine):
 
     def summary(self) -> dict:
         return {"live_skipped_commits": self.skipped_commits, "live_healed": self.healed,
-                "live_strangers_refused": self._transport.refused}
+                "live_replica_checks": self.replica_checks, "live_strangers_refused": self._transport.refused}
 
     def close(self) -> None:
         self._snapshot.cancel()
@@ -378,9 +454,11 @@ def _quiet_torchft() -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
-# torchft's quorums (pipesgd[live]): replica groups without a shared process group, so no replica checks
+# torchft's quorums (pipesgd[live]): replica groups without a shared process group, so the replica
+# check rides on the engine's reductions
 @register("live", width=2, staleness=True, stalenesses=STALENESSES, allreduce=True, comms=COMMS,
-          replicas_agree=False, elastic=False, nccl=False, launcher=live_launch.run, settings=live_launch.settings)
+          check_on_reductions=True, elastic=False, nccl=False, launcher=live_launch.run,
+          settings=live_launch.settings)
 def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
     """The live mode from the composition root: the lighthouse, run id and replica group come from
     the environment the live launcher sets (:func:`pipesgd.live.options.options_from_env`); a
@@ -396,7 +474,8 @@ def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
         lighthouse = Lighthouse()
         options = LiveOptions(lighthouse.address, f"lone-{uuid.uuid4().hex[:8]}", 0)
     engine = LiveEngine(a.model, a.optimizer, options, nonfinite=a.nonfinite, width=a.width, staleness=a.staleness,
-                        compressor=a.compressor, allreduce=a.allreduce if a.allreduce is not None else "auto")
+                        compressor=a.compressor, allreduce=a.allreduce if a.allreduce is not None else "auto",
+                        check_every=a.check_every)
     engine.lighthouse = lighthouse
     if lighthouse is None:
         # After the Manager exists: every group then heartbeats to the lighthouse before any asks

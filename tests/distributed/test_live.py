@@ -1,7 +1,8 @@
 """Live recovery on torchft (trainer.mode=live): two replica groups in their own processes behind an
 in-process lighthouse on loopback; one is SIGKILLed mid-run, the survivor trains on having lost at
 most one update, and the restarted group heals from it with bit-identical weights at the first
-step they apply together. A peer of another run is refused the state. Skipped without torchft
+step they apply together. Replica checks ride on the reductions throughout, and catch a group
+perturbed at the end. A peer of another run is refused the state. Skipped without torchft
 (pip install '.[live]'), except under CI=true, where it fails."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,6 +34,7 @@ if importlib.util.find_spec("torchft") is None:
     pytest.skip("torchft is not installed (pip install '.[live]')", allow_module_level=True)
 
 from listening import listening, on_every_interface  # noqa: E402
+from live_replica import MISMATCH  # noqa: E402
 from pipesgd.live.lighthouse import Lighthouse, LighthouseOptions  # noqa: E402
 
 
@@ -87,18 +90,19 @@ def _kill_left(procs: list[subprocess.Popen]) -> None:
 
 # none: the plain rule, over the ring with int8 (a lost peer fails a ring hop; the count stays exact);
 # lookahead: a rule with per-replica state (kept local gradients) that must travel with the heal for
-# the healer to stay bit-identical, over torchft's Gloo allreduce
+# the healer to stay bit-identical, over torchft's Gloo allreduce. A replica check rides on every
+# reduction: one dies with the killed group, the healer's zeroed shares take no part (its own
+# weights differ until it heals), and a perturbation of the healed group is caught on both.
 @pytest.mark.parametrize("staleness, comm, compressor", [("none", "ring", "int8"), ("lookahead", "native", "none")])
 @pytest.mark.timeout(170)
 def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_identical(tmp_path, staleness, comm,
                                                                                           compressor):
-    stop = tmp_path / "stop"
     procs: list[subprocess.Popen] = []
     lighthouse = Lighthouse(LighthouseOptions(heartbeat_timeout_ms=1000, join_timeout_ms=500))
 
     def start(replica: int, out: Path, *extra: str) -> subprocess.Popen:
         p = _replica(lighthouse, replica, out, tmp_path, "--staleness", staleness, "--comm", comm, "--compressor",
-                     compressor, *extra)
+                     compressor, "--check-every", "1", *extra)
         procs.append(p)
         return p
 
@@ -116,11 +120,11 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
         killed_at = len(_records(a))
         _wait_until(lambda: applied(a) >= killed_at + 20, 60, "the survivor training on alone", procs)
         rejoined_at = len(_records(a))
-        start(1, b2)
+        start(1, b2, "--perturb", str(tmp_path / "perturb"))
         healed_applied = lambda: sum(r["applied"] and r["healed"] > 0 for r in _records(b2))  # noqa: E731
         _wait_until(lambda: healed_applied() >= 5, 100, "the restarted replica healing and training", procs)
-        stop.touch()
-        _all_exit_0(procs, 30)
+        (tmp_path / "perturb").touch()
+        assert [p.wait(timeout=30) for p in procs] == [MISMATCH, MISMATCH]
     finally:
         _kill_left(procs)
         lighthouse.shutdown()
@@ -139,8 +143,21 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
     # pre-heal weights) carry nothing from it: one valid contribution, the donor's, not two.
     healer = [r for r in _records(b2) if r["applied"] and r["healed"]]
     assert [r["valid"] for r in healer[:3]] == [1.0, 1.0, 2.0], healer[:3]
-    joint = [r for r in _records(b2) if r["applied"] and r["committed"] in donor]
+    joint = [r for r in _records(b2) if r["applied"] and r["committed"] in donor and not r["perturbed"]]
     assert len(joint) >= 5 and all(r["digest"] == donor[r["committed"]]["digest"] for r in joint)
+    # Replica checks: passed together before the kill, none counted alone, none by the healer's
+    # zeroed shares (its first two reductions), passed together again after the heal.
+    checks = [r["checks"] for r in _records(a)]
+    assert checks[killed_at - 1] > 0 and checks[rejoined_at - 1] - checks[killed_at - 1] <= 1, checks  # 1: in flight
+    assert [r["checks"] for r in healer[:2]] == [0, 0] and healer[-1]["checks"] >= 3, healer
+    # The perturbation is caught at the next check, the one the perturbed weights launched, on both groups.
+    last = {path: _records(path)[-1] for path in (a, b2)}
+    assert last[b2]["perturbed"] and [r["perturbed"] for r in _records(b2)].count(True) == 1
+    for path in (a, b2):
+        why = Path(f"{path}.mismatch").read_text()
+        assert "with two groups the sums cannot tell which one is odd" in why, why
+        assert int(re.search(r"diverged at update (\d+)", why)[1]) == last[path]["committed"] == \
+            last[b2]["committed"], why
 
 
 @pytest.mark.parametrize("staleness", ["none", "lookahead", "predict"])
@@ -148,14 +165,17 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
 def test_live_with_a_staleness_rule_and_no_fault_is_pipe_sgd_width_2_with_that_rule(tmp_path, staleness):
     """Two replica groups of one process each, in every quorum (min_replicas=2, no step-0 sync:
     they start alike), against width-2 Pipe-SGD over two simulated ranks with the library's rule:
-    the weights after every step, bit for bit."""
+    the weights after every step, bit for bit, with a replica check riding on every second
+    reduction (it changes nothing of the update, and passes)."""
     steps = 12
-    outs = _in_every_quorum(tmp_path, steps, "--staleness", staleness)
+    outs = _in_every_quorum(tmp_path, steps, "--staleness", staleness, "--check-every", "2")
     expected = _pipe_reference(staleness, steps, len(outs))
     for out in outs:
         got = [{k: r[k] for k in ("applied", "valid", "digest")} for r in _records(out)]
         assert got == expected, f"{out.name} departs from the reference at step " \
                                 f"{next(i for i, (g, e) in enumerate(zip(got, expected)) if g != e) + 1}"
+        # launched after 2, 4, ..., 10 committed updates (steps 3, 5, ..., 11), voted a step later
+        assert [r["checks"] for r in _records(out)][3::2] == [1, 2, 3, 4, 5]
 
 
 def _in_every_quorum(tmp_path: Path, steps: int, *extra: str) -> list[Path]:
@@ -181,10 +201,11 @@ def _in_every_quorum(tmp_path: Path, steps: int, *extra: str) -> list[Path]:
 def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path, comm, compressor):
     """Two replica groups in every quorum, no fault, reducing with ``comm`` and ``compressor``
     through torchft's group's own send / recv / allreduce: the weights after every step, bit for
-    bit, against width-2 Pipe-SGD of the same data; the count of valid contributions stays
-    exact under a lossy compressor, and the compressor did compress."""
+    bit, against width-2 Pipe-SGD of the same data; the count of valid contributions and a
+    replica check's sums (on every reduction) stay exact under a lossy compressor, and the
+    compressor did compress."""
     steps = 8
-    outs = _in_every_quorum(tmp_path, steps, "--comm", comm, "--compressor", compressor)
+    outs = _in_every_quorum(tmp_path, steps, "--comm", comm, "--compressor", compressor, "--check-every", "1")
     if compressor == "none":
         expected = _pipe_reference("none", steps, len(outs))
     else:
@@ -195,8 +216,10 @@ def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path
     from live_replica import make_model
 
     from pipesgd.comm import ring_bytes
+    from pipesgd.replicas import MOMENTS
 
-    raw = ring_bytes(sum(p.numel() for p in make_model(0).parameters()) + 2, len(outs), 4)  # fp32, flag, count
+    # fp32, flag, count and the check's sums
+    raw = ring_bytes(sum(p.numel() for p in make_model(0).parameters()) + 2 + MOMENTS, len(outs), 4)
     for out in outs:
         records = _records(out)
         got = [{k: r[k] for k in ("applied", "digest")} for r in records]
@@ -204,6 +227,7 @@ def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path
         assert got == want, f"{out.name} departs from pipe at step " \
                             f"{next(i for i, (g, e) in enumerate(zip(got, want)) if g != e) + 1}"
         assert [r["valid"] for r in records[1:]] == [2.0] * (steps - 1)
+        assert [r["checks"] for r in records] == [0, 0, 1, 2, 3, 4, 5, 6]  # from the reduction launched at step 2
         sent = records[-1]["wire"]  # bytes this replica sent in its last reduction (a lossy one's count apart)
         assert sent == raw if compressor == "none" else 0 < sent < raw / 1.9
 
@@ -495,6 +519,20 @@ def test_widths_other_than_two_are_refused():
     with pytest.raises(ValueError, match="trainer.width=3 is not available with trainer.mode=live"):
         LiveEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), LiveOptions("http://127.0.0.1:1", "r", 0),
                    width=3)
+
+
+@pytest.mark.parametrize("check_every, dtype, why", [
+    (0, torch.float32, r"check_every=0 is invalid: committed updates between replica checks, an integer >= 1"),
+    (2.5, torch.float32, r"check_every=2.5 is invalid"),
+    (4, torch.bfloat16, r"check_every=4 needs float32 or float64 parameters.*these are torch.bfloat16")])
+def test_a_replica_check_the_sums_cannot_make_exact_is_refused(check_every, dtype, why):
+    from pipesgd.engine.live import LiveEngine
+    from pipesgd.live.options import LiveOptions
+
+    model = torch.nn.Linear(2, 2).to(dtype)
+    with pytest.raises(ValueError, match=why):
+        LiveEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), LiveOptions("http://127.0.0.1:1", "r", 0),
+                   check_every=check_every)
 
 
 @pytest.mark.timeout(60)

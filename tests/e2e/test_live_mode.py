@@ -1,6 +1,7 @@
 """trainer.mode=live as a user runs it: python -m pipesgd.train starts the lighthouse and two
 replica groups, each a lone process in its own run subdirectory; they train on their own data
-shards and end with identical weights. The kill/rejoin behaviour: tests/distributed/test_live.py.
+shards and end with identical weights, checked on the way (trainer.check_every). The kill/rejoin
+behaviour: tests/distributed/test_live.py.
 Skipped without torchft (pip install '.[live]'), except under CI=true, where it fails."""
 
 import importlib.util
@@ -28,7 +29,8 @@ def test_the_live_mode_trains_two_replica_groups_to_the_same_model(tmp_path, sta
             f"compressor={compressor}", "trainer.max_steps=20",
             "data.batch_size=250",
             "optimizer.lr=0.01", "trainer.lr_reference_batch=250", "dist.threads_per_worker=1",
-            "trainer.eval_max_batches=4", "trainer.log_every=10", "trainer.checkpoint_every=7", f"hydra.run.dir={run_dir}", tmp=tmp_path,
+            "trainer.eval_max_batches=4", "trainer.log_every=10", "trainer.checkpoint_every=7", "trainer.check_every=3",
+            f"hydra.run.dir={run_dir}", tmp=tmp_path,
             timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     first, second = summary(run_dir / "replica_0"), summary(run_dir / "replica_1")
@@ -38,6 +40,8 @@ def test_the_live_mode_trains_two_replica_groups_to_the_same_model(tmp_path, sta
     # one global batch of 2 x 250 over two shards; the same averaged updates on both replicas
     assert first["global_batch"] == 500
     assert first["test_accuracy"] == second["test_accuracy"] and first["test_loss"] == second["test_loss"]
+    # trainer.check_every reaches the engine, whose reductions carry the check (every 3 committed updates)
+    assert first["live_replica_checks"] >= 1 and second["live_replica_checks"] >= 1
     assert summary(run_dir) == first
     assert not tagged_processes(r.tag)
 

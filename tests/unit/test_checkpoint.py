@@ -1,5 +1,6 @@
 """Checkpoint files (atomic, checksummed, keep-k, safe loading), RNG capture, parameter and config
-digests, the replica-mismatch message and the fault-injection spec. All in-process and fast."""
+digests, the replica-mismatch message, the live mode's summed replica check and the
+fault-injection spec. All in-process and fast."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pipesgd.checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_d
                                 rng_state, set_rng_state)
 from pipesgd.faults import parse
 from pipesgd.reliability import describe_mismatch
+from pipesgd.replicas import EXACT_GROUPS, MOMENTS, describe_summed_mismatch, moments
 
 
 def state(step: int) -> dict:
@@ -163,6 +165,45 @@ def test_mismatch_message_names_the_odd_ranks():
     assert msg.startswith("replicas diverged at step 8: rank 1 differs from the majority (ranks 0, 2")
     msg = describe_mismatch(["a" * 64, "b" * 64], 4)
     assert msg == "replicas diverged at step 4: rank 0: sha256 aaaaaaaaaaaa; rank 1: sha256 bbbbbbbbbbbb"
+
+
+def _summed(digests: list[str], order: list[int], shares: list[float] | None = None) -> tuple[int, list[float]]:
+    """What a live reduction sums in float32, in ``order``: each group's count c (1, or 0 for a
+    zeroed share) and c times its digest's moments."""
+    total = torch.zeros(1 + MOMENTS, dtype=torch.float32)
+    for i in order:
+        c = 1.0 if shares is None else shares[i]
+        total += torch.tensor([c, *moments(digests[i])], dtype=torch.float32) * c
+    return int(total[0]), total[1:].tolist()
+
+
+def test_summed_digests_tell_equal_from_different_and_each_group_what_it_can():
+    a, b = hashlib.sha256(b"weights").hexdigest(), hashlib.sha256(b"drifted").hexdigest()
+    rng = random.Random(0)
+    for _ in range(5):  # any order of summation: the sums are exact integers
+        order = rng.sample(range(4), 4)
+        assert describe_summed_mismatch(*_summed([a] * 4, order), a, "update 7") is None
+    # a zeroed share (a healer's, count 0) of other weights takes no part
+    assert describe_summed_mismatch(*_summed([a, b, a], [0, 1, 2], [1, 0, 1]), a, "update 7") is None
+    for mine in (a, b):  # two groups: each knows only that they differ
+        msg = describe_summed_mismatch(*_summed([a, b], [1, 0]), mine, "update 7")
+        assert msg.startswith("replica groups diverged at update 7: the weights of the 2 groups that took part")
+        assert f"with two groups the sums cannot tell which one is odd (this group's sha256 {mine[:12]})" in msg
+    three = _summed([a, b, a], [2, 0, 1])
+    assert f"the other 2 agree with each other, so this group (sha256 {b[:12]}) is the odd one" in \
+        describe_summed_mismatch(*three, b, "update 7")
+    assert "the other 2 differ among themselves too" in describe_summed_mismatch(*three, a, "update 7")
+    assert describe_summed_mismatch(*three, None, "update 7").endswith("this group took no part (it was healing)")
+
+
+def test_summed_digests_are_exact_for_as_many_groups_as_promised():
+    """The hardest case: the largest bytes, EXACT_GROUPS groups, one byte of one group off by one."""
+    high, off = "ff" * 32, "fe" + "ff" * 31
+    assert describe_summed_mismatch(*_summed([high] * EXACT_GROUPS, list(range(EXACT_GROUPS))), high, "u") is None
+    odd = [high] * (EXACT_GROUPS - 1) + [off]
+    msg = describe_summed_mismatch(*_summed(odd, list(range(EXACT_GROUPS))), off, "u")
+    assert "(1 of the 32 bytes of their sha256 differ" in msg
+    assert "this group (sha256 feffffffffff) is the odd one" in msg
 
 
 def test_fault_spec_is_validated():

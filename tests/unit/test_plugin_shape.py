@@ -79,6 +79,8 @@ def test_a_mode_with_a_fact_it_cannot_have_does_not_register():
         register("odd", overlaps="pipeline")
     with pytest.raises(ValueError, match="mode 'odd': overlap='sideways' is not known; allowed: pipeline"):
         register("odd", overlap="sideways")
+    with pytest.raises(ValueError, match="mode 'odd': check_on_reductions=True needs replicas_agree=True"):
+        register("odd", replicas_agree=False, check_on_reductions=True)
     assert "odd" not in modes()
 
 
