@@ -5,6 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 DATA ?= ../shared/data
+# pytest workers for `make test` (pytest-xdist). Two: most of a test's wall time is one process
+# importing torch or waiting on a peer, so a second test fills the idle core; the tests that build
+# network namespaces run in one worker, one at a time (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 # Options for the benchmark suite, e.g. BENCH="--quick" or BENCH="--only 'resnet20/p2/*'".
 BENCH ?=
 
@@ -38,7 +42,7 @@ run: setup
 	$(PY) -m pipesgd.train +experiment=resnet_cifar data.root=$(DATA) trainer.epochs=1
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 bench: setup
 	$(PY) -m pipesgd.tools.bench $(BENCH) data.root=$(DATA)

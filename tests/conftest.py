@@ -12,6 +12,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 
+# Tests that build network namespaces (the emulated cluster, SLURM on emulated hosts) or count
+# them, by module: under pytest-xdist (`make test` runs two workers) they form one unit of work, so
+# they run one at a time in one worker; two clusters built at once would clash (names, addresses)
+# and a namespace count would see the other's. Every user of the `netns` and `slurm` fixtures is in
+# one of these modules (tests/unit/test_conftest.py checks).
+NAMESPACE_MODULES = {"test_emulate.py", "test_elastic.py", "test_slurm_multi_node.py", "test_sweep.py",
+                     "test_teardown.py"}
+
+
+def namespace_scope(nodeid: str) -> str | None:
+    """"namespaces" for a test of :data:`NAMESPACE_MODULES`, else None."""
+    return "namespaces" if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in NAMESPACE_MODULES else None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's load scheduling, with the namespace tests as one unit. (Its own `xdist_group` mark
+    cannot do it here: pytest 9 no longer lets xdist 3.8 rename a test to carry the group.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class NamespacesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return namespace_scope(nodeid) or nodeid
+
+    return NamespacesTogether(config, log)
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not (SHARED_DATA / "mnist").is_dir():

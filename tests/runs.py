@@ -36,11 +36,6 @@ def fast(tmp_path, data_root) -> list[str]:
     return [f"data.root={data_root}", f"data.cache_dir={CACHE}", "trainer.log_every=1"]
 
 
-def worker_processes() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "torch.distributed.elastic" in line or "spawn_main" in line]
-
-
 def run(*overrides: str, tmp: Path, fault: str | None = None, prefix: tuple[str, ...] = ("-m", "pipesgd.train"),
         extra_env: dict | None = None, timeout: float = 280) -> subprocess.CompletedProcess:
     """``python <prefix> <overrides>`` from the repo root with a test tag in the environment."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runs import ROOT, fast, train, worker_processes
+from runs import ROOT, fast, needs_mnist, run, tagged_processes, train
 
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 SUMMARY_FIELDS = {
@@ -145,17 +145,17 @@ def test_corrupt_archive_is_reported_and_nothing_half_extracted(tmp_path, shared
     assert not [p for p in cache.rglob("*") if p.is_file() and "lock" not in p.name]
 
 
+@needs_mnist
 @pytest.mark.timeout(120)
-def test_failing_worker_exits_nonzero_and_leaves_no_process(tmp_path, shared_data, monkeypatch):
+def test_failing_worker_exits_nonzero_and_leaves_no_process(tmp_path):
     """A worker that dies (here: a NaN injected into rank 1's gradient at step 2, with the default
     nonfinite=abort) fails the job with its message. (lr=nan did this once; the launcher now refuses
     it before any worker starts.)"""
-    monkeypatch.setenv("PIPESGD_FAULT", "nan:1:2")
-    r = train("+experiment=mnist_mlp", *fast(tmp_path, shared_data), "trainer.max_steps=5",
-              f"hydra.run.dir={tmp_path / 'run'}")
+    r = run("+experiment=mnist_mlp", "trainer.log_every=1", "trainer.max_steps=5", f"hydra.run.dir={tmp_path / 'run'}",
+            tmp=tmp_path, fault="nan:1:2")
     assert r.returncode == 1, r.stderr[-2000:]
     assert "worker rank" in r.stderr and "NonFiniteGradient: non-finite gradient at step" in r.stderr
-    assert not worker_processes()
+    assert not tagged_processes(r.tag), "no worker of the job may outlive it"
 
 
 @pytest.mark.timeout(300)
