@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -76,7 +77,7 @@ def test_torchrun_replica_groups_on_two_nodes_heal_a_restarted_one_and_agree(net
         finally:
             for p in procs:
                 if p.poll() is None:
-                    os.killpg(p.pid, 9)
+                    os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
     logs = {node: (tmp_path / f"node{node}.log").read_text(errors="replace") for node in (0, 1)}
     assert codes == [0, 0], f"{codes}\n{logs[0][-3000:]}\n{logs[1][-3000:]}"

@@ -64,6 +64,8 @@ def test_the_keys_make_this_process_the_replica_group_they_name(torchrun):
     assert replica_shard() == (1, 2) and replica_attempt() == (1, 1)
     torchrun.setenv("PIPESGD_FAULT", "kill:1:3")
     assert Faults.from_env(0).mine == []
+    torchrun.setenv(ENV_RESTART, "0")  # what group_env gives the group's first process
+    assert [f.rank for f in Faults.from_env(0).mine] == [1]
 
 
 def test_the_environment_may_say_it_instead(torchrun):
