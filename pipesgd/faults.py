@@ -13,8 +13,8 @@ attempt only (``TORCHELASTIC_RESTART_COUNT`` unset or 0), like a transient fault
 
 Under ``trainer.mode=live`` every replica group is a lone process of rank 0, so ``rank`` names the
 replica group (``pipesgd.live.options.replica_attempt``) and the attempt is the number of times the
-live launcher has restarted that group (``PIPESGD_LIVE_RESTART``): ``kill:1:35`` kills group 1 once,
-and its restarted process trains on.
+live launcher (or, for a group run as its own torchrun job, torchrun) has restarted that group
+(``PIPESGD_LIVE_RESTART``): ``kill:1:35`` kills group 1 once, and its restarted process trains on.
 
 An environment variable rather than a config key: it is not a setting of the run, it reaches
 workers started by any launcher, and an unset variable costs one dict lookup per step.

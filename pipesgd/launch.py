@@ -143,7 +143,7 @@ def _reap_stopped_workers(interval_s: float = 0.2) -> Iterator[None]:
         thread.join()
 
 
-def for_mode(mode: str) -> Callable[..., None]:
+def for_mode(mode: str) -> Callable[..., object]:
     """What starts ``trainer.mode=mode``'s workers: the ``launcher`` the mode declares (same
     arguments as :func:`run`; live: one process per replica group behind a lighthouse), else :func:`run`."""
     from .modes import get_mode

@@ -54,7 +54,8 @@ class Mode:
     ``nccl``: runs on the NCCL backend (ps_async's server receives from whichever worker pushes
     first, a receive from any source, which NCCL does not support). ``launcher``: the function
     that starts the workers in place of :func:`pipesgd.launch.run`, with its arguments (live: one
-    process per replica group behind a lighthouse), or None. ``settings``: the mode's own keys,
+    process per replica group behind a lighthouse; it may return the path of the run's
+    summary.json where that is not the run directory's), or None. ``settings``: the mode's own keys,
     ``trainer.<mode>.*`` (a dict), parsed into what its launcher takes, ValueError naming the key
     and the bad value (the config checks call it before any worker starts), or None: it has none."""
 
@@ -76,7 +77,7 @@ class Mode:
     check_on_reductions: bool = False
     elastic: bool = True
     nccl: bool = True
-    launcher: Callable[..., None] | None = None
+    launcher: Callable[..., object] | None = None
     settings: Callable[[dict], object] | None = None
 
     def __post_init__(self) -> None:

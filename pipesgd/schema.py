@@ -38,6 +38,11 @@ class LiveConfig:
     timeout_s: float = 30.0
     quorum_timeout_s: float = 60.0
     init_sync: bool = False
+    # a replica group started on its own (torchrun): where it finds its run (the local launcher sets them)
+    lighthouse: Optional[str] = None
+    run_id: Optional[str] = None
+    replica: Optional[int] = None
+    replicas: Optional[int] = None
 
 
 @dataclass

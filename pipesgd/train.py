@@ -71,8 +71,9 @@ def main(cfg: DictConfig) -> float | None:
     # a mode may start its workers its own way (live: one process per replica group, restarted alone)
     start = launch.for_mode(cfg.trainer.mode)
     try:
-        start(importable_worker, (container, str(run_dir)), nproc=cfg.dist.nproc,
-              max_restarts=cfg.dist.max_restarts)
+        # a launcher may say where the summary is (live under torchrun: this replica group's)
+        summary_path = Path(start(importable_worker, (container, str(run_dir)), nproc=cfg.dist.nproc,
+                                  max_restarts=cfg.dist.max_restarts) or run_dir / "summary.json")
     except (launch.WorkerFailed, pdist.RendezvousError) as e:
         log.error("%s (run dir %s)", e, run_dir)
         sys.exit(1)
@@ -80,7 +81,6 @@ def main(cfg: DictConfig) -> float | None:
         log.error("%s. Run the job again with the same run directory to resume from its newest checkpoint "
                   "(trainer.resume=auto): %s", e, run_dir)
         sys.exit(e.status)
-    summary_path = run_dir / "summary.json"
     if launch.under_torchrun() and pdist.env_int("RANK", 0) != 0:
         return None
     done = json.loads(summary_path.read_text())

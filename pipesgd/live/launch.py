@@ -1,30 +1,42 @@
 """How a live run's workers come to exist (``trainer.mode=live``): the lighthouse in this process,
 then one process per replica group, each a lone worker in its own run subdirectory, each restarted
-on its own when it dies (up to ``max_restarts`` times), while the others train on.
+on its own when it dies (up to ``max_restarts`` times), while the others train on. Under torchrun
+each replica group is a torchrun job of its own (one process; torchrun restarts it), told where
+its run is by ``trainer.live.{lighthouse,run_id,replica,replicas}`` or the environment, and the
+lighthouse runs on its own (``python -m pipesgd.live.lighthouse``): docs/multi-node.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import logging
 import multiprocessing
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, replace
 from multiprocessing.connection import wait
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from ..launch import WorkerFailed
+from ..launch import WorkerFailed, under_torchrun
 from . import listen
 from .lighthouse import Lighthouse, LighthouseOptions
-from .options import (ENV_REPLICA, ENV_REPLICAS, ENV_RESTART, ENV_SPAWNED, ENV_START, LiveOptions, replica_attempt,
-                      replica_env)
+from .options import (ENV_LIGHTHOUSE, ENV_REPLICA, ENV_REPLICAS, ENV_RESTART, ENV_RUN_ID, ENV_SPAWNED, ENV_START,
+                      LiveOptions, replica_attempt, replica_env)
 
 log = logging.getLogger(__name__)
 
 TERMINATE_GRACE_S = 5.0
+# where a replica group started on its own (torchrun) finds its run: trainer.live.<key>, else the variable
+GROUP_KEYS = {"lighthouse": ENV_LIGHTHOUSE, "run_id": ENV_RUN_ID, "replica": ENV_REPLICA, "replicas": ENV_REPLICAS}
+# trainer.live.<key>: the option of python -m pipesgd.live.lighthouse that sets it where the lighthouse runs on its own
+LIGHTHOUSE_KEYS = {"lighthouse_port": ("port", "--port"), "join_timeout_ms": ("join_timeout_ms", "--join-timeout-ms"),
+                   "heartbeat_timeout_ms": ("heartbeat_timeout_ms", "--heartbeat-timeout-ms"),
+                   "quorum_tick_ms": ("quorum_tick_ms", "--quorum-tick-ms")}
 
 
 class ReplicaFailed(WorkerFailed):
@@ -71,6 +83,9 @@ def log_start(logger: logging.Logger) -> None:
     attempt = replica_attempt()
     if attempt is None or _imported_at is None:
         return
+    if ENV_SPAWNED not in os.environ:  # a torchrun job's worker: torchrun started it, at a time not passed on
+        logger.info("replica group %d restart %d pid %d: a torchrun job's worker", *attempt, os.getpid())
+        return
     logger.info("replica group %d restart %d pid %d: process started at %.3f, imports done at %.3f (unix s)",
                 *attempt, os.getpid(), float(os.environ.get(ENV_SPAWNED, "nan")), _imported_at)
 
@@ -91,16 +106,135 @@ def settings(live: Mapping[str, object]) -> tuple[LighthouseOptions, LiveOptions
     replica = replace(replica, timeout_s=live.get("timeout_s", replica.timeout_s),
                       quorum_timeout_s=live.get("quorum_timeout_s", replica.quorum_timeout_s),
                       init_sync=live.get("init_sync", replica.init_sync))
+    if under_torchrun():
+        group_env(live, replica)
+    elif given := [k for k in GROUP_KEYS if live.get(k) is not None]:
+        raise ValueError(f"trainer.live.{given[0]}={live[given[0]]!r} is for a replica group started on its own "
+                         "(torchrun); without torchrun the live launcher starts the lighthouse and numbers the "
+                         "groups itself: leave trainer.live.{lighthouse,run_id,replica,replicas} unset")
     return lighthouse, replica
 
 
-def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_restarts: int = 0) -> None:
+def group_env(live: Mapping[str, object], base: LiveOptions, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Under torchrun, the variables that make this process replica group ``trainer.live.replica``
+    of its run (those the live launcher would set: :func:`~pipesgd.live.options.options_from_env`
+    reads them), from ``trainer.live.*`` (``base``: its parsed replica options), else from the same
+    variables already set; torchrun's restart count is the group's. ValueError naming the key
+    where one is missing or wrong, the world is not one process, a lighthouse key is set (the
+    lighthouse is not started here), or the servers would listen on loopback while the
+    lighthouse is elsewhere (peers on other nodes could not reach them)."""
+    world = environ.get("WORLD_SIZE")
+    if world != "1":
+        raise ValueError(f"trainer.mode=live under torchrun runs one process per replica group, each group its own "
+                         f"torchrun job (--nnodes 1 --nproc-per-node 1); this job has WORLD_SIZE={world}")
+    defaults = asdict(LighthouseOptions())
+    for key, (field, option) in LIGHTHOUSE_KEYS.items():
+        if live.get(key, defaults[field]) != defaults[field]:
+            raise ValueError(f"trainer.live.{key}={live[key]!r} is the lighthouse's, and under torchrun the lighthouse "
+                             f"runs on its own: pass {option} to python -m pipesgd.live.lighthouse")
+    values, missing = {}, []
+    for key, var in GROUP_KEYS.items():
+        given, set_ = live.get(key), environ.get(var)
+        if given is not None and set_ and str(given) != set_:
+            raise ValueError(f"trainer.live.{key}={given!r} and {var}={set_!r} disagree; give one of them")
+        values[key] = str(given) if given is not None else set_
+        if not values[key]:
+            missing.append(key)
+    if missing:
+        raise ValueError(f"trainer.mode=live under torchrun: {', '.join(f'trainer.live.{k}' for k in missing)} not set "
+                         f"(nor {', '.join(GROUP_KEYS[k] for k in missing)}): each replica group is told the "
+                         "lighthouse's address, the run's id, its own number and how many groups the run has "
+                         "(docs/multi-node.md, \"Live recovery under torchrun\")")
+    counts = {}
+    for key in ("replica", "replicas"):
+        try:
+            counts[key] = int(values[key])
+        except ValueError:
+            raise ValueError(f"trainer.live.{key} (or {GROUP_KEYS[key]})={values[key]!r} is invalid: must be an "
+                             "integer") from None
+    if not 0 <= counts["replica"] < counts["replicas"]:
+        raise ValueError(f"trainer.live.replica={counts['replica']} is invalid with trainer.live.replicas="
+                         f"{counts['replicas']}: must be in 0..{counts['replicas'] - 1}")
+    address = urlsplit(values["lighthouse"])
+    if address.scheme != "http" or not address.hostname or address.port is None:
+        raise ValueError(f"trainer.live.lighthouse={values['lighthouse']!r} is invalid: must be http://host:port, as "
+                         "python -m pipesgd.live.lighthouse prints it")
+    if "/" in values["run_id"]:
+        raise ValueError(f"trainer.live.run_id={values['run_id']!r} is invalid: must not contain '/'")
+    if _loopback(base.host) and not _loopback(address.hostname):
+        raise ValueError(f"trainer.live.host={base.host} is loopback but the lighthouse is at {values['lighthouse']}: "
+                         "the replica groups on other nodes could not reach this one's servers; set "
+                         "trainer.live.host to this node's address")
+    options = replace(base, lighthouse=values["lighthouse"], run_id=values["run_id"], replica=counts["replica"])
+    return {**replica_env(options), ENV_REPLICAS: str(counts["replicas"]),
+            ENV_RESTART: environ.get("TORCHELASTIC_RESTART_COUNT", "0")}
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def run_here(fn: Callable[..., object], args: tuple[dict, str]) -> Path:
+    """Under torchrun: run ``fn(container, replica_run_dir)`` in this process as the replica group
+    the container's ``trainer.live`` (or the environment) names (:func:`group_env`), in the run
+    directory's ``replica_<n>`` (its checkpoints, its log, its summary.json, as under the live
+    launcher; group 0's summary is copied into the run directory). Returns the path of the
+    group's summary.json."""
+    global _imported_at
+    container, run_dir = args
+    live = container.get("trainer", {}).get("live") or {}
+    env = group_env(live, settings(live)[1])
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum tick at info
+    os.environ.update(env)
+    _imported_at = time.time()
+    replica = int(env[ENV_REPLICA])
+    out = replica_dir(run_dir, replica)
+    out.mkdir(parents=True, exist_ok=True)
+    with _log_to(out / "train.log"):
+        fn(container, str(out))
+    summary = out / "summary.json"
+    if replica == 0 and summary.exists():
+        partial = Path(run_dir) / f".summary.json.{os.getpid()}"
+        shutil.copyfile(summary, partial)
+        os.replace(partial, Path(run_dir) / "summary.json")
+    return summary
+
+
+@contextlib.contextmanager
+def _log_to(path: Path) -> Iterator[None]:
+    """The root logger's files (Hydra's train.log in the run directory, which every group of a
+    shared run directory would write) swapped for ``path`` while the group runs."""
+    root = logging.getLogger()
+    files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
+    mine = logging.FileHandler(path)
+    mine.setFormatter(files[0].formatter if files else logging.Formatter(
+        "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    for h in files:
+        root.removeHandler(h)
+    root.addHandler(mine)
+    try:
+        yield
+    finally:
+        root.removeHandler(mine)
+        mine.close()
+        for h in files:
+            root.addHandler(h)
+
+
+def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_restarts: int = 0) -> Path:
     """Run ``fn(container, replica_run_dir)`` in ``nproc`` replica groups behind one lighthouse,
     both set up as the container's ``trainer.live`` says (:func:`settings`); return when every
-    group has exited 0, with the first group's summary.json copied into the run directory. Each
-    group's process is told how often its group was restarted before it (``PIPESGD_LIVE_RESTART``:
-    a fault injected into the group fires in its first process only) and when it was started
-    (:func:`log_start`). Every process is gone when this returns or raises."""
+    group has exited 0, with the first group's summary.json copied into the run directory (its
+    path is returned). Each group's process is told how often its group was restarted before it
+    (``PIPESGD_LIVE_RESTART``: a fault injected into the group fires in its first process only)
+    and when it was started (:func:`log_start`). Every process is gone when this returns or raises.
+    Under torchrun this process is one replica group: :func:`run_here` (``nproc`` and
+    ``max_restarts`` are torchrun's then)."""
+    if under_torchrun():
+        return run_here(fn, args)
     container, run_dir = args
     options, replica_options = settings(container.get("trainer", {}).get("live") or {})
     replicas = nproc
@@ -147,6 +281,7 @@ def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_resta
             summary = replica_dir(run_dir, 0) / "summary.json"
             if summary.exists():
                 shutil.copyfile(summary, Path(run_dir) / "summary.json")
+            return Path(run_dir) / "summary.json"
         finally:
             for p in procs.values():
                 p.terminate()
