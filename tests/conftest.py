@@ -17,8 +17,8 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 # they run one at a time in one worker; two clusters built at once would clash (names, addresses)
 # and a namespace count would see the other's. Every user of the `netns` and `slurm` fixtures is in
 # one of these modules (tests/unit/test_conftest.py checks).
-NAMESPACE_MODULES = {"test_emulate.py", "test_elastic.py", "test_slurm_multi_node.py", "test_sweep.py",
-                     "test_teardown.py"}
+NAMESPACE_MODULES = {"test_emulate.py", "test_elastic.py", "test_live_torchrun.py", "test_slurm_multi_node.py",
+                     "test_sweep.py", "test_teardown.py"}
 
 
 def namespace_scope(nodeid: str) -> str | None:
