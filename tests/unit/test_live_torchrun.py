@@ -31,7 +31,10 @@ GROUP = ["trainer.mode=live", "trainer.live.lighthouse=http://10.1.2.3:29510", "
 
 @pytest.fixture
 def torchrun(monkeypatch):
-    """This process as a torchrun job's one worker, none of the live variables set (all restored after)."""
+    """This process as a torchrun job's one worker, none of the live variables set; the whole
+    environment restored after (``run_here`` sets the group's variables in this process, which
+    monkeypatch would not undo, and a later test in the same worker would read them)."""
+    saved = dict(os.environ)
     for key in ("PIPESGD_LIVE_HOST", "PIPESGD_LIVE_TIMEOUT_S", "PIPESGD_LIVE_QUORUM_TIMEOUT_S",
                 "PIPESGD_LIVE_MIN_REPLICAS", "PIPESGD_LIVE_INIT_SYNC", "PIPESGD_LIVE_START_STORE", "RUST_LOG",
                 ENV_LIGHTHOUSE, ENV_RUN_ID, ENV_REPLICA, ENV_REPLICAS, ENV_RESTART, ENV_SPAWNED, "PIPESGD_FAULT"):
@@ -39,7 +42,9 @@ def torchrun(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    return monkeypatch
+    yield monkeypatch
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def live_of(*overrides: str) -> dict:
