@@ -62,7 +62,7 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     # comes back while the others still train
     "mnist": ("+experiment=mnist_mlp", "trainer.epochs=4"),
     # the elastic study's short CIFAR recipe (elastic_study.WORKLOADS["cifar10"]): ResNet-20, 2 epochs,
-    # batch 64 per group, lookahead (390 steps with 2 groups, 260 with 3)
+    # batch 64 per group, lookahead (780 steps with 2 groups, 520 with 3)
     "cifar10": ("+experiment=resnet_cifar", "staleness=lookahead", "trainer.epochs=2", "data.batch_size=64"),
 }
 """Workload -> its overrides. Spelled here only."""
