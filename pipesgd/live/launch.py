@@ -195,12 +195,19 @@ def run_here(fn: Callable[..., object], args: tuple[dict, str]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     with _log_to(out / "train.log"):
         fn(container, str(out))
-    summary = out / "summary.json"
-    if replica == 0 and summary.exists():
+    if replica == 0:
+        _publish_summary(run_dir)
+    return out / "summary.json"
+
+
+def _publish_summary(run_dir: str) -> None:
+    """Group 0's summary.json copied into the run directory, whole or not at all (the local
+    launcher and a torchrun group 0 both do it; a reader never sees half a file)."""
+    summary = replica_dir(run_dir, 0) / "summary.json"
+    if summary.exists():
         partial = Path(run_dir) / f".summary.json.{os.getpid()}"
         shutil.copyfile(summary, partial)
         os.replace(partial, Path(run_dir) / "summary.json")
-    return summary
 
 
 @contextlib.contextmanager
@@ -278,9 +285,7 @@ def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_resta
                     log.warning("replica group %d exited with status %s; restarting it (%d of %d), the others "
                                 "train on", replica, p.exitcode, restarts[replica], max_restarts)
                     start(replica)
-            summary = replica_dir(run_dir, 0) / "summary.json"
-            if summary.exists():
-                shutil.copyfile(summary, Path(run_dir) / "summary.json")
+            _publish_summary(run_dir)
             return Path(run_dir) / "summary.json"
         finally:
             for p in procs.values():
