@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from slurm_jobs import job_fields, run_on_login
+from slurm_jobs import job_fields, run_on_login, squeue_empty, wait_until
 from runs import CACHE, needs_mnist
 
 SWEEP = ["-m", "hydra/launcher=slurm", "+experiment=mnist_mlp", "trainer.mode=sync,pipe", "compressor=none,int8"]
@@ -33,7 +33,11 @@ def test_sweep_runs_as_slurm_jobs_and_reports(slurm, shared_data, tmp_path):
 
     # Each job went through the controller: an array job of four tasks, all COMPLETED on our nodes.
     (array,) = [p.name for p in (sweep / ".submitit").iterdir() if "_" not in p.name]
+    # submitit returns once each task has pickled its result, which is before the task's process
+    # exits and the controller marks it COMPLETED (the fresh-clone CI of 7385a25 saw one RUNNING):
+    # wait, bounded, for each task to leave the queue.
     for task in range(4):
+        wait_until(lambda: squeue_empty(slurm, f"{array}_{task}"), 60, f"task {task} of array {array} to leave the queue")
         fields = job_fields(slurm, f"{array}_{task}")
         assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", fields
         assert fields["NodeList"] in slurm.node_names, fields
