@@ -1,7 +1,8 @@
 """One replica group of a live run, for tests/distributed/test_live.py: a small model trained with
 LiveEngine until ``--stop`` exists; after every step one JSON line: the engine's step, torchft's
-committed step, whether the update was applied or skipped, the replica checks passed so far, and
-the weights' sha256. A replica check that fails ends it with status 3, its message in
+committed step, whether the update was applied or skipped, the replica checks passed so far, the
+weights' sha256 and that of the weights the groups agree on (``consistent_params``: dga's without
+this group's pending local step). A replica check that fails ends it with status 3, its message in
 ``<out>.mismatch``."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pipesgd.engine.live import COMMS, STALENESSES, LiveEngine  # noqa: E402
 from pipesgd.faults import Fault, Faults  # noqa: E402
 from pipesgd.live.options import LiveOptions  # noqa: E402
 from pipesgd.replicas import ReplicaMismatch, digest  # noqa: E402
+from pipesgd.staleness import make_staleness  # noqa: E402
 
 MISMATCH = 3  # the exit status of a replica check that failed
 
@@ -55,6 +57,7 @@ def main() -> None:
     p.add_argument("--checkpoint-every-step", action="store_true",
                    help="take engine.state_dict() after every step, as the trainer's checkpoint hook does")
     p.add_argument("--staleness", default="none", choices=STALENESSES)
+    p.add_argument("--dc-adaptive", action="store_true", help="staleness=dc's adaptive λ (its mean square)")
     p.add_argument("--same-init", action="store_true", help="every group starts from the same weights (seed 0)")
     p.add_argument("--min-replicas", type=int, default=1)
     p.add_argument("--init-sync", type=int, default=1, help="torchft's step-0 sync (1) or none (0)")
@@ -71,7 +74,8 @@ def main() -> None:
     engine = LiveEngine(model, optimizer, LiveOptions(a.lighthouse, a.run_id, a.replica, timeout_s=10,
                                                       quorum_timeout_s=20, min_replicas=a.min_replicas,
                                                       init_sync=bool(a.init_sync)),
-                        staleness=a.staleness, compressor=a.compressor, allreduce=a.comm, check_every=a.check_every)
+                        staleness=make_staleness(a.staleness, dc_adaptive=a.dc_adaptive), compressor=a.compressor,
+                        allreduce=a.comm, check_every=a.check_every)
     engine.register_state("scheduler", scheduler.state_dict, scheduler.load_state_dict)
     out = open(a.out, "a", buffering=1)
     perturbed = False
@@ -95,7 +99,8 @@ def main() -> None:
                                   "applied": stats.applied, "skipped": stats.skipped, "healed": engine.healed,
                                   "valid": stats.metrics.get("live/valid"), "wire": stats.comm.wire_bytes,
                                   "checks": engine.replica_checks, "perturbed": perturbed,
-                                  "lr": optimizer.param_groups[0]["lr"], "digest": digest(weights)}) + "\n")
+                                  "lr": optimizer.param_groups[0]["lr"], "digest": digest(weights),
+                                  "consistent": digest(engine.consistent_params())}) + "\n")
         engine.flush()
     except ReplicaMismatch as e:
         Path(f"{a.out}.mismatch").write_text(str(e))

@@ -35,7 +35,7 @@ from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, 
 
 log = logging.getLogger(__name__)
 
-STALENESSES = ("none", "lookahead", "predict")  # rules whose state a heal carries whole (docs/reliability.md)
+STALENESSES = ("none", "lookahead", "predict", "dc", "dga")  # rules whose heal is tested (docs/reliability.md)
 COMMS = ("auto", "native", "ring")  # the allreduces that run over torchft's group (auto: the ring there, on Gloo)
 WIDTH = 2  # torchft changes quorums between steps: at most one reduction may be in flight across one
 TAIL = 2  # after the gradient: the non-finite flag and the count of valid contributions (then a check's sums)
@@ -76,9 +76,13 @@ class LiveEngine(Engine):
     thread at its next step boundary (after the caller's per-update scheduler step), never half
     way through an update.
 
-    ``staleness``: a rule of :data:`STALENESSES` (lookahead, predict), applied as PipeSGD applies
-    it at width 2; its state travels with a heal (the donor's, taken with the reduction its kept
-    gradient stands for still in flight, so the healer drops or applies it with that reduction).
+    ``staleness``: a rule of :data:`STALENESSES`, applied as PipeSGD applies it at width 2 (each
+    gradient reaches the rule before the update in flight lands, on the weights it was computed
+    at); its state travels with a heal (the donor's, taken with the reduction its kept entry
+    stands for still in flight, so the healer drops or applies it with that reduction; for the
+    step it launches next, the rule takes the zeros it sends). Under ``dga`` each group holds its
+    own pending local step: the groups agree on :meth:`consistent_params`, which replica checks
+    and the heal's logged digest compare.
 
     ``check_every``: every that many committed updates (torchft's step, which every group of a
     quorum holds), the replicas' weights are compared on the reduction itself: it carries, after
@@ -168,7 +172,9 @@ class LiveEngine(Engine):
         buf = self._flatten()
         stats = StepStats()
         if self._pending is not None:
-            self._finish(stats)
+            self._finish(stats, launching=buf)
+        else:
+            self.staleness.launched(buf[:self.numel])
         self.manager.start_quorum()
         self._launch(buf)
         self.steps += 1
@@ -211,7 +217,6 @@ class LiveEngine(Engine):
         if stale:  # computed on the weights this replica had before it healed
             buf.zero_()
             self._stale = False
-        self.staleness.launched(buf[:n])  # the rule copies what it keeps: the reduction sums in place
         manager, step = self.manager, self.steps + 1
 
         def reduce() -> tuple[Tensor, CommStats, Rider | None]:
@@ -252,14 +257,23 @@ class LiveEngine(Engine):
         buf[n] = torch.where(has_nonfinite(buf[:n]), float("inf"), buf[n])
         return stats
 
-    def _finish(self, stats: StepStats) -> None:
+    def _finish(self, stats: StepStats, launching: Tensor | None = None) -> None:
+        """Vote on and apply the reduction in flight. ``launching``: the gradient ``step()`` launches
+        next, handed to the rule first, as PipeSGD does: on the weights it was computed at (dc
+        keeps them), and after the last point a donor serves its state (``_reduced``)."""
         t0 = time.perf_counter()
         handle, self._pending = self._pending, None
         buf, stats.comm, rider = self._reduced(handle)
         t1 = time.perf_counter()
         stats.wait_s = t1 - t0
+        n, healed = self.numel, self.healed
+        if launching is not None:
+            self.staleness.launched(launching[:n])  # the rule copies what it keeps: the reduction sums in place
         committed = self.manager.should_commit()  # loads a peer's state here when this replica heals
-        n = self.numel
+        if launching is not None and self.healed != healed:
+            # The rule now holds the donor's state, taken before the donor launched this step: it
+            # stands for this launch what the healer sends, zeros, on the donor's weights it loaded.
+            self.staleness.launched(torch.zeros_like(launching[:n]))
         count = float(buf[n + 1])
         stats.metrics = {"live/participants": float(self.manager.num_participants()), "live/valid": count}
         if not committed:
@@ -284,8 +298,9 @@ class LiveEngine(Engine):
         self.staleness.apply(buf[:n].div_(count))
         stats.update_s, stats.applied, stats.staleness = time.perf_counter() - t1, True, 1
         if self._heal_event is not None:  # one pass over the weights, once per heal
-            log.info("weights sha256 %s after the update of step %d, the first since this replica %s",
-                     param_checksum(self.module), self.steps, self._heal_event)
+            with self.staleness.consistent_weights():
+                log.info("weights sha256 %s after the update of step %d, the first since this replica %s",
+                         param_checksum(self.module), self.steps, self._heal_event)
             self._heal_event = None
 
     def _check(self, rider: Rider, count: float, sums: Tensor) -> None:

@@ -52,8 +52,10 @@ class Staleness(ABC):
         self.numel = sum(p.numel() for p in self.params)
 
     def launched(self, local: Tensor) -> None:
-        """This rank's gradient of the step being launched. The reduction will overwrite
-        ``local`` in place, so a strategy that needs it later must copy it now."""
+        """This rank's gradient of the step being launched, before any update lands after the
+        backward that computed it: the parameters are the ones it was computed at (dc keeps
+        them). The reduction will overwrite ``local`` in place, so a strategy that needs it later
+        must copy it now."""
 
     def skip(self) -> None:
         """The oldest launched step's average is dropped (trainer.nonfinite=skip): forget what

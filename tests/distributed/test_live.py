@@ -90,10 +90,15 @@ def _kill_left(procs: list[subprocess.Popen]) -> None:
 
 # none: the plain rule, over the ring with int8 (a lost peer fails a ring hop; the count stays exact);
 # lookahead: a rule with per-replica state (kept local gradients) that must travel with the heal for
-# the healer to stay bit-identical, over torchft's Gloo allreduce. A replica check rides on every
-# reduction: one dies with the killed group, the healer's zeroed shares take no part (its own
-# weights differ until it heals), and a perturbation of the healed group is caught on both.
-@pytest.mark.parametrize("staleness, comm, compressor", [("none", "ring", "int8"), ("lookahead", "native", "none")])
+# the healer to stay bit-identical, over torchft's Gloo allreduce; dc (adaptive): the weights the
+# gradient in flight was computed at and the mean square travel; dga: each group holds its own
+# pending local step, the groups agree on the consistent weights, which the heal must hand over
+# (and the checks compare). A replica check rides on every reduction: one dies with the killed
+# group, the healer's zeroed shares take no part (its own weights differ until it heals), and a
+# perturbation of the healed group is caught on both (not under dga, whose next update puts the
+# agreed weights back and so undoes it: there the run is stopped).
+@pytest.mark.parametrize("staleness, comm, compressor", [("none", "ring", "int8"), ("lookahead", "native", "none"),
+                                                         ("dc", "native", "none"), ("dga", "ring", "none")])
 @pytest.mark.timeout(170)
 def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_identical(tmp_path, staleness, comm,
                                                                                           compressor):
@@ -102,7 +107,7 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
 
     def start(replica: int, out: Path, *extra: str) -> subprocess.Popen:
         p = _replica(lighthouse, replica, out, tmp_path, "--staleness", staleness, "--comm", comm, "--compressor",
-                     compressor, "--check-every", "1", *extra)
+                     compressor, "--check-every", "1", "--dc-adaptive", *extra)
         procs.append(p)
         return p
 
@@ -123,8 +128,9 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
         start(1, b2, "--perturb", str(tmp_path / "perturb"))
         healed_applied = lambda: sum(r["applied"] and r["healed"] > 0 for r in _records(b2))  # noqa: E731
         _wait_until(lambda: healed_applied() >= 5, 100, "the restarted replica healing and training", procs)
-        (tmp_path / "perturb").touch()
-        assert [p.wait(timeout=30) for p in procs] == [MISMATCH, MISMATCH]
+        (tmp_path / ("stop" if staleness == "dga" else "perturb")).touch()
+        ends = [0, 0] if staleness == "dga" else [MISMATCH, MISMATCH]
+        assert [p.wait(timeout=30) for p in procs] == ends
     finally:
         _kill_left(procs)
         lighthouse.shutdown()
@@ -134,22 +140,27 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
     assert sum(r["applied"] for r in alone) >= 15
     healed_before = _records(a)[killed_at - 1]["healed"]  # it may have healed at the start (torchft's init sync)
     assert all(r["healed"] == healed_before for r in _records(a)[killed_at:]), "the survivor loaded a peer's state"
+    # "consistent": the weights the groups agree on (under dga without a group's pending local
+    # step; else the weights themselves). The healer's hold no local step of its donor's.
     first = next(r for r in _records(b2) if r["applied"] and r["healed"])
     donor = {r["committed"]: r for r in _records(a) if r["applied"]}
-    assert first["committed"] in donor
-    assert first["digest"] == donor[first["committed"]]["digest"], "the healer's weights differ from its donor's"
+    assert first["committed"] in donor and first["digest"] == first["consistent"]
+    assert first["consistent"] == donor[first["committed"]]["consistent"], \
+        "the healer's weights differ from its donor's"
     assert first["lr"] == donor[first["committed"]]["lr"], "the healer's schedule differs from its donor's"
     # The healer's first reduction (torchft's, while it fetched) and its next (a gradient of its
     # pre-heal weights) carry nothing from it: one valid contribution, the donor's, not two.
     healer = [r for r in _records(b2) if r["applied"] and r["healed"]]
     assert [r["valid"] for r in healer[:3]] == [1.0, 1.0, 2.0], healer[:3]
     joint = [r for r in _records(b2) if r["applied"] and r["committed"] in donor and not r["perturbed"]]
-    assert len(joint) >= 5 and all(r["digest"] == donor[r["committed"]]["digest"] for r in joint)
+    assert len(joint) >= 5 and all(r["consistent"] == donor[r["committed"]]["consistent"] for r in joint)
     # Replica checks: passed together before the kill, none counted alone, none by the healer's
     # zeroed shares (its first two reductions), passed together again after the heal.
     checks = [r["checks"] for r in _records(a)]
     assert checks[killed_at - 1] > 0 and checks[rejoined_at - 1] - checks[killed_at - 1] <= 1, checks  # 1: in flight
     assert [r["checks"] for r in healer[:2]] == [0, 0] and healer[-1]["checks"] >= 3, healer
+    if staleness == "dga":
+        return
     # The perturbation is caught at the next check, the one the perturbed weights launched, on both groups.
     last = {path: _records(path)[-1] for path in (a, b2)}
     assert last[b2]["perturbed"] and [r["perturbed"] for r in _records(b2)].count(True) == 1
@@ -160,22 +171,36 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
             last[b2]["committed"], why
 
 
-@pytest.mark.parametrize("staleness", ["none", "lookahead", "predict"])
-@pytest.mark.timeout(120)
+# dc (adaptive: its mean square too) corrects by the weights each gradient was computed at, so it
+# departs from pipe unless the rule sees each gradient before the update in flight lands; dga's
+# groups differ by their own pending local step, each group's weights against its own rank's.
+# For these two the simulation is checked against the pipe engine itself.
+@pytest.mark.parametrize("staleness", ["none", "lookahead", "predict", "dc", "dga"])
+@pytest.mark.timeout(150)
 def test_live_with_a_staleness_rule_and_no_fault_is_pipe_sgd_width_2_with_that_rule(tmp_path, staleness):
     """Two replica groups of one process each, in every quorum (min_replicas=2, no step-0 sync:
     they start alike), against width-2 Pipe-SGD over two simulated ranks with the library's rule:
-    the weights after every step, bit for bit, with a replica check riding on every second
-    reduction (it changes nothing of the update, and passes)."""
+    each group's weights and the weights the groups agree on after every step, bit for bit, with
+    a replica check riding on every second reduction (it changes nothing of the update, and
+    passes: it compares the agreed weights)."""
     steps = 12
-    outs = _in_every_quorum(tmp_path, steps, "--staleness", staleness, "--check-every", "2")
+    adaptive = ("--dc-adaptive",) if staleness == "dc" else ()
+    outs = _in_every_quorum(tmp_path, steps, "--staleness", staleness, "--check-every", "2", *adaptive)
     expected = _pipe_reference(staleness, steps, len(outs))
-    for out in outs:
-        got = [{k: r[k] for k in ("applied", "valid", "digest")} for r in _records(out)]
-        assert got == expected, f"{out.name} departs from the reference at step " \
-                                f"{next(i for i, (g, e) in enumerate(zip(got, expected)) if g != e) + 1}"
+    if staleness in ("dc", "dga"):
+        from distributed_utils import run_workers
+
+        engine = run_workers(_pipe_worker, len(outs), "ring", "none", steps, staleness, timeout=90)
+        assert [[{k: r[k] for k in ("applied", "digest", "consistent")} for r in rank] for rank in expected] == engine
+    for out, want in zip(outs, expected):
+        got = [{k: r[k] for k in ("applied", "valid", "digest", "consistent")} for r in _records(out)]
+        assert got == want, f"{out.name} departs from the reference at step " \
+                            f"{next(i for i, (g, e) in enumerate(zip(got, want)) if g != e) + 1}"
         # launched after 2, 4, ..., 10 committed updates (steps 3, 5, ..., 11), voted a step later
         assert [r["checks"] for r in _records(out)][3::2] == [1, 2, 3, 4, 5]
+    if staleness == "dga":  # the groups hold weights of their own, and agree on the consistent ones
+        assert all(a["digest"] != b["digest"] and a["consistent"] == b["consistent"]
+                   for a, b in zip(*expected[:2]) if a["applied"])
 
 
 def _in_every_quorum(tmp_path: Path, steps: int, *extra: str) -> list[Path]:
@@ -207,7 +232,7 @@ def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path
     steps = 8
     outs = _in_every_quorum(tmp_path, steps, "--comm", comm, "--compressor", compressor, "--check-every", "1")
     if compressor == "none":
-        expected = _pipe_reference("none", steps, len(outs))
+        expected = _pipe_reference("none", steps, len(outs))[0]
     else:
         from distributed_utils import run_workers
 
@@ -232,19 +257,22 @@ def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path
         assert sent == raw if compressor == "none" else 0 < sent < raw / 1.9
 
 
-def _pipe_worker(rank: int, world: int, comm: str, compressor: str, steps: int) -> list[dict]:
+def _pipe_worker(rank: int, world: int, comm: str, compressor: str, steps: int, staleness: str = "none"
+                 ) -> list[dict]:
     """Width-2 Pipe-SGD (pipesgd.engine.pipe) on rank ``rank`` of a Gloo group, training what
     tests/live_replica.py trains on replica group ``rank``'s data: per step, whether an update
-    was applied and the weights' digest."""
+    was applied, the weights' digest and that of the consistent weights."""
     sys.path.insert(0, str(ROOT / "tests"))
     from live_replica import batch, make_model, make_optimizer
 
     from pipesgd.engine.pipe import PipeSGD
     from pipesgd.replicas import digest
+    from pipesgd.staleness import make_staleness
 
     model = make_model(0)
     optimizer, scheduler = make_optimizer(model)
-    engine = PipeSGD(optimizer, model.parameters(), width=2, compressor=compressor, allreduce=comm)
+    engine = PipeSGD(optimizer, model.parameters(), width=2, compressor=compressor, allreduce=comm,
+                     staleness=make_staleness(staleness, dc_adaptive=True))
     out = []
     try:
         for step in range(steps):
@@ -256,17 +284,19 @@ def _pipe_worker(rank: int, world: int, comm: str, compressor: str, steps: int) 
             if applied:
                 scheduler.step()
             out.append({"applied": applied, "digest": digest(torch.cat([q.detach().reshape(-1)
-                                                                        for q in model.parameters()]))})
+                                                                        for q in model.parameters()])),
+                        "consistent": digest(engine.consistent_params())})
     finally:
         engine.close()
     return out
 
 
-def _pipe_reference(staleness: str, steps: int, replicas: int) -> list[dict]:
-    """Width-2 Pipe-SGD over ``replicas`` simulated ranks, each with its own instance of the rule,
-    in the live engine's order (apply step t-1's average, then launch step t): per step, whether
-    an update was applied, the valid contributions and the weights' digest. On one thread, as the
-    replicas run: another thread count may sum a matmul in another order."""
+def _pipe_reference(staleness: str, steps: int, replicas: int) -> list[list[dict]]:
+    """Width-2 Pipe-SGD over ``replicas`` simulated ranks, each with its own instance of the rule
+    (dc: adaptive), in PipeSGD's order (launch step t, then apply step t-1's average): per rank
+    and step, whether an update was applied, the valid contributions, the digest of the rank's
+    weights and of the consistent ones. On one thread, as the replicas run: another thread count
+    may sum a matmul in another order."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -275,7 +305,7 @@ def _pipe_reference(staleness: str, steps: int, replicas: int) -> list[dict]:
         torch.set_num_threads(threads)
 
 
-def _simulated_pipe(staleness: str, steps: int, replicas: int) -> list[dict]:
+def _simulated_pipe(staleness: str, steps: int, replicas: int) -> list[list[dict]]:
     from live_replica import batch, make_model, make_optimizer
 
     from pipesgd.replicas import digest
@@ -284,10 +314,10 @@ def _simulated_pipe(staleness: str, steps: int, replicas: int) -> list[dict]:
     outs = range(replicas)
     models = [make_model(0) for _ in outs]
     optimizers = [make_optimizer(m) for m in models]
-    rules = [make_staleness(staleness) for _ in outs]
+    rules = [make_staleness(staleness, dc_adaptive=True) for _ in outs]
     for rule, model, (optimizer, _) in zip(rules, models, optimizers):
         rule.bind(list(model.parameters()), optimizer)
-    expected, pending = [], None
+    expected, pending = [[] for _ in outs], None
     for step in range(steps):
         grads = []
         for r, (model, (optimizer, _), rule) in enumerate(zip(models, optimizers, rules)):
@@ -295,16 +325,17 @@ def _simulated_pipe(staleness: str, steps: int, replicas: int) -> list[dict]:
             with rule.forward_context(0 if pending is None else 1):
                 torch.nn.functional.cross_entropy(model(batch(r, step)[0]), batch(r, step)[1]).backward()
             grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
-        if pending is not None:  # the engine's order: apply step t-1's average, then launch step t
+        for rule, g in zip(rules, grads):  # PipeSGD's order: launch step t, then apply step t-1's average
+            rule.launched(g)
+        if pending is not None:
             for (_, scheduler), rule in zip(optimizers, rules):
                 rule.apply(pending.clone())
                 scheduler.step()
-        for rule, g in zip(rules, grads):
-            rule.launched(g)
         pending = torch.stack(grads).sum(0).div_(float(replicas))
-        weights = torch.cat([p.detach().reshape(-1) for p in models[0].parameters()])
-        expected.append({"applied": step > 0, "valid": float(replicas) if step > 0 else None,
-                         "digest": digest(weights)})
+        for model, rule, records in zip(models, rules, expected):
+            weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            records.append({"applied": step > 0, "valid": float(replicas) if step > 0 else None,
+                            "digest": digest(weights), "consistent": digest(rule.consistent_params())})
     return expected
 
 
@@ -597,17 +628,22 @@ def test_a_reduction_that_fails_is_reported_to_the_manager_and_its_update_droppe
         engine.close()
 
 
+# lookahead keeps the local gradient of the reduction in flight; dc (adaptive) the weights it was
+# computed at and the mean square; dga this group's pending local step and the agreed weights
+@pytest.mark.parametrize("staleness, kept", [("lookahead", {"local"}), ("dc", {"w_then", "mean_square"}),
+                                             ("dga", {"local", "base"})])
 @pytest.mark.timeout(60)
-def test_a_healer_takes_the_donors_staleness_state():
-    """The state a donor hands over carries its rule's state (lookahead: the local gradient kept
-    for the reduction in flight), and loading it replaces the healer's."""
+def test_a_healer_takes_the_donors_staleness_state(staleness, kept):
+    """The state a donor hands over carries its rule's whole state, one entry for the reduction in
+    flight, and loading it replaces the healer's."""
     from pipesgd.engine.base import ModeArgs
     from pipesgd.engine.live import build
+    from pipesgd.staleness import make_staleness
 
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     _, engine = build(ModeArgs(model, optimizer, 2, None, None, None, 1, 0, torch.device("cpu"),
-                               staleness="lookahead"))
+                               staleness=make_staleness(staleness, dc_adaptive=True)))
     try:
         for step in range(3):
             optimizer.zero_grad()
@@ -615,11 +651,19 @@ def test_a_healer_takes_the_donors_staleness_state():
                 model(torch.full((4, 3), float(step + 1))).sum().backward()
             engine.step()
         donor = engine._state()
-        kept = donor["engine"]["staleness"]["local"]
-        assert len(kept) == 1 and torch.equal(kept[0], engine.staleness.state_dict()["local"][0])
-        engine.staleness.load_state_dict({"local": [torch.zeros_like(kept[0])]})  # a healer's own, stale
+        state = donor["engine"]["staleness"]
+        assert set(state) == kept and all(len(v) == 1 for v in state.values() if isinstance(v, list))
+        assert _tensors(state) == _tensors(engine.staleness.state_dict())
+        own = {k: [torch.zeros_like(t) for t in v] if isinstance(v, list) else torch.zeros_like(v)
+               for k, v in state.items()}
+        engine.staleness.load_state_dict(own)  # a healer's own, stale
         engine._load_peer_state(donor)
-        assert torch.equal(engine.staleness.state_dict()["local"][0], kept[0])
+        assert _tensors(engine.staleness.state_dict()) == _tensors(state)
         engine.flush()
     finally:
         engine.close()
+
+
+def _tensors(state: dict) -> dict:
+    """A rule's state, each tensor as a list of its values (comparable with ==)."""
+    return {k: [t.tolist() for t in v] if isinstance(v, list) else v.tolist() for k, v in state.items()}
