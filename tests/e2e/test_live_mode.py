@@ -4,19 +4,14 @@ shards and end with identical weights, checked on the way (trainer.check_every).
 behaviour: tests/distributed/test_live.py.
 Skipped without torchft (pip install '.[live]'), except under CI=true, where it fails."""
 
-import importlib.util
 import json
-import os
 
 import pytest
 
 from runs import needs_mnist, run, summary, tagged_processes
+from needs_torchft import require_torchft
 
-if importlib.util.find_spec("torchft") is None:
-    if os.environ.get("CI") == "true":
-        pytest.fail("torchft is not installed; under CI=true the live tests must run (pip install '.[live]')",
-                    pytrace=False)
-    pytest.skip("torchft is not installed (pip install '.[live]')", allow_module_level=True)
+require_torchft()
 
 
 # the ring with int8 on torchft's group (comm=auto picks the ring there); lookahead over its native allreduce

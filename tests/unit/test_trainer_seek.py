@@ -72,7 +72,7 @@ class Batches(TrainerHooks):
         self.positions[trainer.step] = (epoch, consumed)
 
 
-def _run(heal_at: int | None = None, donor_step: int = 0) -> Batches:
+def _run(heal_at: int | None = None, donor_step: int = 0, eval_every_steps: int | None = None) -> tuple[Batches, Trainer]:
     torch.manual_seed(0)
     images = torch.arange(SAMPLES, dtype=torch.uint8).view(-1, 1, 1, 1).expand(-1, 1, 2, 2).contiguous()
     split = Split(images, torch.zeros(SAMPLES, dtype=torch.int64))
@@ -83,10 +83,10 @@ def _run(heal_at: int | None = None, donor_step: int = 0) -> Batches:
     hooks = Batches(model)
     trainer = Trainer(model, engine, optimizer, scheduler, ShardedLoader(split, BATCH, SHARD, SHARDS, seed=3),
                       EvalLoader(split, 32, 0, 1), _NullWriter(), epochs=EPOCHS, max_steps=None, log_every=100,
-                      device=torch.device("cpu"), is_main=False, hooks=hooks)
+                      device=torch.device("cpu"), is_main=False, hooks=hooks, eval_every_steps=eval_every_steps)
     _share_position(engine, scheduler, trainer)
     trainer.fit()
-    return hooks
+    return hooks, trainer
 
 
 class _NullWriter:
@@ -101,10 +101,10 @@ class _NullWriter:
     (9, 16),   # from the second epoch into the last
 ])
 def test_a_healed_replica_draws_the_batches_an_uninterrupted_one_draws_at_its_new_step(heal_at, donor_step):
-    steady = _run()
+    steady, _ = _run()
     per_epoch = SAMPLES // SHARDS // BATCH
     assert sorted(steady.by_step) == list(range(1, EPOCHS * per_epoch + 1))
-    healed = _run(heal_at, donor_step)
+    healed, _ = _run(heal_at, donor_step)
     joined = donor_step + 1  # the step in which it healed (its own, stale batch): the loop counts it as the donor's
     after = sorted(s for s in healed.by_step if s > joined)
     assert after == list(range(joined + 1, EPOCHS * per_epoch + 1)), "the healer stopped early or ran over"
@@ -113,3 +113,20 @@ def test_a_healed_replica_draws_the_batches_an_uninterrupted_one_draws_at_its_ne
     epoch, consumed = steady.positions[joined]
     whole = per_epoch * BATCH * SHARDS  # the end of an epoch is the start of the next
     assert healed.positions[joined] == ((epoch + 1, 0) if consumed == whole else (epoch, consumed))
+
+
+@pytest.mark.parametrize("heal_at,donor_step", [
+    (3, 7),  # it lands on step 8, an in-epoch evaluation (every 4 steps)
+    (3, 5),  # on step 6, an epoch's end
+    (3, 4),  # on step 5, no evaluation
+])
+def test_a_healed_replica_evaluates_where_its_peers_do_from_the_step_it_lands_on(heal_at, donor_step):
+    """Under live recovery the groups of a quorum average their buffers and losses at each
+    evaluation (pipesgd.live.peers): a healer that skipped the one at the step it lands on would
+    leave its peers without it (and they would wait for it until the live timeout)."""
+    _, steady = _run(eval_every_steps=4)
+    _, healed = _run(heal_at, donor_step, eval_every_steps=4)
+    assert [e["step"] for e in steady.history.evals] == [4, 6, 8, 12, 16, 18]  # every 4 steps, epoch ends, the end
+    joined = donor_step + 1
+    after = lambda t: [(e["step"], e["epoch"]) for e in t.history.evals if e["step"] >= joined]  # noqa: E731
+    assert after(healed) == after(steady)
