@@ -35,6 +35,9 @@ def test_the_live_mode_trains_two_replica_groups_to_the_same_model(tmp_path, sta
     # one global batch of 2 x 250 over two shards; the same averaged updates on both replicas
     assert first["global_batch"] == 500
     assert first["test_accuracy"] == second["test_accuracy"] and first["test_loss"] == second["test_loss"]
+    # the evaluation averages the groups' recent losses (each its own shard's) over the quorum's two groups
+    assert first["averaged_replicas"] == second["averaged_replicas"] == 2
+    assert first["final_train_loss"] == second["final_train_loss"]
     # trainer.check_every reaches the engine, whose reductions carry the check (every 3 committed updates)
     assert first["live_replica_checks"] >= 1 and second["live_replica_checks"] >= 1
     assert summary(run_dir) == first
