@@ -1,5 +1,5 @@
 """Who the training loop's own collectives run with: the BatchNorm buffers and the recent training
-losses each evaluation averages, and the evaluation's sums (:class:`Peers`). By default every rank
+losses each evaluation averages, and the sums of its scores (:class:`Peers`). By default every rank
 of torch.distributed's default group (:class:`RankPeers`); under ``trainer.mode=live`` the replica
 groups of the current quorum (:class:`pipesgd.live.peers.QuorumPeers`), where a group may die
 mid-collective and the others must not wait for it."""
@@ -16,19 +16,23 @@ T = TypeVar("T")
 
 
 class Peers(Protocol):
-    """``shares_evaluation``: each replica scores its own share of the test set (the eval loader
-    it was given) and :meth:`sum` adds the shares; False where each scores the whole set and its
-    own sums are the result."""
-
-    shares_evaluation: bool
+    """One evaluation's collectives, called in this order: :meth:`average`, then the test set
+    scored (the eval loader as given, or the share :meth:`evaluation_share` names), then :meth:`sum`."""
 
     def average(self, tensors: list[Tensor], what: str) -> int:
         """Replace each of ``tensors`` by its mean over the replicas that take part and return how
         many did; 1 where this replica is alone (or, under live recovery, could not reach the
         others: then its values are left as they were and it logs why)."""
 
-    def sum(self, tensor: Tensor, what: str) -> None:
-        """Sum ``tensor`` in place over every replica (only where ``shares_evaluation``)."""
+    def evaluation_share(self) -> tuple[int, int] | None:
+        """``(index, count)``: score share ``index`` of ``count`` of the eval loader's samples
+        (:meth:`pipesgd.data.loader.EvalLoader.share`) and let :meth:`sum` add the others'; None:
+        score the eval loader as given."""
+
+    def sum(self, totals: Tensor, what: str) -> bool:
+        """Add the other replicas' scores to ``totals`` in place; False where they could not be
+        had (``totals`` as it was, the failure logged): this replica then scores the other shares
+        of :meth:`evaluation_share` itself."""
 
 
 class RankPeers:
@@ -36,8 +40,6 @@ class RankPeers:
     the engine's own communication: ``collective`` is the engine's
     (:meth:`pipesgd.engine.base.Engine.collective`). A rank that fails fails the job, as every
     collective of these modes does (the launcher restarts it from a checkpoint)."""
-
-    shares_evaluation = True
 
     def __init__(self, collective: Callable[[Callable[[], T], str], T]):
         self.collective = collective
@@ -55,6 +57,10 @@ class RankPeers:
         self.collective(reduce, what)
         return world
 
-    def sum(self, tensor: Tensor, what: str) -> None:
+    def evaluation_share(self) -> None:
+        return None  # the eval loader is this rank's slice already
+
+    def sum(self, totals: Tensor, what: str) -> bool:
         if dist.is_initialized():
-            self.collective(lambda: dist.all_reduce(tensor), what)
+            self.collective(lambda: dist.all_reduce(totals), what)
+        return True

@@ -302,11 +302,25 @@ class Trainer:
             self.writer.scalars({"time/predicted_iter_ms": self.predict(self.history),
                                  "time/measured_iter_ms": median(self.history.iter_ms)}, self.step)
 
+    def _score(self, loader) -> torch.Tensor:
+        """The objective's sums over ``loader`` (its first ``eval_max_batches`` batches when set)."""
+        # On the model's device: NCCL reduces device tensors only, and the sums stay there until
+        # read once at the end (no host sync per batch).
+        totals = torch.zeros(self.objective.width, dtype=torch.float64, device=self.device)
+        # consistent_weights: dga evaluates without this rank's pending local step
+        with trace.current().span("eval", "eval", self.step), self.engine.consistent_weights():
+            for i, (x, y) in enumerate(loader):
+                if self.eval_max_batches is not None and i >= self.eval_max_batches:
+                    break
+                x, y = x.to(self.device), y.to(self.device)
+                totals += self.objective.sums(self.model(x), y)
+        return totals
+
     @torch.no_grad()
     def _evaluate(self, epoch: float, start: float) -> dict:
         """The objective's metrics over the test set (its first ``eval_max_batches`` batches per rank
-        when set): each rank sums its shard, the sums are added, where the engine's peers share the
-        evaluation (each live replica group scores the whole set instead). ``epoch`` is the epochs
+        when set): each rank sums its shard, the sums are added (live replica groups: their share of
+        the quorum's, :class:`pipesgd.live.peers.QuorumPeers`). ``epoch`` is the epochs
         trained so far (fractional inside an epoch); ``eval_s`` in the result is the evaluation's
         own time; ``averaged_replicas`` how many replicas' buffers and recent losses were averaged
         (``final_train_loss`` is their mean): the world size, or the live groups that took part."""
@@ -314,7 +328,7 @@ class Trainer:
         self.hooks.on_eval_start(self)
         # The loop's collectives go through the engine's peers: on its communication thread
         # (PipeSGD) they keep one order with the reductions in flight on every rank (NCCL needs it);
-        # under live recovery they run over the quorum's groups, and a group that dies costs none.
+        # under live recovery they run over the quorum's groups, and a group that dies hangs none.
         peers = self.engine.peers()
         # Float buffers (BatchNorm running statistics) averaged, so every replica evaluates the same
         # model (parameters are already identical; training is unaffected); with them the mean
@@ -324,18 +338,12 @@ class Trainer:
         replicas = peers.average([b for b in self.model.buffers() if b.is_floating_point()] + [train_loss],
                                  "averaging buffers and losses for evaluation")
         self.model.eval()
-        # On the model's device: NCCL reduces device tensors only, and the sums stay there until
-        # read once at the end (no host sync per batch).
-        totals = torch.zeros(self.objective.width, dtype=torch.float64, device=self.device)
-        # consistent_weights: dga evaluates without this rank's pending local step
-        with trace.current().span("eval", "eval", self.step), self.engine.consistent_weights():
-            for i, (x, y) in enumerate(self.eval_loader):
-                if self.eval_max_batches is not None and i >= self.eval_max_batches:
-                    break
-                x, y = x.to(self.device), y.to(self.device)
-                totals += self.objective.sums(self.model(x), y)
-        if peers.shares_evaluation:
-            peers.sum(totals, "summing evaluation counts")
+        share = peers.evaluation_share()
+        totals = self._score(self.eval_loader if share is None else self.eval_loader.share(*share))
+        if not peers.sum(totals, "summing the evaluation's scores"):  # a live group lost while scoring:
+            index, count = share  # the shares it would have added, scored here
+            for other in (o for o in range(count) if o != index):
+                totals += self._score(self.eval_loader.share(other, count))
         self.model.train()
         metrics = self.objective.results(totals.cpu())
         result = {**metrics, "final_train_loss": train_loss.item(), "averaged_replicas": replicas, "step": self.step,
