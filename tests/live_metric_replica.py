@@ -2,8 +2,8 @@
 BatchNorm trained with LiveEngine for ``--eval-at`` steps on its own data, then, with that step's
 reduction in flight, one evaluation by the trainer (``Trainer._evaluate``: the buffers and the
 recent losses averaged over the quorum's groups, its share of the test set scored, the shares
-summed), then ``flush``. Writes ``<out>`` (JSON: the evaluation, its own mean loss before it, the
-seconds it took, whether the flush applied the update) and ``<out>.pt`` (the weights and buffers it
+summed), then ``flush``. Writes ``<out>`` (JSON: the evaluation, its own mean loss before it,
+whether the flush applied the update) and ``<out>.pt`` (the weights and buffers it
 evaluated, for a single-process reference, and its own buffers before the average).
 ``--die``: ``average``, it sends its share of the reduction in flight and SIGKILLs itself where
 its peers average; ``score``, it takes part in the average and SIGKILLs itself after scoring its
@@ -83,13 +83,11 @@ def main() -> None:
             score = trainer._score
             trainer._score = lambda loader: (score(loader), os.kill(os.getpid(), signal.SIGKILL))[0]
         own = {k: b.clone() for k, b in model.named_buffers() if b.is_floating_point()}
-        t0 = time.perf_counter()
-        result = trainer._evaluate(0.0, t0)
-        seconds = time.perf_counter() - t0
+        result = trainer._evaluate(0.0, time.perf_counter())
         torch.save({"evaluated": {k: v.clone() for k, v in model.state_dict().items()}, "own_buffers": own},
                    f"{a.out}.pt")
         stats = engine.flush()
-        Path(a.out).write_text(json.dumps({**result, "own_loss": sum(losses) / len(losses), "seconds": seconds,
+        Path(a.out).write_text(json.dumps({**result, "own_loss": sum(losses) / len(losses),
                                            "applied": stats.applied, "skipped": stats.skipped}))
     finally:
         engine.close()

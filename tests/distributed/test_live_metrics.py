@@ -20,7 +20,7 @@ from needs_torchft import require_torchft
 
 require_torchft()
 
-from live_metric_replica import TIMEOUT_S, make_eval_model, eval_split  # noqa: E402
+from live_metric_replica import eval_split, make_eval_model  # noqa: E402
 from pipesgd.data.loader import EvalLoader  # noqa: E402
 from pipesgd.live.lighthouse import Lighthouse, LighthouseOptions  # noqa: E402
 from pipesgd.objective import Classification  # noqa: E402
@@ -44,7 +44,7 @@ def _groups(tmp_path: Path, *extra: list[str]) -> tuple[list[int], list[dict | N
                  "--run-id", "live-metrics", "--replica", str(replica), "--out", str(tmp_path / f"{replica}.json"),
                  *options], env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "RUST_LOG": "warn"},
                 cwd=tmp_path, stderr=logs[-1]))
-        codes = [p.wait(timeout=90) for p in procs]
+        codes = [p.wait(timeout=90) for p in procs]  # a survivor hung in a collective fails here
     finally:
         for p in procs:
             if p.poll() is None:
@@ -115,7 +115,6 @@ def test_an_evaluation_over_live_groups_is_one_processs_over_their_averaged_mode
 def test_a_group_that_dies_during_an_evaluation_does_not_hang_the_survivor(tmp_path, die):
     codes, (survivor, dead) = _groups(tmp_path, [], ["--die", die])
     assert codes[0] == 0 and codes[1] == -9 and dead is None
-    assert survivor["seconds"] < 2 * TIMEOUT_S + 20, "bounded by the live timeouts"
     log = (tmp_path / "0.log").read_text()
     if die == "average":  # alone: its own buffers and loss, the whole set scored by itself
         assert survivor["averaged_replicas"] == 1 and survivor["final_train_loss"] == survivor["own_loss"]
