@@ -89,8 +89,11 @@ class TrainerHooks:
 
 
 class Trainer:
-    """``predict(history) -> ms``, if given, is the timing model's iteration time for what the run
-    has measured so far; it is logged next to the measured median at every progress point."""
+    """``eval_loader``: batches of (inputs, targets); with an engine whose peers share the test set
+    among live replica groups, also ``share(index, count)`` (:class:`pipesgd.data.loader.EvalLoader`
+    and the text loader have it). ``predict(history) -> ms``, if given, is the timing model's
+    iteration time for what the run has measured so far; it is logged next to the measured median
+    at every progress point."""
 
     def __init__(self, model: nn.Module, engine: Engine, optimizer: torch.optim.Optimizer, scheduler,
                  train_loader, eval_loader, writer: MetricWriter, *, epochs: int,
