@@ -55,6 +55,7 @@ def summary(h: History, result: dict, predicted: tuple[float | None, str | None]
     return {
         **fields,
         "epochs": result["epochs"], "final_train_loss": result["final_train_loss"],
+        "averaged_replicas": result["averaged_replicas"],  # whose recent losses (and buffers) the last evaluation averaged
         **{k: v for k, v in result.items() if k.startswith("test_")},  # the objective's metrics
         "median_iter_ms": median(h.iter_ms), "measured_iter_ms": median(h.iter_ms),
         "predicted_iter_ms": predicted[0], "predicted_from": predicted[1],

@@ -171,9 +171,13 @@ def worker(container: dict, run_dir: str) -> None:
 def _share_position(engine: Engine, scheduler, trainer: Trainer) -> None:
     """What a replica healing from this one takes beside the engine's state (trainer.mode=live):
     the schedule's position and the loop's step count, which also moves the healer's data to the
-    position of that step in its own shard (:meth:`Trainer.seek`)."""
+    position of that step in its own shard (:meth:`Trainer.seek`), and the evaluations so far, in
+    place of the healer's own (of weights it no longer holds), so its summary.json has the run's
+    whole curve, as a checkpoint resume's has."""
     engine.register_state("scheduler", scheduler.state_dict, scheduler.load_state_dict)
     engine.register_state("trainer_step", lambda: trainer.step, trainer.seek)
+    engine.register_state("evals", lambda: trainer.history.evals,
+                          lambda evals: setattr(trainer.history, "evals", list(evals)))
 
 
 def _threads(cfg: DictConfig) -> int:

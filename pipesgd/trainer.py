@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from . import trace
@@ -90,8 +89,11 @@ class TrainerHooks:
 
 
 class Trainer:
-    """``predict(history) -> ms``, if given, is the timing model's iteration time for what the run
-    has measured so far; it is logged next to the measured median at every progress point."""
+    """``eval_loader``: batches of (inputs, targets); with an engine whose peers share the test set
+    among live replica groups, also ``share(index, count)`` (:class:`pipesgd.data.loader.EvalLoader`
+    and the text loader have it). ``predict(history) -> ms``, if given, is the timing model's
+    iteration time for what the run has measured so far; it is logged next to the measured median
+    at every progress point."""
 
     def __init__(self, model: nn.Module, engine: Engine, optimizer: torch.optim.Optimizer, scheduler,
                  train_loader, eval_loader, writer: MetricWriter, *, epochs: int,
@@ -129,7 +131,9 @@ class Trainer:
         group healing takes its donor's step, during ``engine.step()``): ``self.step`` is set now,
         and at the end of the step in progress the loop moves to the batch an uninterrupted run
         draws next (:meth:`position`), in this loader's own shard, as a checkpoint resume does.
-        Evaluations and epoch ends between the old position and the new one are not run here."""
+        Evaluations and epoch ends between the old position and the new one are not run here;
+        one due at ``step`` itself is, as its peers run it there (they average buffers and losses
+        with it: every group of a quorum must take part)."""
         self.step = step
         self._seek = True
 
@@ -155,6 +159,9 @@ class Trainer:
                 if self._seek:  # the step moved under the loop (a heal): so does the data
                     self._seek = False
                     epoch, consumed = self.position(self.step)
+                    if consumed == 0 and self.step < self.total_steps:  # it landed on an epoch's end, as its peers
+                        self._evaluate(epoch, start)
+                        self.hooks.on_epoch_end(self, epoch)
                     continue
                 if not ended and self.step < self.total_steps:
                     break  # stopped inside the epoch (stop_after_step)
@@ -218,7 +225,10 @@ class Trainer:
                 self._read()
                 self.progress.show(self._status(epoch, self._last_losses[-1]))
             if self._seek:  # engine.step() moved this replica to its group's step: continue from there
-                self.hooks.on_step_end(self, *self.position(self.step))
+                landed, at = self.position(self.step)
+                if at and self._eval_due(epoch_ends=False):  # its peers evaluate here, and average with it
+                    self._evaluate(landed + at / (len(loader) * per_step), start)
+                self.hooks.on_step_end(self, landed, at)
                 return False
             # before on_step_end, so a checkpoint taken at this step already holds this evaluation
             if self._eval_due(epoch_ends=batch == left):
@@ -295,36 +305,51 @@ class Trainer:
             self.writer.scalars({"time/predicted_iter_ms": self.predict(self.history),
                                  "time/measured_iter_ms": median(self.history.iter_ms)}, self.step)
 
-    @torch.no_grad()
-    def _evaluate(self, epoch: float, start: float) -> dict:
-        """The objective's metrics over the test set (its first ``eval_max_batches`` batches per rank
-        when set): each rank sums its shard, the sums are added. ``epoch`` is the epochs trained so
-        far (fractional inside an epoch); ``eval_s`` in the result is the evaluation's own time."""
-        t0 = time.perf_counter()
-        self.hooks.on_eval_start(self)
-        # Collectives of the training loop go through the engine: on its communication thread
-        # (PipeSGD) they keep one order with the reductions in flight on every rank (NCCL needs it).
-        self.engine.collective(lambda: _average_buffers(self.model), "averaging buffers for evaluation")
-        self.model.eval()
+    def _score(self, loader) -> torch.Tensor:
+        """The objective's sums over ``loader`` (its first ``eval_max_batches`` batches when set)."""
         # On the model's device: NCCL reduces device tensors only, and the sums stay there until
         # read once at the end (no host sync per batch).
         totals = torch.zeros(self.objective.width, dtype=torch.float64, device=self.device)
         # consistent_weights: dga evaluates without this rank's pending local step
         with trace.current().span("eval", "eval", self.step), self.engine.consistent_weights():
-            for i, (x, y) in enumerate(self.eval_loader):
+            for i, (x, y) in enumerate(loader):
                 if self.eval_max_batches is not None and i >= self.eval_max_batches:
                     break
                 x, y = x.to(self.device), y.to(self.device)
                 totals += self.objective.sums(self.model(x), y)
+        return totals
+
+    @torch.no_grad()
+    def _evaluate(self, epoch: float, start: float) -> dict:
+        """The objective's metrics over the test set (its first ``eval_max_batches`` batches per rank
+        when set): each rank sums its shard, the sums are added (live replica groups: their share of
+        the quorum's, :class:`pipesgd.live.peers.QuorumPeers`). ``epoch`` is the epochs
+        trained so far (fractional inside an epoch); ``eval_s`` in the result is the evaluation's
+        own time; ``averaged_replicas`` how many replicas' buffers and recent losses were averaged
+        (``final_train_loss`` is their mean): the world size, or the live groups that took part."""
+        t0 = time.perf_counter()
+        self.hooks.on_eval_start(self)
+        # The loop's collectives go through the engine's peers: on its communication thread
+        # (PipeSGD) they keep one order with the reductions in flight on every rank (NCCL needs it);
+        # under live recovery they run over the quorum's groups, and a group that dies hangs none.
+        peers = self.engine.peers()
+        # Float buffers (BatchNorm running statistics) averaged, so every replica evaluates the same
+        # model (parameters are already identical; training is unaffected); with them the mean
+        # training loss of the replicas' recent steps, and how many replicas the means hold.
         train_loss = torch.tensor([sum(self.last_losses) / max(1, len(self.last_losses))], dtype=torch.float64,
                                   device=self.device)
-        if dist.is_initialized():
-            self.engine.collective(lambda: (dist.all_reduce(totals), dist.all_reduce(train_loss)),
-                                   "summing evaluation counts")
-            train_loss /= dist.get_world_size()
+        replicas = peers.average([b for b in self.model.buffers() if b.is_floating_point()] + [train_loss],
+                                 "averaging buffers and losses for evaluation")
+        self.model.eval()
+        share = peers.evaluation_share()
+        totals = self._score(self.eval_loader if share is None else self.eval_loader.share(*share))
+        if not peers.sum(totals, "summing the evaluation's scores"):  # a live group lost while scoring:
+            index, count = share  # the shares it would have added, scored here
+            for other in (o for o in range(count) if o != index):
+                totals += self._score(self.eval_loader.share(other, count))
         self.model.train()
         metrics = self.objective.results(totals.cpu())
-        result = {**metrics, "final_train_loss": train_loss.item(), "step": self.step,
+        result = {**metrics, "final_train_loss": train_loss.item(), "averaged_replicas": replicas, "step": self.step,
                   "elapsed_s": time.perf_counter() - start, "eval_s": time.perf_counter() - t0}
         self.history.evals.append({"epoch": epoch, **result})
         self.writer.scalars({f"test/{k.removeprefix('test_')}": v for k, v in metrics.items()}, self.step)
@@ -333,13 +358,3 @@ class Trainer:
                            + (f"{100 * v:.2f}%" if k == "test_accuracy" else f"{v:.4f}") for k, v in metrics.items()))
         return result
 
-
-def _average_buffers(model: nn.Module) -> None:
-    """Average float buffers (BatchNorm running statistics) across ranks so every replica
-    evaluates the same model; parameters are already identical. Training is unaffected."""
-    if not dist.is_initialized():
-        return
-    for b in model.buffers():
-        if b.is_floating_point():
-            dist.all_reduce(b)
-            b /= dist.get_world_size()

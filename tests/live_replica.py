@@ -46,12 +46,18 @@ def batch(replica: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
 
 
-def main() -> None:
+def replica_arguments() -> argparse.ArgumentParser:
+    """The options every test replica group takes: where its run is, which group it is, where it writes."""
     p = argparse.ArgumentParser()
     p.add_argument("--lighthouse", required=True)
     p.add_argument("--run-id", required=True)
     p.add_argument("--replica", type=int, required=True)
     p.add_argument("--out", required=True)
+    return p
+
+
+def main() -> None:
+    p = replica_arguments()
     p.add_argument("--stop", required=True)
     p.add_argument("--max-steps", type=int, default=3000)
     p.add_argument("--checkpoint-every-step", action="store_true",

@@ -7,6 +7,7 @@ ResNet-20 step, so there are no worker processes or prefetch threads.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Sequence
 
@@ -235,6 +236,15 @@ class EvalLoader:
 
     def __len__(self) -> int:
         return math.ceil(self.num_samples / self.batch_size)
+
+    def share(self, index: int, count: int) -> EvalLoader:
+        """Share ``index`` of ``count`` of this loader's samples, contiguous as the ranks' (how the
+        live replica groups of a quorum divide the test set): over the shares, each sample once."""
+        _check_int(type(self).__name__, "index", index, 0, count - 1)
+        part = copy.copy(self)
+        n = self.num_samples
+        part.start, part.stop = self.start + n * index // count, self.start + n * (index + 1) // count
+        return part
 
     def __iter__(self) -> Iterator[Batch]:
         images, labels = self.split.images, self.split.labels

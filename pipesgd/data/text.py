@@ -9,6 +9,7 @@ visits every validation window once over all ranks, in a fixed shuffled order, s
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -89,6 +90,14 @@ class WindowEvalLoader:
 
     def __len__(self) -> int:
         return math.ceil(self.num_samples / self.batch_size)
+
+    def share(self, index: int, count: int) -> WindowEvalLoader:
+        """Share ``index`` of ``count`` of this loader's windows (as :meth:`EvalLoader.share`)."""
+        _check_int(type(self).__name__, "index", index, 0, count - 1)
+        part = copy.copy(self)
+        n = self.num_samples
+        part.starts = self.starts[n * index // count : n * (index + 1) // count]
+        return part
 
     def __iter__(self) -> Iterator[Batch]:
         for lo in range(0, self.num_samples, self.batch_size):

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..comm import CommError, CommStats
 from ..compress import Compressor
+from ..peers import Peers, RankPeers
 from ..reduction import Reduction
 from ..staleness import Staleness
 
@@ -152,6 +153,11 @@ class Engine(ABC):
         groups are driven while reductions are in flight; an engine with a communication thread
         runs ``fn`` there, after the reductions already queued. Default: ``fn()`` here."""
         return fn()
+
+    def peers(self) -> Peers:
+        """Who the loop's own collectives (evaluation's buffer and loss averages, its sums) run
+        with; default: every rank of torch.distributed's default group, through :meth:`collective`."""
+        return RankPeers(self.collective)
 
     def register_state(self, key: str, save: Callable[[], object], load: Callable[[object], None]) -> None:
         """State outside the engine (the scheduler, the loop's step) that a replica healing from

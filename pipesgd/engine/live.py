@@ -27,6 +27,7 @@ from ..live import require_torchft
 from ..live import launch as live_launch
 from ..live.group import TorchftGroup
 from ..live.options import LiveOptions
+from ..live.peers import QuorumPeers
 from ..modes import check_comm, check_compressor, register
 from ..reduction import Reduction, resolve
 from ..replicas import EXACT_GROUPS, MOMENTS, ReplicaMismatch, describe_summed_mismatch, moments
@@ -329,6 +330,12 @@ class LiveEngine(Engine):
 
     def consistent_weights(self) -> AbstractContextManager:
         return self.staleness.consistent_weights()
+
+    def peers(self) -> QuorumPeers:
+        """The loop's own averages over the groups of the current quorum, after the reduction in
+        flight (which may wait ``quorum_timeout_s`` for its quorum, then ``timeout_s``)."""
+        o = self.options
+        return QuorumPeers(self.manager, self.group, self._thread, wait_s=o.quorum_timeout_s + 2 * o.timeout_s)
 
     def _reduced(self, handle: Handle[tuple[Tensor, CommStats, Rider | None]]
                  ) -> tuple[Tensor, CommStats, Rider | None]:

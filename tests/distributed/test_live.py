@@ -7,7 +7,6 @@ perturbed at the end. A peer of another run is refused the state. Skipped withou
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -27,11 +26,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
-if importlib.util.find_spec("torchft") is None:
-    if os.environ.get("CI") == "true":
-        pytest.fail("torchft is not installed; under CI=true the live tests must run (pip install '.[live]')",
-                    pytrace=False)
-    pytest.skip("torchft is not installed (pip install '.[live]')", allow_module_level=True)
+from needs_torchft import require_torchft  # noqa: E402
+
+require_torchft()
 
 from listening import listening, on_every_interface  # noqa: E402
 from live_replica import MISMATCH  # noqa: E402

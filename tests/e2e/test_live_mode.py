@@ -4,19 +4,14 @@ shards and end with identical weights, checked on the way (trainer.check_every).
 behaviour: tests/distributed/test_live.py.
 Skipped without torchft (pip install '.[live]'), except under CI=true, where it fails."""
 
-import importlib.util
 import json
-import os
 
 import pytest
 
 from runs import needs_mnist, run, summary, tagged_processes
+from needs_torchft import require_torchft
 
-if importlib.util.find_spec("torchft") is None:
-    if os.environ.get("CI") == "true":
-        pytest.fail("torchft is not installed; under CI=true the live tests must run (pip install '.[live]')",
-                    pytrace=False)
-    pytest.skip("torchft is not installed (pip install '.[live]')", allow_module_level=True)
+require_torchft()
 
 
 # the ring with int8 on torchft's group (comm=auto picks the ring there); lookahead over its native
@@ -42,6 +37,9 @@ def test_the_live_mode_trains_two_replica_groups_to_the_same_model(tmp_path, sta
     # one global batch of 2 x 250 over two shards; the same averaged updates on both replicas
     assert first["global_batch"] == 500
     assert first["test_accuracy"] == second["test_accuracy"] and first["test_loss"] == second["test_loss"]
+    # the evaluation averages the groups' recent losses (each its own shard's) over the quorum's two groups
+    assert first["averaged_replicas"] == second["averaged_replicas"] == 2
+    assert first["final_train_loss"] == second["final_train_loss"]
     # trainer.check_every reaches the engine, whose reductions carry the check (every 3 committed updates)
     assert first["live_replica_checks"] >= 1 and second["live_replica_checks"] >= 1
     assert summary(run_dir) == first

@@ -8,7 +8,6 @@ CI=true a missing torchft fails (tests/e2e/test_live_mode.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -19,12 +18,9 @@ import pytest
 
 from runs import CACHE, ROOT, needs_mnist, summary, tagged_processes
 from conftest import SHARED_DATA
+from needs_torchft import require_torchft
 
-if importlib.util.find_spec("torchft") is None:
-    if os.environ.get("CI") == "true":
-        pytest.fail("torchft is not installed; under CI=true the live tests must run (pip install '.[live]')",
-                    pytrace=False)
-    pytest.skip("torchft is not installed (pip install '.[live]')", allow_module_level=True)
+require_torchft()
 
 STEPS, KILL_AT = 30, 8
 

@@ -78,6 +78,7 @@ def test_modes_compressors_and_comms_compose(mode, compressor, comm, tmp_path, s
     ran = "native" if mode == "ddp" else comm  # DDP runs the backend's allreduce whatever comm says
     assert (s["mode"], s["compressor"], s["allreduce"], s["world_size"]) == (mode, compressor, ran, 3)
     assert s["width"] == {"ddp": 1, "sync": 1, "pipe": 3}[mode]
+    assert s["averaged_replicas"] == 3, "final_train_loss is the mean over the three ranks"
     assert s["config"]["seed"] == 3
     if mode != "ddp":
         assert s["compression_ratio"] > 1.9

@@ -610,6 +610,21 @@ def test_eval_loader_covers_every_sample_once() -> None:
         assert sorted(ids) == list(range(1003))
 
 
+def test_eval_loader_shares_are_the_ranks_slices_and_cover_its_samples_once() -> None:
+    """How live replica groups divide the test set among a quorum (pipesgd.live.peers): the share
+    of a whole-set loader is the rank's loader; shares of a rank's slice cover that slice."""
+    split = _synthetic(1003, channels=1, size=28)
+    labels = lambda loader: [i for _, y in loader for i in y.tolist()]  # noqa: E731
+    whole = EvalLoader(split, 100, 0, 1, mean=MNIST.mean, std=MNIST.std)
+    for count in (1, 2, 3):
+        assert [labels(whole.share(i, count)) for i in range(count)] == \
+            [labels(EvalLoader(split, 100, i, count, mean=MNIST.mean, std=MNIST.std)) for i in range(count)]
+    rank = EvalLoader(split, 100, 1, 2)
+    assert sum((labels(rank.share(i, 3)) for i in range(3)), []) == labels(rank)
+    with pytest.raises(ValueError, match=r"index must be an integer in \[0, 1\], got 2"):
+        whole.share(2, 2)
+
+
 def test_loader_arguments_are_validated() -> None:
     split = _synthetic(100)
     with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 1\], got 2"):

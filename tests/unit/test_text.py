@@ -155,6 +155,10 @@ def test_windows_shard_disjointly_and_eval_visits_each_once() -> None:
     seen = [s for r in range(3) for x, _ in WindowEvalLoader(split, t, 3, r, 3) for s in x[:, 0].tolist()]
     assert sorted(seen) == list(range(0, 250, t))
     assert seen != sorted(seen), "a fixed shuffled order: a prefix samples the whole validation text"
+    # a live group's share of the quorum's (pipesgd.live.peers): the rank's windows, in the rank's order
+    whole = WindowEvalLoader(split, t, 3, 0, 1)
+    assert [x[:, 0].tolist() for r in range(3) for x, _ in whole.share(r, 3)] == \
+        [x[:, 0].tolist() for r in range(3) for x, _ in WindowEvalLoader(split, t, 3, r, 3)]
 
 
 def test_gpt_is_causal_tied_and_sized_as_documented() -> None:
