@@ -19,9 +19,11 @@ if importlib.util.find_spec("torchft") is None:
     pytest.skip("torchft is not installed (pip install '.[live]')", allow_module_level=True)
 
 
-# the ring with int8 on torchft's group (comm=auto picks the ring there); lookahead over its native allreduce
+# the ring with int8 on torchft's group (comm=auto picks the ring there); lookahead over its native allreduce;
+# PowerSGD (its residual and warm start in each group's checkpoints) over the ring
 @needs_mnist
-@pytest.mark.parametrize("staleness, comm, compressor", [("none", "auto", "int8"), ("lookahead", "native", "none")])
+@pytest.mark.parametrize("staleness, comm, compressor", [("none", "auto", "int8"), ("lookahead", "native", "none"),
+                                                         ("none", "auto", "powersgd")])
 @pytest.mark.timeout(200)
 def test_the_live_mode_trains_two_replica_groups_to_the_same_model(tmp_path, staleness, comm, compressor):
     run_dir = tmp_path / "run"
