@@ -1,9 +1,9 @@
 """One replica group of a live run, for tests/distributed/test_live.py: a small model trained with
 LiveEngine until ``--stop`` exists; after every step one JSON line: the engine's step, torchft's
 committed step, whether the update was applied or skipped, the replica checks passed so far, the
-weights' sha256 and that of the weights the groups agree on (``consistent_params``: dga's without
-this group's pending local step). A replica check that fails ends it with status 3, its message in
-``<out>.mismatch``."""
+weights' sha256, that of the weights the groups agree on (``consistent_params``: dga's without
+this group's pending local step) and PowerSGD's warm start's. A replica check that fails ends it
+with status 3, its message in ``<out>.mismatch``."""
 
 from __future__ import annotations
 
@@ -46,6 +46,25 @@ def batch(replica: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
 
 
+def compressor(name: str, options: str | None):
+    """``--compressor`` with ``--compressor-options`` (JSON: e.g. ``{"ratio": 0.1}`` for top-k,
+    ``{"error_feedback": true}`` for a per-chunk compressor): a compressor or a reduction."""
+    from pipesgd.compress import get_compressor
+    from pipesgd.reduction import get_reduction, reductions
+
+    kwargs = json.loads(options) if options else {}
+    return get_reduction(name, **kwargs) if name in reductions() else get_compressor(name, **kwargs)
+
+
+def warm_start_digest(engine: LiveEngine) -> str | None:
+    """sha256 of PowerSGD's warm-start factors after the reduction launched at this step (the
+    engine's state_dict waits for it), the same on every group that took part in it; None for a
+    reduction without them."""
+    if not hasattr(engine.reduction, "q"):
+        return None
+    return digest(torch.cat([x.reshape(-1) for x in engine.state_dict()["reduction"]["q"]]))
+
+
 def replica_arguments() -> argparse.ArgumentParser:
     """The options every test replica group takes: where its run is, which group it is, where it writes."""
     p = argparse.ArgumentParser()
@@ -68,7 +87,8 @@ def main() -> None:
     p.add_argument("--min-replicas", type=int, default=1)
     p.add_argument("--init-sync", type=int, default=1, help="torchft's step-0 sync (1) or none (0)")
     p.add_argument("--comm", default="native", choices=COMMS, help="the allreduce over torchft's group")
-    p.add_argument("--compressor", default="none", help="a per-chunk compressor it carries (int8: the ring only)")
+    p.add_argument("--compressor", default="none", help="a per-chunk compressor (int8: the ring only), topk or powersgd")
+    p.add_argument("--compressor-options", help="its options, as JSON (e.g. '{\"error_feedback\": true}')")
     p.add_argument("--check-every", type=int, default=None, help="committed updates between replica checks")
     p.add_argument("--perturb", help="once this file exists, perturb the weights after the next backward "
                                      "(PIPESGD_FAULT's perturb: silent drift of this group)")
@@ -80,7 +100,8 @@ def main() -> None:
     engine = LiveEngine(model, optimizer, LiveOptions(a.lighthouse, a.run_id, a.replica, timeout_s=10,
                                                       quorum_timeout_s=20, min_replicas=a.min_replicas,
                                                       init_sync=bool(a.init_sync)),
-                        staleness=make_staleness(a.staleness, dc_adaptive=a.dc_adaptive), compressor=a.compressor,
+                        staleness=make_staleness(a.staleness, dc_adaptive=a.dc_adaptive),
+                        compressor=compressor(a.compressor, a.compressor_options),
                         allreduce=a.comm, check_every=a.check_every)
     engine.register_state("scheduler", scheduler.state_dict, scheduler.load_state_dict)
     out = open(a.out, "a", buffering=1)
@@ -106,7 +127,8 @@ def main() -> None:
                                   "valid": stats.metrics.get("live/valid"), "wire": stats.comm.wire_bytes,
                                   "checks": engine.replica_checks, "perturbed": perturbed,
                                   "lr": optimizer.param_groups[0]["lr"], "digest": digest(weights),
-                                  "consistent": digest(engine.consistent_params())}) + "\n")
+                                  "consistent": digest(engine.consistent_params()),
+                                  "q": warm_start_digest(engine)}) + "\n")
         engine.flush()
     except ReplicaMismatch as e:
         Path(f"{a.out}.mismatch").write_text(str(e))

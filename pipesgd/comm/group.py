@@ -39,6 +39,11 @@ class PeerGroup(ABC):
     def all_reduce(self, tensor: Tensor) -> None:
         """Sum ``tensor`` in place across the group; blocks until done (raises on a failure)."""
 
+    @abstractmethod
+    def all_gather(self, out: list[Tensor], tensor: Tensor) -> None:
+        """Fill ``out`` (one tensor like ``tensor`` per rank) with every rank's ``tensor``, in
+        rank order; blocks until done (raises on a failure)."""
+
     def describe(self, rank: int) -> str:
         """What logs and errors call group rank ``rank``."""
         return f"rank {rank}"
@@ -60,6 +65,14 @@ def peer_name(group, rank: int) -> str:
     if isinstance(group, PeerGroup):
         return group.describe(rank)
     return f"rank {rank if group is None else dist.get_global_rank(group, rank)}"
+
+
+def all_gather(out: list[Tensor], tensor: Tensor, group) -> None:
+    """Every rank's ``tensor`` of ``group`` into ``out``, in rank order (the backend's all_gather)."""
+    if isinstance(group, PeerGroup):
+        group.all_gather(out, tensor)
+    else:
+        dist.all_gather(out, tensor, group=group)
 
 
 def all_reduce(tensor: Tensor, group) -> None:

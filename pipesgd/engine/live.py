@@ -28,6 +28,7 @@ from ..live import launch as live_launch
 from ..live.group import TorchftGroup
 from ..live.options import LiveOptions
 from ..live.peers import QuorumPeers
+from ..live.reduction import forget_residual, reduce_apart, stateful
 from ..modes import check_comm, check_compressor, register
 from ..reduction import Reduction, resolve
 from ..replicas import EXACT_GROUPS, MOMENTS, ReplicaMismatch, describe_summed_mismatch, moments
@@ -66,9 +67,11 @@ class LiveEngine(Engine):
     group through its own send / recv / allreduce (:class:`pipesgd.live.group.TorchftGroup`),
     at the rank and size of the quorum the reduction waited for; ``compressor``: a per-chunk
     compressor it carries (int8 rides the ring only). A lossy one encodes the gradient and the
-    flag, as under ``pipe``; the count is summed exactly, in an all_reduce of its own. A
-    reduction that fails (a lost peer, a timeout) is reported to the Manager, whose vote then
-    drops the step.
+    flag, as under ``pipe``; the count is summed exactly, in an all_reduce of its own. Top-k,
+    PowerSGD and error feedback (``self.reduction``, :mod:`pipesgd.live.reduction`) reduce the
+    gradient alone, after that tail, through the same group, and keep their state per group (a
+    heal carries none of it). A reduction that fails (a lost peer, a timeout) is reported to the
+    Manager, whose vote then drops the step.
 
     A replica that joins late heals: torchft fetches a peer's state (weights and buffers,
     optimizer, whatever :meth:`register_state` added, e.g. the scheduler, and this engine's step
@@ -133,6 +136,8 @@ class LiveEngine(Engine):
             raise ValueError(f"check_every={check_every} needs float32 or float64 parameters, whose sums of the "
                              f"digests' bytes are exact; these are {self.params[0].dtype}")
         self.check_every = check_every
+        self.reduction = stateful(self.compressor, self._allreduce, [p.shape for p in self.params],
+                                  self.params[0].device)
         self.staleness.bind(self.params, optimizer)
         self.nonfinite = NonFinitePolicy(nonfinite)
         self.steps = 0
@@ -249,6 +254,8 @@ class LiveEngine(Engine):
         block it would round (1.0 beside a largest value of 5 decodes as 0.984) and scale its
         neighbours by itself. So do a replica check's sums after it, which must stay integers."""
         n = self.numel
+        if self.reduction is not None:  # top-k, PowerSGD, error feedback: the tail first, the gradient apart
+            return reduce_apart(self.reduction, buf, n, self.group)
         if self.compressor.identity:
             stats = self._allreduce(buf, self.compressor, self.group)
         else:
@@ -375,6 +382,7 @@ class LiveEngine(Engine):
         self.staleness.load_state_dict(state_to_device(state["engine"]["staleness"], device))
         for key, (_, load) in self._extra.items():
             load(state[key])
+        forget_residual(self.reduction)
         self._stale = True
         self._heal_event = "healed"
         self.healed += 1
@@ -389,7 +397,8 @@ class LiveEngine(Engine):
             self._pending = CompletedHandle((pending[0], comm, rider))
         return {"width": self.width, "steps": self.steps, "pending": pending,
                 "nonfinite": self.nonfinite.state_dict(), "manager": self.manager.state_dict(),
-                "staleness": self.staleness.state_dict()}
+                "staleness": self.staleness.state_dict(),
+                "reduction": {} if self.reduction is None else self.reduction.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         if state["width"] != self.width:
@@ -398,6 +407,8 @@ class LiveEngine(Engine):
         self.nonfinite.load_state_dict(state["nonfinite"])
         self.manager.load_state_dict(state["manager"])
         self.staleness.load_state_dict(state_to_device(state.get("staleness", {}), self.params[0].device))
+        if self.reduction is not None and state.get("reduction"):  # this group's own residual, warm start
+            self.reduction.load_state_dict(state_to_device(state["reduction"], self.params[0].device))
         # A checkpointed reduction was voted on by a quorum that no longer exists: it is dropped,
         # with what the staleness rule kept for it.
         self._pending = None
@@ -455,7 +466,7 @@ class _Snapshot:
 
 
 def _carried(compressor: str | Compressor | Reduction | None, allreduce: str | Callable[..., CommStats]
-             ) -> tuple[Compressor, Callable[..., CommStats]]:
+             ) -> tuple[Compressor | Reduction, Callable[..., CommStats]]:
     """The compressor and the allreduce that runs it over torchft's group (comm=auto: the ring,
     what it picks on Gloo); ValueError naming the setting the live mode cannot honour, as the
     config checks name it (:func:`pipesgd.modes.check_comm`, :func:`~pipesgd.modes.check_compressor`)."""
@@ -478,7 +489,7 @@ def _quiet_torchft() -> None:
 
 # torchft's quorums (pipesgd[live]): replica groups without a shared process group, so the replica
 # check rides on the engine's reductions
-@register("live", width=2, staleness=True, stalenesses=STALENESSES, allreduce=True, comms=COMMS,
+@register("live", width=2, staleness=True, stalenesses=STALENESSES, reductions=True, allreduce=True, comms=COMMS,
           check_on_reductions=True, elastic=False, nccl=False, launcher=live_launch.run,
           settings=live_launch.settings)
 def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:

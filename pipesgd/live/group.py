@@ -1,11 +1,12 @@
 """torchft's reconfigurable process group as the group pipesgd's allreduces run over
 (:class:`~pipesgd.comm.group.PeerGroup`): it is not registered with torch.distributed, so the ring's
-hops and the backend's all_reduce go through the group's own ``send`` / ``recv`` / ``allreduce``."""
+hops, the backend's all_reduce and top-k's all_gather go through the group's own ``send`` /
+``recv`` / ``allreduce`` / ``allgather``."""
 
 from __future__ import annotations
 
 from torch import Tensor
-from torch.distributed import AllreduceOptions, ReduceOp
+from torch.distributed.distributed_c10d import AllgatherOptions, AllreduceOptions, ReduceOp
 
 from ..comm.group import PeerGroup
 
@@ -39,6 +40,9 @@ class TorchftGroup(PeerGroup):
         opts = AllreduceOptions()
         opts.reduceOp = ReduceOp.SUM
         self.pg.allreduce([tensor], opts).wait()
+
+    def all_gather(self, out: list[Tensor], tensor: Tensor) -> None:
+        self.pg.allgather([out], [tensor], AllgatherOptions()).wait()
 
     def describe(self, rank: int) -> str:
         return f"replica rank {rank} of the quorum"

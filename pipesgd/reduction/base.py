@@ -48,10 +48,17 @@ class Reduction(ABC):
         device the gradients (and so this reduction's state) live on."""
 
     @abstractmethod
-    def reduce(self, flat: Tensor, group) -> CommStats:
+    def reduce(self, flat: Tensor, group, *, zeroed: bool = False, contributors: int | None = None) -> CommStats:
         """Replace ``flat`` (this rank's gradient) in place by the sum over the ranks of ``group``
         of what is communicated; identical bits on every rank. Returns this rank's cost, with
-        ``raw_bytes`` = what a dense ring allreduce of ``flat`` would have sent."""
+        ``raw_bytes`` = what a dense ring allreduce of ``flat`` would have sent. ``group``: a
+        torch.distributed group or a :class:`~pipesgd.comm.group.PeerGroup` (torchft's), its size
+        read at each call.
+
+        ``zeroed``: this rank's ``flat`` is zeros that must reach the sum as zeros (a live healer's
+        stale gradient): its error-feedback residual is neither added nor changed. ``contributors``:
+        how many ranks' shares are not zeroed, the divisor the caller averages by (None: every
+        rank of ``group``); a reduction whose state depends on the average (PowerSGD's) uses it."""
 
     def ddp_hook(self) -> Callable | None:
         """The DDP communication hook that carries this reduction (``trainer.mode=ddp``; torch's

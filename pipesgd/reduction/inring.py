@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from ..comm import CommStats, check_carries, declared
+from ..comm.group import group_size
 from ..comm.ring import chunk_bounds
 from ..compress import Compressor
 from .base import Reduction
@@ -59,11 +59,11 @@ class InRing(Reduction):
             out[a:b] = self.compressor.decompress(payload, ctx)
         return out
 
-    def reduce(self, flat: Tensor, group) -> CommStats:
+    def reduce(self, flat: Tensor, group, *, zeroed: bool = False, contributors: int | None = None) -> CommStats:
         if self._allreduce is None:
             raise RuntimeError("InRing.reduce before bind()")
-        if self.memory is not None:
+        if self.memory is not None and not zeroed:  # what is fed back is this rank's own error: no divisor
             corrected = self.memory.add_to(flat)
-            self.memory.update(corrected, self.local_decode(corrected, dist.get_world_size(group)))
+            self.memory.update(corrected, self.local_decode(corrected, group_size(group)))
         return self._allreduce(flat, self.compressor, group)
 

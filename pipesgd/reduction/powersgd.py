@@ -12,7 +12,9 @@ Every rank gets the same P^ and sum(Q), so replicas stay identical. Q is kept fo
 as a seeded Gaussian, the same on every rank. Error feedback follows the paper's Algorithm 2 and
 torch's PowerSGD hook: this rank's residual is M minus the decompressed *average*,
 P^ (sum(Q)/p)^T, so input = decompressed + residual, and the residuals sum to p times the
-projection error of the average gradient.
+projection error of the average gradient. p is the number of ranks whose share counts: the
+group's size, or under ``trainer.mode=live`` the valid contributions (a healer's zeroed share,
+M = 0, keeps its residual as it is and is not counted).
 
 Vectors (biases, norm scales) and matrices too small to gain (r·(n+m) >= n·m) are sent dense,
 appended to the P buffer, so a step is exactly two allreduces. Wire bytes per step are
@@ -28,11 +30,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from ..comm import CommStats, ring_bytes
 from ..comm.base import timed
+from ..comm.group import group_size
 from ..flat import views
 from .base import Reduction, register
 from .memory import ErrorFeedback
@@ -154,16 +156,18 @@ class PowerSGD(Reduction):
     def _matrices(self) -> list[_Block]:
         return [b for b in self._blocks if b.rows]
 
-    def reduce(self, flat: Tensor, group) -> CommStats:
-        return timed(lambda: self._reduce(flat, group))
+    def reduce(self, flat: Tensor, group, *, zeroed: bool = False, contributors: int | None = None) -> CommStats:
+        return timed(lambda: self._reduce(flat, group, zeroed, contributors))
 
-    def _reduce(self, flat: Tensor, group) -> CommStats:
+    def _reduce(self, flat: Tensor, group, zeroed: bool, contributors: int | None) -> CommStats:
         if self._allreduce is None:
             raise RuntimeError("PowerSGD.reduce before bind()")
-        p = dist.get_world_size(group)
+        world = group_size(group)
+        p = world if contributors is None else contributors  # what the caller averages by
         if not self.q:
             self.q = self._warm_start()
-        corrected = flat if self.memory is None else self.memory.add_to(flat)
+        keeps = self.memory is not None and not zeroed  # a zeroed share: M = 0, its residual untouched
+        corrected = self.memory.add_to(flat) if keeps else flat
         mats = [corrected[b.start:b.end].view(b.rows, b.cols).float() for b in self._matrices]
         dense = [corrected[b.start:b.end] for b in self._blocks if not b.rows]
 
@@ -190,7 +194,7 @@ class PowerSGD(Reduction):
             if not b.rows:
                 out[b.start:b.end] = dense_sum[offset:offset + b.end - b.start]
                 offset += b.end - b.start
-        if self.memory is not None:
+        if keeps:
             # Decompressed = the average approximation; dense blocks: this rank's own value (exact).
             decoded = out / p
             for b in self._blocks:
@@ -199,7 +203,7 @@ class PowerSGD(Reduction):
             self.memory.update(corrected, decoded)
         flat.copy_(out)
         return CommStats(wire_bytes=stats.wire_bytes,
-                         raw_bytes=ring_bytes(flat.numel(), p, flat.element_size()))
+                         raw_bytes=ring_bytes(flat.numel(), world, flat.element_size()))
 
     def ddp_hook(self):
         """torch's ``powerSGD_hook`` (never this module's code: the DDP baseline is torch's)."""

@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from ..comm import CommStats, ring_bytes
 from ..comm.base import timed
+from ..comm.group import all_gather, group_size
 from .base import Reduction, check_fraction, register
 from .memory import ErrorFeedback
 
@@ -49,26 +49,26 @@ class TopK(Reduction):
     def decompress(self, values: Tensor, idx: Tensor, numel: int) -> Tensor:
         return torch.zeros(numel, dtype=values.dtype, device=values.device).index_put_((idx,), values)
 
-    def reduce(self, flat: Tensor, group) -> CommStats:
-        return timed(lambda: self._reduce(flat, group))
+    def reduce(self, flat: Tensor, group, *, zeroed: bool = False, contributors: int | None = None) -> CommStats:
+        return timed(lambda: self._reduce(flat, group, zeroed))
 
-    def _reduce(self, flat: Tensor, group) -> CommStats:
+    def _reduce(self, flat: Tensor, group, zeroed: bool) -> CommStats:
         if self.k == 0:
             raise RuntimeError("TopK.reduce before bind()")
-        p = dist.get_world_size(group)
-        corrected = flat if self.memory is None else self.memory.add_to(flat)
+        p = group_size(group)
+        keeps = self.memory is not None and not zeroed  # a zeroed share sends k zeros, its residual untouched
+        corrected = self.memory.add_to(flat) if keeps else flat
         values, idx = self.compress(corrected)
-        if self.memory is not None:
+        if keeps:
             self.memory.update(corrected, self.decompress(values, idx, flat.numel()))
         payload = torch.cat([values.to(torch.float32).view(torch.int32), idx.to(torch.int32)])
         gathered = [torch.empty_like(payload) for _ in range(p)]
-        dist.all_gather(gathered, payload, group=group)
+        all_gather(gathered, payload, group)
         flat.zero_()
         for g in gathered:  # rank order: the same float additions on every rank
             flat.index_add_(0, g[self.k:].long(), g[: self.k].view(torch.float32).to(flat.dtype))
         return CommStats(wire_bytes=(p - 1) * payload.nbytes,
                          raw_bytes=ring_bytes(flat.numel(), p, flat.element_size()))
-
 
     def __repr__(self) -> str:
         return f"TopK(ratio={self.ratio}, error_feedback={self.memory is not None})"

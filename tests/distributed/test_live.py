@@ -94,8 +94,12 @@ def _kill_left(procs: list[subprocess.Popen]) -> None:
 # group, the healer's zeroed shares take no part (its own weights differ until it heals), and a
 # perturbation of the healed group is caught on both (not under dga, whose next update puts the
 # agreed weights back and so undoes it: there the run is stopped).
+# powersgd: a reduction with state of its own (error feedback, the warm start), none of which the
+# heal carries: the healer's zeroed shares leave its (empty) residual alone, and its warm start
+# is its donor's from its first reduction on, computed from the summed values.
 @pytest.mark.parametrize("staleness, comm, compressor", [("none", "ring", "int8"), ("lookahead", "native", "none"),
-                                                         ("dc", "native", "none"), ("dga", "ring", "none")])
+                                                         ("dc", "native", "none"), ("dga", "ring", "none"),
+                                                         ("none", "ring", "powersgd")])
 @pytest.mark.timeout(170)
 def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_identical(tmp_path, staleness, comm,
                                                                                           compressor):
@@ -151,6 +155,7 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
     assert [r["valid"] for r in healer[:3]] == [1.0, 1.0, 2.0], healer[:3]
     joint = [r for r in _records(b2) if r["applied"] and r["committed"] in donor and not r["perturbed"]]
     assert len(joint) >= 5 and all(r["consistent"] == donor[r["committed"]]["consistent"] for r in joint)
+    assert all(r["q"] == donor[r["committed"]]["q"] for r in joint)  # PowerSGD's warm start (None for the others)
     # Replica checks: passed together before the kill, none counted alone, none by the healer's
     # zeroed shares (its first two reductions), passed together again after the heal.
     checks = [r["checks"] for r in _records(a)]
@@ -187,7 +192,7 @@ def test_live_with_a_staleness_rule_and_no_fault_is_pipe_sgd_width_2_with_that_r
     if staleness in ("dc", "dga"):
         from distributed_utils import run_workers
 
-        engine = run_workers(_pipe_worker, len(outs), "ring", "none", steps, staleness, timeout=90)
+        engine = run_workers(_pipe_worker, len(outs), "ring", "none", None, steps, staleness, timeout=90)
         assert [[{k: r[k] for k in ("applied", "digest", "consistent")} for r in rank] for rank in expected] == engine
     for out, want in zip(outs, expected):
         got = [{k: r[k] for k in ("applied", "valid", "digest", "consistent")} for r in _records(out)]
@@ -217,23 +222,30 @@ def _in_every_quorum(tmp_path: Path, steps: int, *extra: str) -> list[Path]:
 
 
 # ring/none against the reference the native allreduce meets above (so: bit-identical to live + native);
-# ring/int8 and native/fp16 (a cast) against the pipe engine with that allreduce and compressor, run on Gloo
-@pytest.mark.parametrize("comm, compressor", [("ring", "none"), ("ring", "int8"), ("native", "fp16")])
+# the others against the pipe engine with that allreduce and compressor, run on Gloo: ring/int8 and
+# native/fp16 (a cast) ride the buffer; top-k (an all_gather), PowerSGD (two dense allreduces, over
+# the ring or the native one) and int8 with error feedback reduce the gradient apart, with state
+# kept from step to step. ``ratio``: what the compressor at least divides the bytes sent by.
+@pytest.mark.parametrize("comm, compressor, options, ratio", [
+    ("ring", "none", None, 1), ("ring", "int8", None, 1.9), ("native", "fp16", None, 1.9),
+    ("ring", "topk", '{"ratio": 0.1}', 1.9), ("ring", "powersgd", None, 1.3), ("native", "powersgd", None, 1.3),
+    ("ring", "int8", '{"error_feedback": true}', 1.9)])
 @pytest.mark.timeout(120)
-def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path, comm, compressor):
+def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path, comm, compressor, options, ratio):
     """Two replica groups in every quorum, no fault, reducing with ``comm`` and ``compressor``
-    through torchft's group's own send / recv / allreduce: the weights after every step, bit for
-    bit, against width-2 Pipe-SGD of the same data; the count of valid contributions and a
-    replica check's sums (on every reduction) stay exact under a lossy compressor, and the
-    compressor did compress."""
+    through torchft's group's own send / recv / allreduce / allgather: the weights after every
+    step, bit for bit, against width-2 Pipe-SGD of the same data; the count of valid
+    contributions and a replica check's sums (on every reduction) stay exact under a lossy
+    compressor, and the compressor did compress. PowerSGD's warm start is the same on both groups."""
     steps = 8
-    outs = _in_every_quorum(tmp_path, steps, "--comm", comm, "--compressor", compressor, "--check-every", "1")
+    extra = () if options is None else ("--compressor-options", options)
+    outs = _in_every_quorum(tmp_path, steps, "--comm", comm, "--compressor", compressor, "--check-every", "1", *extra)
     if compressor == "none":
         expected = _pipe_reference("none", steps, len(outs))[0]
     else:
         from distributed_utils import run_workers
 
-        expected, other = run_workers(_pipe_worker, len(outs), comm, compressor, steps, timeout=90)
+        expected, other = run_workers(_pipe_worker, len(outs), comm, compressor, options, steps, timeout=90)
         assert expected == other
     from live_replica import make_model
 
@@ -251,24 +263,30 @@ def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path
         assert [r["valid"] for r in records[1:]] == [2.0] * (steps - 1)
         assert [r["checks"] for r in records] == [0, 0, 1, 2, 3, 4, 5, 6]  # from the reduction launched at step 2
         sent = records[-1]["wire"]  # bytes this replica sent in its last reduction (a lossy one's count apart)
-        assert sent == raw if compressor == "none" else 0 < sent < raw / 1.9
+        assert sent == raw if compressor == "none" else 0 < sent < raw / ratio
+    q = [[r["q"] for r in _records(out)] for out in outs]
+    assert q[0] == q[1] and (compressor != "powersgd" or None not in q[0]), q
 
 
-def _pipe_worker(rank: int, world: int, comm: str, compressor: str, steps: int, staleness: str = "none"
-                 ) -> list[dict]:
+def _pipe_worker(rank: int, world: int, comm: str, compressor: str, options: str | None, steps: int,
+                 staleness: str = "none") -> list[dict]:
     """Width-2 Pipe-SGD (pipesgd.engine.pipe) on rank ``rank`` of a Gloo group, training what
-    tests/live_replica.py trains on replica group ``rank``'s data: per step, whether an update
-    was applied, the weights' digest and that of the consistent weights."""
+    tests/live_replica.py trains on replica group ``rank``'s data, with the compressor it builds
+    from ``compressor`` and ``options``: per step, whether an update was applied, the weights'
+    digest and that of the consistent weights. On one thread, as the replicas run (PowerSGD's
+    products and QR)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from live_replica import batch, make_model, make_optimizer
+    from live_replica import compressor as build
 
     from pipesgd.engine.pipe import PipeSGD
     from pipesgd.replicas import digest
     from pipesgd.staleness import make_staleness
 
+    torch.set_num_threads(1)
     model = make_model(0)
     optimizer, scheduler = make_optimizer(model)
-    engine = PipeSGD(optimizer, model.parameters(), width=2, compressor=compressor, allreduce=comm,
+    engine = PipeSGD(optimizer, model.parameters(), width=2, compressor=build(compressor, options), allreduce=comm,
                      staleness=make_staleness(staleness, dc_adaptive=True))
     out = []
     try:
@@ -664,3 +682,39 @@ def test_a_healer_takes_the_donors_staleness_state(staleness, kept):
 def _tensors(state: dict) -> dict:
     """A rule's state, each tensor as a list of its values (comparable with ==)."""
     return {k: [t.tolist() for t in v] if isinstance(v, list) else v.tolist() for k, v in state.items()}
+
+
+@pytest.mark.timeout(60)
+def test_a_heal_carries_no_reduction_state_and_starts_the_healers_residual_at_zero():
+    """PowerSGD with error feedback: the donor's state has neither its residual (its own debt, which
+    both would then send) nor its warm start (the healer computes its own from the summed values of
+    the reduction it takes part in while it heals); loading it forgets the healer's residual and
+    keeps its warm start."""
+    from pipesgd.engine.base import ModeArgs
+    from pipesgd.engine.live import build
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.Tanh(), torch.nn.Linear(12, 2))  # 12 x 16: rank 4
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    _, engine = build(ModeArgs(model, optimizer, 2, "powersgd", "ring", None, 1, 0, torch.device("cpu")))
+    try:
+        for step in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(32, 16, generator=torch.Generator().manual_seed(step))).square().sum().backward()
+            engine.step()
+        before = engine.state_dict()["reduction"]
+        assert before["residual"].abs().sum() > 0
+        donor = engine._state()
+        assert not [t for t in _tensors_in(donor) if t.shape == before["residual"].shape]
+        engine._load_peer_state(donor)
+        after = engine.state_dict()["reduction"]
+        assert "residual" not in after and all(torch.equal(a, b) for a, b in zip(after["q"], before["q"]))
+        engine.flush()
+    finally:
+        engine.close()
+
+
+def _tensors_in(state) -> list[torch.Tensor]:
+    if isinstance(state, torch.Tensor):
+        return [state]
+    values = state.values() if isinstance(state, dict) else state if isinstance(state, (list, tuple)) else []
+    return [t for v in values for t in _tensors_in(v)]

@@ -269,3 +269,52 @@ def test_inring_error_feedback_with_the_native_cast_feeds_back_the_cast_error():
     red.bind(SHAPES, native_allreduce, torch.device("cpu"))
     x = grad_of(0, 0)
     assert torch.equal(red.local_decode(x, 2), x.to(torch.bfloat16).float())
+
+
+# --- a zeroed share (trainer.mode=live: a healer's stale gradient) -------------------------------
+
+def _zeroed_share_worker(rank, p, name):
+    """One reduction over all three ranks; then rank 2's share zeroed (``zeroed=True``,
+    ``contributors=2``) beside the same reduction over ranks 0 and 1 alone, from the same state."""
+    reduction = {"topk": lambda: TopK(ratio=0.2), "powersgd": lambda: PowerSGD(rank=1),  # rank 1: both matrices
+                 "int8-ef": lambda: InRing(get_compressor("int8", error_feedback=True))}[name]()
+    reduction.bind(SHAPES, ring_allreduce, torch.device("cpu"))
+    pair = dist.new_group([0, 1])
+    reduction.reduce(grad_of(rank, 0), None)
+    before = copy.deepcopy(reduction.state_dict())
+    alone = copy.deepcopy(reduction)
+    flat = torch.zeros(NUMEL) if rank == 2 else grad_of(rank, 1)
+    theirs = flat.clone()
+    reduction.reduce(flat, None, zeroed=rank == 2, contributors=2)
+    if rank < 2:
+        alone.reduce(theirs, pair)
+    return flat, before, reduction.state_dict(), theirs, alone.state_dict()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["topk", "powersgd", "int8-ef"])
+def test_a_zeroed_share_reaches_the_sum_as_zeros_and_keeps_its_residual(name):
+    """What the live engine relies on: a healer's zeroed share neither adds its residual nor
+    changes it, and the others' result, residuals and PowerSGD's warm start are theirs without
+    it (PowerSGD's average over the 2 contributors, not the 3 ranks): bit for bit against the
+    reduction over the two of them alone (top-k gathers; PowerSGD sums two values and zeros).
+    The int8 ring re-encodes partial sums hop by hop, so 3 hops are not 2: there the result is
+    the same on every rank and the contributors' residuals are their own encode errors."""
+    got = run_workers(_zeroed_share_worker, 3, name)
+    flats = [g[0] for g in got]
+    assert all(torch.equal(f, flats[0]) for f in flats)
+    healer_before, healer_after = got[2][1], got[2][2]
+    assert torch.equal(healer_before["residual"], healer_after["residual"])  # neither added nor changed
+    if name == "int8-ef":
+        ring = InRing(get_compressor("int8", error_feedback=True))
+        ring.bind(SHAPES, ring_allreduce, torch.device("cpu"))
+        for rank in (0, 1):
+            corrected = grad_of(rank, 1) + got[rank][1]["residual"]
+            assert torch.equal(got[rank][2]["residual"], corrected - ring.local_decode(corrected, 3))
+        return
+    for rank in (0, 1):
+        _, _, state, alone_flat, alone_state = got[rank]
+        assert torch.equal(flats[rank], alone_flat)
+        assert torch.equal(state["residual"], alone_state["residual"])
+    if name == "powersgd":
+        assert all(torch.equal(a, b) for a, b in zip(got[2][2]["q"], got[1][4]["q"]))  # from the summed values

@@ -15,10 +15,11 @@ require_torchft()
 
 
 # the ring with int8 on torchft's group (comm=auto picks the ring there); lookahead over its native
-# allreduce; dga, whose groups hold weights of their own until the last flush (checks compare w̄)
+# allreduce; dga, whose groups hold weights of their own until the last flush (checks compare w̄);
+# PowerSGD (its residual and warm start in each group's checkpoints) over the ring
 @needs_mnist
 @pytest.mark.parametrize("staleness, comm, compressor", [("none", "auto", "int8"), ("lookahead", "native", "none"),
-                                                         ("dga", "auto", "none")])
+                                                         ("dga", "auto", "none"), ("none", "auto", "powersgd")])
 @pytest.mark.timeout(200)
 def test_the_live_mode_trains_two_replica_groups_to_the_same_model(tmp_path, staleness, comm, compressor):
     run_dir = tmp_path / "run"

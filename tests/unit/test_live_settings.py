@@ -158,19 +158,20 @@ def test_the_live_engine_refuses_a_rule_whose_heal_is_not_tested():
 
 
 @pytest.mark.parametrize("comm,compressor", [("ring", "int8"), ("ring", "fp16"), ("ring", "bf16"), ("ring", "none"),
-                                             ("native", "fp16"), ("native", "bf16"), ("auto", "int8")])
+                                             ("native", "fp16"), ("native", "bf16"), ("auto", "int8"),
+                                             ("ring", "topk"), ("auto", "powersgd"), ("native", "powersgd"),
+                                             ("ring", "int8 compressor.error_feedback=true"),
+                                             ("native", "bf16 compressor.error_feedback=true")])
 def test_the_live_mode_takes_the_ring_and_the_native_allreduce_with_what_each_carries(comm, compressor):
-    overrides = ["trainer.mode=live", f"comm={comm}", f"compressor={compressor}"]
+    overrides = ["trainer.mode=live", f"comm={comm}", *f"compressor={compressor}".split()]
     validate(composed(*overrides), command_line_keys(overrides))
 
 
 @pytest.mark.parametrize("overrides,message", [
     (["comm=tree"], "comm=tree is not available with trainer.mode=live; allowed: auto, native, ring"),
     (["comm=native", "compressor=int8"], "compressor='int8' cannot ride the backend's all_reduce"),
-    (["compressor=topk"], "compressor=topk is not available with trainer.mode=live, which carries per-chunk "
-                          "compressors only"),
-    (["compressor=int8", "compressor.error_feedback=true"], "compressor.error_feedback=true is not used by "
-                                                             "trainer.mode=live"),
+    (["comm=native", "compressor=int8", "compressor.error_feedback=true"],
+     "compressor='int8' cannot ride the backend's all_reduce"),
 ])
 def test_what_the_live_mode_cannot_honour_is_refused_naming_the_key(overrides, message):
     overrides = ["trainer.mode=live", *overrides]
@@ -181,7 +182,6 @@ def test_what_the_live_mode_cannot_honour_is_refused_naming_the_key(overrides, m
 @pytest.mark.parametrize("kwargs,message", [
     ({"allreduce": "tree"}, "comm=tree is not available with trainer.mode=live; allowed: auto, native, ring"),
     ({"allreduce": "native", "compressor": "int8"}, "compressor='int8' cannot ride the backend's all_reduce"),
-    ({"compressor": "topk"}, "compressor=topk is not available with trainer.mode=live"),
 ])
 def test_the_live_engine_refuses_what_it_cannot_carry_before_it_starts_anything(kwargs, message):
     import torch
