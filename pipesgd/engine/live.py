@@ -187,6 +187,7 @@ class LiveEngine(Engine):
         stats = StepStats()
         if self._pending is not None:
             self._finish(stats)
+        self._stale = False  # a heal in that vote: the next gradient is computed on the weights it loaded
         return stats
 
     def _flatten(self) -> Tensor:

@@ -628,6 +628,49 @@ def test_a_reduction_that_fails_is_reported_to_the_manager_and_its_update_droppe
         engine.close()
 
 
+@pytest.mark.timeout(60)
+def test_a_heal_in_flush_leaves_the_next_gradient_valid():
+    """A heal in the vote of ``step()`` zeroes the gradient that step launches (computed on the
+    weights before the heal); one in the vote of ``flush()`` leaves no gradient in hand, so the
+    one the next ``step()`` launches, computed on the healed weights, is sent whole."""
+    from pipesgd.engine.base import ModeArgs
+    from pipesgd.engine.live import build
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    _, engine = build(ModeArgs(model, optimizer, 2, None, None, None, 1, 0, torch.device("cpu")))
+    vote, heals = engine.manager.should_commit, []
+
+    def healing_vote(*args, **kwargs):  # torchft loads the donor's state inside the vote
+        if heals:
+            engine._load_peer_state(heals.pop())
+        return vote(*args, **kwargs)
+
+    engine.manager.should_commit = healing_vote
+
+    def backward_and(call):
+        optimizer.zero_grad()
+        model(torch.ones(4, 3)).sum().backward()
+        return call()
+
+    try:
+        backward_and(engine.step)
+        heals.append(engine._state())
+        backward_and(engine.step)  # healed in its vote: what it launches is stale
+        stats = engine.flush()
+        assert engine.healed == 1 and stats.skipped and stats.metrics["live/valid"] == 0.0
+        backward_and(engine.step)
+        heals.append(engine._state())
+        assert engine.flush().applied and engine.healed == 2  # healed in flush's vote
+        before = model.weight.detach().clone()
+        backward_and(engine.step)
+        stats = engine.flush()
+        assert stats.applied and stats.metrics["live/valid"] == 1.0
+        assert torch.allclose(model.weight.detach(), before - 0.1 * 4)  # d(sum)/dW: 4 rows of ones
+    finally:
+        engine.close()
+
+
 # lookahead keeps the local gradient of the reduction in flight; dc (adaptive) the weights it was
 # computed at and the mean square; dga this group's pending local step and the agreed weights
 @pytest.mark.parametrize("staleness, kept", [("lookahead", {"local"}), ("dc", {"w_then", "mean_square"}),
