@@ -220,8 +220,10 @@ def _in_every_quorum(tmp_path: Path, steps: int, *extra: str) -> list[Path]:
 
 
 # ring/none against the reference the native allreduce meets above (so: bit-identical to live + native);
-# ring/int8 and native/fp16 (a cast) against the pipe engine with that allreduce and compressor, run on Gloo
-@pytest.mark.parametrize("comm, compressor", [("ring", "none"), ("ring", "int8"), ("native", "fp16")])
+# ring/int8, native/fp16 (a cast) and the tree, plain and with int8, against the pipe engine with that
+# allreduce and compressor, run on Gloo
+@pytest.mark.parametrize("comm, compressor", [("ring", "none"), ("ring", "int8"), ("native", "fp16"),
+                                              ("tree", "none"), ("tree", "int8")])
 @pytest.mark.timeout(120)
 def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path, comm, compressor):
     """Two replica groups in every quorum, no fault, reducing with ``comm`` and ``compressor``
@@ -231,7 +233,7 @@ def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path
     compressor did compress."""
     steps = 8
     outs = _in_every_quorum(tmp_path, steps, "--comm", comm, "--compressor", compressor, "--check-every", "1")
-    if compressor == "none":
+    if (comm, compressor) == ("ring", "none"):
         expected = _pipe_reference("none", steps, len(outs))[0]
     else:
         from distributed_utils import run_workers
@@ -243,8 +245,9 @@ def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path
     from pipesgd.comm import ring_bytes
     from pipesgd.replicas import MOMENTS
 
-    # fp32, flag, count and the check's sums
-    raw = ring_bytes(sum(p.numel() for p in make_model(0).parameters()) + 2 + MOMENTS, len(outs), 4)
+    # fp32, flag, count and the check's sums; the tree of two sends it whole once (up, or down from the root)
+    numel = sum(p.numel() for p in make_model(0).parameters()) + 2 + MOMENTS
+    raw = numel * 4 if comm == "tree" else ring_bytes(numel, len(outs), 4)
     for out in outs:
         records = _records(out)
         got = [{k: r[k] for k in ("applied", "digest")} for r in records]
@@ -339,12 +342,12 @@ def _simulated_pipe(staleness: str, steps: int, replicas: int) -> list[list[dict
     return expected
 
 
-def _reformed_ring(rank: int, world: int) -> list[list[float]]:
-    """The ring (plain and int8) over one torchft group, formed of all three ranks, then re-formed
+def _reformed_ring(rank: int, world: int, comm: str) -> list[list[float]]:
+    """``comm`` (plain and int8) over one torchft group, formed of all three ranks, then re-formed
     without rank 0: the survivors move down one rank. What each reduction summed, per rank."""
     from torchft.process_group import ProcessGroupGloo
 
-    from pipesgd.comm import ring_allreduce
+    from pipesgd.comm import REGISTRY
     from pipesgd.live.group import TorchftGroup
 
     pg = ProcessGroupGloo(timeout=timedelta(seconds=20))
@@ -357,17 +360,18 @@ def _reformed_ring(rank: int, world: int) -> list[list[float]]:
         if quorum < 2:  # the Manager's configure at a new quorum: its rank and size now
             pg.configure(f"{store}/{quorum}", str(rank), members.index(rank), len(members))
         t = torch.arange(5, dtype=torch.float32) + 10 * rank
-        ring_allreduce(t, compressor, group)
+        REGISTRY.get(comm)(t, compressor, group)
         sums.append(t.tolist())
     return sums
 
 
+@pytest.mark.parametrize("comm", ["ring", "tree"])
 @pytest.mark.timeout(90)
-def test_the_ring_takes_each_quorums_rank_and_size_from_torchfts_group():
+def test_the_ring_takes_each_quorums_rank_and_size_from_torchfts_group(comm):
     sys.path.insert(0, str(ROOT / "tests"))
     from distributed_utils import run_workers
 
-    got = run_workers(_reformed_ring, 3, timeout=60)
+    got = run_workers(_reformed_ring, 3, comm, timeout=60)
     whole = (torch.arange(5.0) * 3 + 30).tolist()
     without_0 = (torch.arange(5.0) * 2 + 30).tolist()
     assert got[0] == [whole]
