@@ -35,7 +35,8 @@ class Mode:
     ``reductions``: also carries top-k / PowerSGD and error feedback (state kept across steps).
     ``allreduce``: reduces over the configured ``comm``; otherwise ``comm`` is not used.
     ``comms``: where it does, the registered allreduces it runs (None: every one; live: those
-    that run over torchft's group).
+    that run over torchft's group). ``refused_comms``: ``(name, why)`` pairs, why it does not
+    run one it leaves out of ``comms`` (the refusal says so).
     Its timing shape, what :mod:`pipesgd.timing` prices: ``overlap``, what a reduction runs
     beside: ``"pipeline"`` (the next steps' forward and backward, at width >= 2; nothing at width
     1), ``"backward"`` (DDP's buckets, under this step's backward), ``"async"`` (ps_async: the
@@ -68,6 +69,7 @@ class Mode:
     reductions: bool = False
     allreduce: bool = False
     comms: tuple[str, ...] | None = None
+    refused_comms: tuple[tuple[str, str], ...] = ()
     overlap: str = "pipeline"
     server: bool = False
     fixed_comm: str | None = None
@@ -165,8 +167,9 @@ def check_comm(name: str, allreduce: str) -> None:
     (its ``comms``), and any where it does not use ``comm`` at all."""
     mode = get_mode(name)
     if mode.allreduce and mode.comms is not None and allreduce not in mode.comms:
-        raise ValueError(f"comm={allreduce} is not available with trainer.mode={name}; allowed: "
-                         f"{', '.join(mode.comms)}")
+        why = dict(mode.refused_comms).get(allreduce)
+        raise ValueError(f"comm={allreduce} is not available with trainer.mode={name}{f': {why}' if why else ''}; "
+                         f"allowed: {', '.join(mode.comms)}")
 
 
 def check_compressor(name: str, compressor: object, allreduce: str | None = None) -> None:

@@ -14,7 +14,6 @@ forwards that exact payload, so every rank decodes identical bytes and replicas 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from .. import trace
@@ -67,11 +66,6 @@ def _exchange(send: Tensor, recv: Tensor, right: int, left: int, group, hop: str
     rreq.wait()
     note(f"ring allreduce {hop}: sending to {peer_name(group, right)}")
     sreq.wait()
-
-
-def global_rank(group, rank: int) -> int:
-    """The default-group rank of ``rank`` in ``group``: what logs and errors call that process."""
-    return rank if group is None else dist.get_global_rank(group, rank)
 
 
 def ring_phases(nbytes: float, p: int, ratio: float = 1.0, per_node: int = 1) -> tuple[Phase, ...]:

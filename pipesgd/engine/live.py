@@ -38,7 +38,10 @@ from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, 
 log = logging.getLogger(__name__)
 
 STALENESSES = ("none", "lookahead", "predict", "dc", "dga")  # rules whose heal is tested (docs/reliability.md)
-COMMS = ("auto", "native", "ring")  # the allreduces that run over torchft's group (auto: the ring there, on Gloo)
+COMMS = ("auto", "native", "ring", "tree")  # those that run over torchft's group (auto: the ring there, on Gloo)
+REFUSED_COMMS = (("hierarchical", "its levels are nodes of several processes, and a live replica group is one process "
+                  "(one rank of torchft's group): there is no node to reduce inside, and over one process per group "
+                  "it is the ring, comm=ring"),)
 WIDTH = 2  # torchft changes quorums between steps: at most one reduction may be in flight across one
 TAIL = 2  # after the gradient: the non-finite flag and the count of valid contributions (then a check's sums)
 
@@ -66,7 +69,7 @@ class LiveEngine(Engine):
     ``allreduce`` (one of :data:`COMMS`, by name or the registered function) runs over torchft's
     group through its own send / recv / allreduce (:class:`pipesgd.live.group.TorchftGroup`),
     at the rank and size of the quorum the reduction waited for; ``compressor``: a per-chunk
-    compressor it carries (int8 rides the ring only). A lossy one encodes the gradient and the
+    compressor it carries (int8 rides the ring and the tree). A lossy one encodes the gradient and the
     flag, as under ``pipe``; the count is summed exactly, in an all_reduce of its own. Top-k,
     PowerSGD and error feedback (``self.reduction``, :mod:`pipesgd.live.reduction`) reduce the
     gradient alone, after that tail, through the same group, and keep their state per group (a
@@ -193,6 +196,7 @@ class LiveEngine(Engine):
         stats = StepStats()
         if self._pending is not None:
             self._finish(stats)
+        self._stale = False  # a heal in that vote: the next gradient is computed on the weights it loaded
         return stats
 
     def _flatten(self) -> Tensor:
@@ -490,6 +494,7 @@ def _quiet_torchft() -> None:
 # torchft's quorums (pipesgd[live]): replica groups without a shared process group, so the replica
 # check rides on the engine's reductions
 @register("live", width=2, staleness=True, stalenesses=STALENESSES, reductions=True, allreduce=True, comms=COMMS,
+          refused_comms=REFUSED_COMMS,
           check_on_reductions=True, elastic=False, nccl=False, launcher=live_launch.run,
           settings=live_launch.settings)
 def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:

@@ -222,12 +222,14 @@ def _in_every_quorum(tmp_path: Path, steps: int, *extra: str) -> list[Path]:
 
 
 # ring/none against the reference the native allreduce meets above (so: bit-identical to live + native);
-# the others against the pipe engine with that allreduce and compressor, run on Gloo: ring/int8 and
-# native/fp16 (a cast) ride the buffer; top-k (an all_gather), PowerSGD (two dense allreduces, over
-# the ring or the native one) and int8 with error feedback reduce the gradient apart, with state
-# kept from step to step. ``ratio``: what the compressor at least divides the bytes sent by.
+# the others against the pipe engine with that allreduce and compressor, run on Gloo: ring/int8,
+# native/fp16 (a cast) and the tree, plain and with int8, ride the buffer; top-k (an all_gather),
+# PowerSGD (two dense allreduces, over the ring or the native one) and int8 with error feedback
+# reduce the gradient apart, with state kept from step to step. ``ratio``: what the compressor at
+# least divides the bytes sent by.
 @pytest.mark.parametrize("comm, compressor, options, ratio", [
     ("ring", "none", None, 1), ("ring", "int8", None, 1.9), ("native", "fp16", None, 1.9),
+    ("tree", "none", None, 1), ("tree", "int8", None, 1.9),
     ("ring", "topk", '{"ratio": 0.1}', 1.9), ("ring", "powersgd", None, 1.3), ("native", "powersgd", None, 1.3),
     ("ring", "int8", '{"error_feedback": true}', 1.9)])
 @pytest.mark.timeout(120)
@@ -240,7 +242,7 @@ def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path
     steps = 8
     extra = () if options is None else ("--compressor-options", options)
     outs = _in_every_quorum(tmp_path, steps, "--comm", comm, "--compressor", compressor, "--check-every", "1", *extra)
-    if compressor == "none":
+    if (comm, compressor, options) == ("ring", "none", None):
         expected = _pipe_reference("none", steps, len(outs))[0]
     else:
         from distributed_utils import run_workers
@@ -252,8 +254,9 @@ def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path
     from pipesgd.comm import ring_bytes
     from pipesgd.replicas import MOMENTS
 
-    # fp32, flag, count and the check's sums
-    raw = ring_bytes(sum(p.numel() for p in make_model(0).parameters()) + 2 + MOMENTS, len(outs), 4)
+    # fp32, flag, count and the check's sums; the tree of two sends it whole once (up, or down from the root)
+    numel = sum(p.numel() for p in make_model(0).parameters()) + 2 + MOMENTS
+    raw = numel * 4 if comm == "tree" else ring_bytes(numel, len(outs), 4)
     for out in outs:
         records = _records(out)
         got = [{k: r[k] for k in ("applied", "digest")} for r in records]
@@ -354,12 +357,12 @@ def _simulated_pipe(staleness: str, steps: int, replicas: int) -> list[list[dict
     return expected
 
 
-def _reformed_ring(rank: int, world: int) -> list[list[float]]:
-    """The ring (plain and int8) over one torchft group, formed of all three ranks, then re-formed
+def _reformed_ring(rank: int, world: int, comm: str) -> list[list[float]]:
+    """``comm`` (plain and int8) over one torchft group, formed of all three ranks, then re-formed
     without rank 0: the survivors move down one rank. What each reduction summed, per rank."""
     from torchft.process_group import ProcessGroupGloo
 
-    from pipesgd.comm import ring_allreduce
+    from pipesgd.comm import REGISTRY
     from pipesgd.live.group import TorchftGroup
 
     pg = ProcessGroupGloo(timeout=timedelta(seconds=20))
@@ -372,17 +375,18 @@ def _reformed_ring(rank: int, world: int) -> list[list[float]]:
         if quorum < 2:  # the Manager's configure at a new quorum: its rank and size now
             pg.configure(f"{store}/{quorum}", str(rank), members.index(rank), len(members))
         t = torch.arange(5, dtype=torch.float32) + 10 * rank
-        ring_allreduce(t, compressor, group)
+        REGISTRY.get(comm)(t, compressor, group)
         sums.append(t.tolist())
     return sums
 
 
+@pytest.mark.parametrize("comm", ["ring", "tree"])
 @pytest.mark.timeout(90)
-def test_the_ring_takes_each_quorums_rank_and_size_from_torchfts_group():
+def test_the_ring_takes_each_quorums_rank_and_size_from_torchfts_group(comm):
     sys.path.insert(0, str(ROOT / "tests"))
     from distributed_utils import run_workers
 
-    got = run_workers(_reformed_ring, 3, timeout=60)
+    got = run_workers(_reformed_ring, 3, comm, timeout=60)
     whole = (torch.arange(5.0) * 3 + 30).tolist()
     without_0 = (torch.arange(5.0) * 2 + 30).tolist()
     assert got[0] == [whole]
@@ -639,6 +643,49 @@ def test_a_reduction_that_fails_is_reported_to_the_manager_and_its_update_droppe
         assert [s.applied for s in stats] == [False, False, True]
         assert not torch.equal(model.weight.detach(), before)
         assert "live reduction failed" in caplog.text and "Connection reset by peer" in caplog.text
+    finally:
+        engine.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_heal_in_flush_leaves_the_next_gradient_valid():
+    """A heal in the vote of ``step()`` zeroes the gradient that step launches (computed on the
+    weights before the heal); one in the vote of ``flush()`` leaves no gradient in hand, so the
+    one the next ``step()`` launches, computed on the healed weights, is sent whole."""
+    from pipesgd.engine.base import ModeArgs
+    from pipesgd.engine.live import build
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    _, engine = build(ModeArgs(model, optimizer, 2, None, None, None, 1, 0, torch.device("cpu")))
+    vote, heals = engine.manager.should_commit, []
+
+    def healing_vote(*args, **kwargs):  # torchft loads the donor's state inside the vote
+        if heals:
+            engine._load_peer_state(heals.pop())
+        return vote(*args, **kwargs)
+
+    engine.manager.should_commit = healing_vote
+
+    def backward_and(call):
+        optimizer.zero_grad()
+        model(torch.ones(4, 3)).sum().backward()
+        return call()
+
+    try:
+        backward_and(engine.step)
+        heals.append(engine._state())
+        backward_and(engine.step)  # healed in its vote: what it launches is stale
+        stats = engine.flush()
+        assert engine.healed == 1 and stats.skipped and stats.metrics["live/valid"] == 0.0
+        backward_and(engine.step)
+        heals.append(engine._state())
+        assert engine.flush().applied and engine.healed == 2  # healed in flush's vote
+        before = model.weight.detach().clone()
+        backward_and(engine.step)
+        stats = engine.flush()
+        assert stats.applied and stats.metrics["live/valid"] == 1.0
+        assert torch.allclose(model.weight.detach(), before - 0.1 * 4)  # d(sum)/dW: 4 rows of ones
     finally:
         engine.close()
 

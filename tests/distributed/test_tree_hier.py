@@ -1,5 +1,5 @@
-"""tree_allreduce (p = 2..5) and the hierarchical allreduce (2x2 node groups, and the degenerate
-splits) against torch.distributed.all_reduce on Gloo ranks.
+"""tree_allreduce (p = 2..5, also over a PeerGroup, as trainer.mode=live runs it) and the hierarchical
+allreduce (2x2 node groups, and the degenerate splits) against torch.distributed.all_reduce on Gloo ranks.
 
 Error bounds, per value, derived as in tests/distributed/test_ring.py (S = sum over ranks of |x_r|, u the unit
 roundoff of the dtype):
@@ -22,6 +22,7 @@ from distributed_utils import run_workers
 from pipesgd import dist as pdist
 from pipesgd.comm import tree_allreduce
 from pipesgd.comm.base import CommStats
+from pipesgd.comm.group import PeerGroup
 from pipesgd.comm.hierarchical import HierarchicalAllreduce
 from pipesgd.comm.tree import children, parent
 from pipesgd.compress import get_compressor
@@ -69,6 +70,15 @@ def check(fn, rank, p, encodes, failures, sums, tag, compresses=True):
                 failures.append(f"{tag} n={n} {name}: wire {stats.wire_bytes} >= raw {stats.raw_bytes}")
 
 
+def no_failures_and_replicas_agree(results):
+    """Every rank's ``(failures, sums)``: no failure, and every rank holds the same sums, bit for bit."""
+    for rank, (failures, _) in enumerate(results):
+        assert not failures, f"rank {rank}: {failures}"
+    for _, sums in results[1:]:
+        for key, value in results[0][1].items():
+            assert torch.equal(value, sums[key]), f"replicas differ for {key}"
+
+
 def _tree_worker(rank, p):
     failures, sums = [], {}
     check(lambda t, c: tree_allreduce(t, c), rank, p, p, failures, sums, "tree")
@@ -91,11 +101,58 @@ def _tree_worker(rank, p):
 @pytest.mark.parametrize("p", [2, 3, 4, 5])
 def test_tree_matches_all_reduce(p):
     results = run_workers(_tree_worker, p, timeout=200)
-    for rank, (failures, _) in enumerate(results):
-        assert not failures, f"rank {rank}: {failures}"
-    for _, sums in results[1:]:
-        for key, value in results[0][1].items():
-            assert torch.equal(value, sums[key]), f"replicas differ for {key}"
+    no_failures_and_replicas_agree(results)
+
+
+class Peers(PeerGroup):
+    """A group torch.distributed does not know, over the default group's processes, reached only
+    through its own methods, as torchft's group is (pipesgd.live.group.TorchftGroup). ``reversed``:
+    numbered backwards (its rank 0, the tree's root, is the last process). Counts what it posts."""
+
+    def __init__(self, reversed: bool):
+        self.reversed, self.posted = reversed, 0
+
+    def rank(self) -> int:
+        return self._process(dist.get_rank())
+
+    def size(self) -> int:
+        return dist.get_world_size()
+
+    def _process(self, rank: int) -> int:
+        return self.size() - 1 - rank if self.reversed else rank
+
+    def isend(self, tensor, dst):
+        self.posted += 1
+        return dist.isend(tensor, self._process(dst))
+
+    def irecv(self, tensor, src):
+        self.posted += 1
+        return dist.irecv(tensor, self._process(src))
+
+    def all_reduce(self, tensor):
+        dist.all_reduce(tensor)
+
+
+def _peer_tree_worker(rank, p):
+    """The tree over :class:`Peers` against all_reduce (the bounds of :func:`check`), numbered as
+    the default group and backwards; the first bit for bit as the tree over the default group."""
+    failures, sums, groups = [], {}, {"peer": Peers(False), "reversed": Peers(True)}
+    for tag, group in groups.items():
+        check(lambda t, c, g=group: tree_allreduce(t, c, g), rank, p, p, failures, sums, tag)
+        if not group.posted:
+            failures.append(f"{tag}: no message went through the PeerGroup")
+    check(lambda t, c: tree_allreduce(t, c), rank, p, p, failures, sums, "c10d")
+    for (tag, n, name), value in sums.items():
+        if tag == "peer" and not torch.equal(value, sums[("c10d", n, name)]):
+            failures.append(f"n={n} {name}: the tree over the PeerGroup differs from the tree over the default group")
+    return failures, sums
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("p", [2, 5])
+def test_tree_over_a_peer_group_matches_all_reduce(p):
+    results = run_workers(_peer_tree_worker, p, timeout=200)
+    no_failures_and_replicas_agree(results)
 
 
 def _broadcast_schedule_worker(rank, p):
@@ -164,11 +221,7 @@ def _hier_worker(rank, p, splits):
 def test_hierarchical_2x2_matches_all_reduce():
     """Two nodes of two ranks, plus one node of four and four nodes of one, on the same 4 ranks."""
     results = run_workers(_hier_worker, 4, [2, 4, 1], timeout=200)
-    for rank, (failures, _) in enumerate(results):
-        assert not failures, f"rank {rank}: {failures}"
-    for _, sums in results[1:]:
-        for key, value in results[0][1].items():
-            assert torch.equal(value, sums[key]), f"replicas differ for {key}"
+    no_failures_and_replicas_agree(results)
 
 
 def _bad_group_size(rank, p):

@@ -5,6 +5,7 @@ lighthouse and every replica group's options. No lighthouse, process or timing i
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 from omegaconf import OmegaConf
@@ -161,14 +162,22 @@ def test_the_live_engine_refuses_a_rule_whose_heal_is_not_tested():
                                              ("native", "fp16"), ("native", "bf16"), ("auto", "int8"),
                                              ("ring", "topk"), ("auto", "powersgd"), ("native", "powersgd"),
                                              ("ring", "int8 compressor.error_feedback=true"),
-                                             ("native", "bf16 compressor.error_feedback=true")])
-def test_the_live_mode_takes_the_ring_and_the_native_allreduce_with_what_each_carries(comm, compressor):
+                                             ("native", "bf16 compressor.error_feedback=true"),
+                                             ("tree", "none"), ("tree", "int8"), ("tree", "bf16")])
+def test_the_live_mode_takes_the_ring_the_tree_and_the_native_allreduce_with_what_each_carries(comm, compressor):
     overrides = ["trainer.mode=live", f"comm={comm}", *f"compressor={compressor}".split()]
     validate(composed(*overrides), command_line_keys(overrides))
 
 
+# the one allreduce the live mode refuses, with its reason
+HIERARCHICAL = ("comm=hierarchical is not available with trainer.mode=live: its levels are nodes of several "
+                "processes, and a live replica group is one process (one rank of torchft's group): there is no node "
+                "to reduce inside, and over one process per group it is the ring, comm=ring; allowed: auto, native, "
+                "ring, tree")
+
+
 @pytest.mark.parametrize("overrides,message", [
-    (["comm=tree"], "comm=tree is not available with trainer.mode=live; allowed: auto, native, ring"),
+    (["comm=hierarchical"], HIERARCHICAL),
     (["comm=native", "compressor=int8"], "compressor='int8' cannot ride the backend's all_reduce"),
     (["comm=native", "compressor=int8", "compressor.error_feedback=true"],
      "compressor='int8' cannot ride the backend's all_reduce"),
@@ -180,7 +189,7 @@ def test_what_the_live_mode_cannot_honour_is_refused_naming_the_key(overrides, m
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"allreduce": "tree"}, "comm=tree is not available with trainer.mode=live; allowed: auto, native, ring"),
+    ({"allreduce": "hierarchical"}, HIERARCHICAL),
     ({"allreduce": "native", "compressor": "int8"}, "compressor='int8' cannot ride the backend's all_reduce"),
 ])
 def test_the_live_engine_refuses_what_it_cannot_carry_before_it_starts_anything(kwargs, message):
@@ -189,6 +198,6 @@ def test_the_live_engine_refuses_what_it_cannot_carry_before_it_starts_anything(
     from pipesgd.engine.live import LiveEngine
 
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         LiveEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), LiveOptions("http://127.0.0.1:1", "r", 0),
                    **kwargs)
