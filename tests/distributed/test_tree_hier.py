@@ -132,6 +132,12 @@ class Peers(PeerGroup):
     def all_reduce(self, tensor):
         dist.all_reduce(tensor)
 
+    def all_gather(self, out, tensor):
+        gathered = [torch.empty_like(tensor) for _ in out]
+        dist.all_gather(gathered, tensor)
+        for rank, t in enumerate(out):
+            t.copy_(gathered[self._process(rank)])
+
 
 def _peer_tree_worker(rank, p):
     """The tree over :class:`Peers` against all_reduce (the bounds of :func:`check`), numbered as
