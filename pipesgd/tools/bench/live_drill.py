@@ -22,8 +22,13 @@ imports were done, whether every group ends with the same weights (``param_check
 final accuracy against an uninterrupted live run of the same seed (``--reference``). Writes
 ``--json`` (with the overrides, commit and host fingerprint) and prints a table.
 
-Loopback only: the groups of a live run start under the local live launcher; running them under
-torchrun on the emulated nodes is not supported by the live mode yet.
+``--launcher local`` (the default) runs the groups under the local live launcher, on loopback.
+``--launcher torchrun`` (root only) runs them on an emulated cluster of R nodes (``--rate``, default
+1gbit): the lighthouse in node 0's namespace, each group its own torchrun job (``--max-restarts 1``)
+on its own node, ``PIPESGD_FAULT`` set for group R-1's job only (:mod:`.live_drill_torchrun`); the
+groups write the same ``replica_<r>`` logs and summaries, read by the same analysis, and the
+cluster is torn down however the run ends. A returning torchrun worker takes its process's start
+from the kernel (torchrun passes none on).
 """
 
 from __future__ import annotations
