@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -134,3 +135,37 @@ def test_the_live_drill_under_torchrun_measures_a_killed_group_that_heals(netns,
     assert d["healed"]["1"] >= 1
     assert d["first_joint_step"] is not None and d["first_joint_step"]["identical"] is True
     assert d["weights_agree"] is True and len(set(d["param_checksums"].values())) == 1
+
+
+@needs_mnist
+@pytest.mark.timeout(300)
+def test_the_live_drill_under_torchrun_tears_its_cluster_down_when_stopped(netns, tmp_path):
+    """SIGTERM to the drill while its groups train: it exits non-zero, and neither its namespaces
+    nor any process it started is left."""
+    from pipesgd.tools.emulate.netns import list_namespaces
+
+    tag, runs = uuid.uuid4().hex, tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if k != "PIPESGD_FAULT"}
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])), PIPESGD_TEST_TAG=tag)
+    drill = subprocess.Popen(
+        [sys.executable, "-m", "pipesgd.tools.bench.live_drill", "--launcher", "torchrun", "--replicas", "2",
+         "--at-step", "100000", "--no-reference", "--timeout-s", "250", "--dir", str(runs),
+         "trainer.live.min_replicas=2", f"data.root={SHARED_DATA}", f"data.cache_dir={CACHE}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 200
+        stepped = False
+        while not stepped and drill.poll() is None and time.monotonic() < deadline:
+            stepped = any(" step " in p.read_text(errors="replace") for p in runs.glob("*/replica_1/train.log"))
+            time.sleep(0.2)  # polling the log, not synchronising: the drill runs on its own
+        assert stepped and drill.poll() is None, "group 1 never trained"
+        assert [ns for ns in list_namespaces() if ns.startswith(f"psgd{drill.pid}")]  # the cluster is up
+        drill.send_signal(signal.SIGTERM)
+        code = drill.wait(timeout=60)
+    finally:
+        if drill.poll() is None:
+            os.killpg(drill.pid, signal.SIGKILL)
+            drill.wait()
+    assert code == 1
+    assert not [ns for ns in list_namespaces() if ns.startswith(f"psgd{drill.pid}")]
+    assert not tagged_processes(tag)
