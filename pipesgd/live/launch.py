@@ -83,11 +83,25 @@ def log_start(logger: logging.Logger) -> None:
     attempt = replica_attempt()
     if attempt is None or _imported_at is None:
         return
-    if ENV_SPAWNED not in os.environ:  # a torchrun job's worker: torchrun started it, at a time not passed on
+    # a torchrun job's worker: torchrun started it, at a time only the kernel knows (its imports are
+    # done when run_here starts, after Hydra composed the config)
+    started = float(os.environ[ENV_SPAWNED]) if ENV_SPAWNED in os.environ else process_started()
+    if started is None:
         logger.info("replica group %d restart %d pid %d: a torchrun job's worker", *attempt, os.getpid())
         return
     logger.info("replica group %d restart %d pid %d: process started at %.3f, imports done at %.3f (unix s)",
-                *attempt, os.getpid(), float(os.environ.get(ENV_SPAWNED, "nan")), _imported_at)
+                *attempt, os.getpid(), started, _imported_at)
+
+
+def process_started() -> float | None:
+    """When this process was started (unix seconds, to a clock tick), from the kernel's count of
+    ticks since boot (/proc/self/stat's field 22) against /proc/uptime; None off Linux."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def settings(live: Mapping[str, object]) -> tuple[LighthouseOptions, LiveOptions]:

@@ -99,11 +99,29 @@ def test_a_run_whose_fault_never_fired_is_a_failed_cell(tmp_path):
     (["dist.nproc=3"], "the drill sets seed, trainer.mode, dist.nproc"),
     (["trainer.log_every=5"], "the drill sets"),
     (["--seeds", "a"], "--seeds: 'a' is not"),
+    (["--rate", "1gbit"], "--rate: '1gbit' applies to --launcher torchrun only"),
+    (["--launcher", "torchrun", "trainer.live.host=10.0.0.1"], "--launcher torchrun the drill sets trainer.live"),
+    (["--launcher", "torchrun", "--rate", "1gbps"], "argument --rate: '1gbps'"),
 ])
 def test_bad_arguments_are_refused_naming_them(argv, message, capsys):
     with pytest.raises(SystemExit):
         live_drill.parse(argv)
     assert message in capsys.readouterr().err
+
+
+def test_the_torchrun_launcher_refuses_without_root(monkeypatch, capsys):
+    monkeypatch.setattr(live_drill.live_drill_torchrun.os, "geteuid", lambda: 1000)
+    with pytest.raises(SystemExit):
+        live_drill.parse(["--launcher", "torchrun"])
+    assert "argument --launcher: torchrun runs the groups on emulated nodes" in capsys.readouterr().err
+
+
+def test_the_lighthouse_keys_go_to_the_lighthouse_under_torchrun():
+    options, group = live_drill.live_drill_torchrun.split_overrides(
+        ["trainer.live.min_replicas=2", "trainer.live.join_timeout_ms=500", "+trainer.live.quorum_tick_ms=10",
+         "data.root=/d"])
+    assert options == ["--min-replicas", "2", "--join-timeout-ms", "500", "--quorum-tick-ms", "10"]
+    assert group == ["trainer.live.min_replicas=2", "data.root=/d"]  # a group refuses the lighthouse's own keys
 
 
 def test_a_survivor_that_healed_from_a_peer_got_back_the_update_it_failed():

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from omegaconf import OmegaConf
@@ -22,6 +23,7 @@ from pipesgd.faults import Faults
 from pipesgd.live import launch as live_launch
 from pipesgd.live.options import (ENV_LIGHTHOUSE, ENV_REPLICA, ENV_REPLICAS, ENV_RESTART, ENV_RUN_ID, ENV_SPAWNED,
                                   options_from_env, replica_attempt, replica_shard)
+from pipesgd.tools.bench.live_drill import _STARTED
 from runs import ROOT
 from test_config import composed
 
@@ -111,6 +113,15 @@ def test_a_group_that_cannot_find_its_run_is_refused_before_it_trains(torchrun, 
     assert message in str(err.value)
 
 
+def test_a_process_knows_when_it_was_started_from_the_kernel():
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", "from pipesgd.live.launch import process_started; "
+                          "print(process_started())"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    after = time.time()
+    started = float(out.stdout)
+    assert before - 0.05 <= started <= after  # a clock tick's resolution, either side of the fork
+
+
 def test_without_torchrun_the_launcher_numbers_the_groups_itself():
     with pytest.raises(ConfigError, match=r"trainer.live.lighthouse='http://10.1.2.3:29510' is for a replica group "
                                           r"started on its own \(torchrun\)"):
@@ -123,21 +134,29 @@ def test_a_group_runs_here_in_its_own_directory_with_its_own_log(torchrun, tmp_p
     hydra_log = logging.FileHandler(tmp_path / "train.log")  # as Hydra's, in the run directory
     root = logging.getLogger()
     root.addHandler(hydra_log)
+    level = root.level
+    root.setLevel(logging.INFO)  # as pipesgd.train's logging
     seen = {}
 
     def group(cont, run_dir):
         seen.update(run_dir=run_dir, replica=os.environ[ENV_REPLICA], run_id=os.environ[ENV_RUN_ID])
         logging.getLogger("pipesgd.test").warning("group 0 trains")
+        live_launch.log_start(logging.getLogger("pipesgd.test"))
         (tmp_path / "replica_0" / "summary.json").write_text(json.dumps({"steps": 3}))
 
     try:
         summary = live_launch.run(group, (container, str(tmp_path)), nproc=4, max_restarts=3)
     finally:
+        root.setLevel(level)
         root.removeHandler(hydra_log)
         hydra_log.close()
     assert seen == {"run_dir": str(tmp_path / "replica_0"), "replica": "0", "run_id": "exp7"}
     assert "group 0 trains" in (tmp_path / "replica_0" / "train.log").read_text()
     assert "group 0 trains" not in (tmp_path / "train.log").read_text()
+    # torchrun passes no start time on: the worker's comes from the kernel, in the line the live drill reads
+    started = _STARTED.search((tmp_path / "replica_0" / "train.log").read_text())
+    assert started and (started[1], started[2], started[3]) == ("0", "0", str(os.getpid()))
+    assert float(started[4]) < float(started[5]) <= time.time()
     assert summary == tmp_path / "replica_0" / "summary.json"
     assert json.loads((tmp_path / "summary.json").read_text()) == {"steps": 3}  # group 0's, as the launcher copies
 

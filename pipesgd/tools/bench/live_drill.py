@@ -22,8 +22,13 @@ imports were done, whether every group ends with the same weights (``param_check
 final accuracy against an uninterrupted live run of the same seed (``--reference``). Writes
 ``--json`` (with the overrides, commit and host fingerprint) and prints a table.
 
-Loopback only: the groups of a live run start under the local live launcher; running them under
-torchrun on the emulated nodes is not supported by the live mode yet.
+``--launcher local`` (the default) runs the groups under the local live launcher, on loopback.
+``--launcher torchrun`` (root only) runs them on an emulated cluster of R nodes (``--rate``, default
+1gbit): the lighthouse in node 0's namespace, each group its own torchrun job (``--max-restarts 1``)
+on its own node, ``PIPESGD_FAULT`` set for group R-1's job only (:mod:`.live_drill_torchrun`); the
+groups write the same ``replica_<r>`` logs and summaries, read by the same analysis, and the
+cluster is torn down however the run ends. A returning torchrun worker takes its process's start
+from the kernel (torchrun passes none on).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from pipesgd.live.launch import replica_dir
 from pipesgd.runinfo import git_commit
 from pipesgd.tools.emulate.drill import STEP, Log, stamp
 
+from . import live_drill_torchrun
 from .runner import (CellFailed, Stopped, check_seeds_and_overrides, recorded, run_logged, save,
                      stop_on_signals)
 
@@ -92,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", type=Path, default=ROOT / "outputs" / "live_drill", help="run directories")
     p.add_argument("--json", type=Path, default=None, help="the result (default <dir>/live_drill.json)")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per run (default 1800)")
+    p.add_argument("--launcher", default="local", choices=("local", "torchrun"),
+                   help="local: the live launcher on loopback (default); torchrun: each group a torchrun job on "
+                        "its own emulated node, the lighthouse on node 0 (root only)")
+    p.add_argument("--rate", default=None, help="with --launcher torchrun: every node's link rate (default 1gbit)")
     return p
 
 
@@ -108,17 +118,40 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     owned = [o for o in a.overrides if o.split("=", 1)[0].lstrip("+~") in OWNED]
     if owned:
         parser.error(f"override(s) {owned}: the drill sets {', '.join(OWNED)} itself (--seeds, --replicas)")
+    if a.launcher == "torchrun":
+        a.rate = a.rate or "1gbit"
+        live_drill_torchrun.check(parser, a)
+    elif a.rate is not None:
+        parser.error(f"argument --rate: {a.rate!r} applies to --launcher torchrun only (the local launcher runs on "
+                     "loopback)")
     a.json = a.json or a.dir / "live_drill.json"
     return a
 
 
-def _command(a: argparse.Namespace, seed: int, run_dir: Path) -> list[str]:
+def _train_args(a: argparse.Namespace, seed: int, run_dir: Path) -> list[str]:
     # one torch thread per group unless an override says otherwise: R groups on one host, each a lone
     # process, would otherwise each take every core (pipesgd.train's default for a world of one)
-    return [sys.executable, "-m", "pipesgd.train", *WORKLOADS[a.workload], "dist.threads_per_worker=1",
-            *a.overrides, f"seed={seed}",
-            "trainer.mode=live", f"dist.nproc={a.replicas}", "dist.max_restarts=1", "trainer.log_every=1",
-            f"hydra.run.dir={run_dir}"]
+    return [*WORKLOADS[a.workload], "dist.threads_per_worker=1", *a.overrides, f"seed={seed}",
+            "trainer.log_every=1", f"hydra.run.dir={run_dir}"]
+
+
+def _command(a: argparse.Namespace, seed: int, run_dir: Path) -> list[str]:
+    """The local launcher's live job (``--launcher local``)."""
+    return [sys.executable, "-m", "pipesgd.train", *_train_args(a, seed, run_dir), "trainer.mode=live",
+            f"dist.nproc={a.replicas}", "dist.max_restarts=1"]
+
+
+def _run(a: argparse.Namespace, seed: int, run_dir: Path, fault: str, watch=None) -> None:
+    """The live job of ``seed`` into ``run_dir`` under ``--launcher``, ``PIPESGD_FAULT=fault``."""
+    if a.launcher == "torchrun":
+        log.info("$ PIPESGD_FAULT=%s (group %d) torchrun ... -m pipesgd.train %s (log %s.node*.log)", fault,
+                 a.replicas - 1, recorded(_train_args(a, seed, run_dir)), run_dir)
+        live_drill_torchrun.run_groups(_train_args(a, seed, run_dir), a.replicas, run_dir, a.rate, fault,
+                                       a.timeout_s, watch)
+        return
+    cmd = _command(a, seed, run_dir)
+    log.info("$ PIPESGD_FAULT=%s %s", fault, recorded(cmd))
+    run_logged(cmd, run_dir.parent / f"{run_dir.name}.log", a.timeout_s, env={"PIPESGD_FAULT": fault}, watch=watch)
 
 
 class _StopThenSignal:
@@ -155,14 +188,20 @@ def _stopped(pid: int) -> bool:
 
 
 def _overrides_digest(a: argparse.Namespace) -> str:
-    return hashlib.sha256("\0".join(a.overrides).encode()).hexdigest()[:8]
+    # the launcher and its link rate are part of the digest: a torchrun drill never reuses a local one's runs
+    parts = a.overrides if a.launcher == "local" else [*a.overrides, f"--launcher={a.launcher}", f"--rate={a.rate}"]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
 
 
 def drill_dir(a: argparse.Namespace, seed: int) -> Path:
     """The faulted run's directory: named by the fault, the group count, the overrides' digest and
     the seed, so drills with other overrides (``trainer.live.timeout_s=2``) never share one."""
     stop = f"-{a.after_stop}" if a.fault == "stop" else ""
-    return (a.dir / f"{a.workload}-{a.fault}{stop}-r{a.replicas}-{_overrides_digest(a)}-s{seed}").resolve()
+    return (a.dir / f"{a.workload}{_tag(a)}-{a.fault}{stop}-r{a.replicas}-{_overrides_digest(a)}-s{seed}").resolve()
+
+
+def _tag(a: argparse.Namespace) -> str:
+    return "" if a.launcher == "local" else f"-{a.launcher}"
 
 
 def run_drill(a: argparse.Namespace, seed: int) -> tuple[Path, float | None]:
@@ -170,29 +209,24 @@ def run_drill(a: argparse.Namespace, seed: int) -> tuple[Path, float | None]:
     removed: resuming its checkpoints would not be the drill); returns its directory and when a
     stopped group was signalled."""
     run_dir = drill_dir(a, seed)
-    name = run_dir.name
     if run_dir.exists():
         log.info("removing the previous drill's %s: a drill starts from scratch", run_dir)
         shutil.rmtree(run_dir)
-    cmd = _command(a, seed, run_dir)
     fault = f"{a.fault}:{a.replicas - 1}:{a.at_step}"
-    log.info("$ PIPESGD_FAULT=%s %s", fault, recorded(cmd))
     watch = None
     if a.fault == "stop":
         sig = signal.SIGCONT if a.after_stop == "cont" else signal.SIGKILL
         watch = _StopThenSignal(replica_dir(run_dir, a.replicas - 1) / "train.log", a.stop_s, sig, a.timeout_s)
-    run_logged(cmd, run_dir.parent / f"{name}.log", a.timeout_s, env={"PIPESGD_FAULT": fault}, watch=watch)
+    _run(a, seed, run_dir, fault, watch)
     return run_dir, watch.resumed_at if watch is not None else None
 
 
 def run_reference(a: argparse.Namespace, seed: int) -> Path:
     """The uninterrupted run of ``seed``, kept and reused by any drill of the same workload, group
     count and overrides (their digest is in the directory's name)."""
-    run_dir = (a.dir / f"{a.workload}-reference-r{a.replicas}-{_overrides_digest(a)}-s{seed}").resolve()
+    run_dir = (a.dir / f"{a.workload}{_tag(a)}-reference-r{a.replicas}-{_overrides_digest(a)}-s{seed}").resolve()
     if not (run_dir / "summary.json").exists():
-        cmd = _command(a, seed, run_dir)
-        log.info("$ %s", recorded(cmd))
-        run_logged(cmd, run_dir.parent / f"{run_dir.name}.log", a.timeout_s, env={"PIPESGD_FAULT": ""})
+        _run(a, seed, run_dir, "")
     return run_dir
 
 
@@ -303,7 +337,7 @@ def analyse(run_dir: Path, replicas: int, resumed_at: float | None) -> dict:
 
 
 def result(a: argparse.Namespace, rows: list[dict]) -> dict:
-    return {"workload": a.workload, "overrides": [*WORKLOADS[a.workload], *a.overrides], "replicas": a.replicas,
+    return {"workload": a.workload, "launcher": a.launcher, "rate": a.rate, "overrides": [*WORKLOADS[a.workload], *a.overrides], "replicas": a.replicas,
             "fault": a.fault, "at_step": a.at_step, "stop_s": a.stop_s if a.fault == "stop" else None,
             "after_stop": a.after_stop if a.fault == "stop" else None, "seeds": a.seeds,
             "runs": rows, "commit": git_commit(), "host": fingerprint(), "loadavg": list(os.getloadavg()),
