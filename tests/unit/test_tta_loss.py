@@ -52,3 +52,54 @@ def test_a_curve_record_keeps_the_recipes_metric():
     assert rec["curve"] == [[150, 2.4], [300, 1.9]] and "final_test_accuracy" not in rec
     acc = records.curve_record("sync", 0, ARMS["sync"], "resnet_cifar_tta", summary, [])
     assert acc["final_test_accuracy"] == 50.0 and acc["curve"] == [[150, 40.0], [300, 50.0]]
+
+
+def test_another_recipes_study_writes_its_own_result_never_the_resnet_studys():
+    from pipesgd.tools.bench.tta import parse
+
+    gpt = parse(["--recipe", "gpt_shakespeare", "--phase", "report"])
+    assert gpt.json.name == "time-to-target-gpt_shakespeare.json" and gpt.plot.name == "time-to-target-gpt_shakespeare.png"
+    resnet = parse(["--phase", "report"])
+    assert resnet.json.name == "time-to-accuracy.json" and resnet.plot.name == "time-to-accuracy.png"
+    assert parse(["--phase", "report", "--json", "x.json", "--plot", ""]).json.name == "x.json"
+
+
+def test_a_report_without_timing_plots_the_loss_against_the_step(tmp_path):
+    """The committed GPT curves (docs/gpt-runs/) before any timing exists: the report still writes
+    its JSON (target: sync's final + 1 %) and a plot against the step."""
+    import json
+    from pathlib import Path
+
+    from pipesgd.tools.bench.tta import main
+
+    runs = Path(__file__).resolve().parents[2] / "docs" / "gpt-runs"
+    out, png = tmp_path / "gpt.json", tmp_path / "img" / "gpt.png"
+    assert main(["--recipe", "gpt_shakespeare", "--phase", "report", "--records", str(runs), "--seeds", "0",
+                 "--arms", "sync,pipe+lookahead", "--dir", str(tmp_path / "none"), "--json", str(out),
+                 "--plot", str(png)]) == 0
+    result = json.loads(out.read_text())
+    sync = json.loads((runs / "sync-s0.json").read_text())["final_test_loss"]
+    assert result["metric"]["key"] == "test_loss" and result["links"] == {}
+    assert result["target_accuracy"] == pytest.approx(sync * 1.01)
+    assert png.stat().st_size > 10_000
+    # the goals judge the loss by its own rule: pipe + lookahead within 1 % of sync (relative)
+    lookahead = json.loads((runs / "pipe+lookahead-s0.json").read_text())["final_test_loss"]
+    goal = next(g for g in result["goals"] if g["goal"] == "loss pipe+lookahead")
+    assert goal["value"] == pytest.approx(lookahead / sync - 1) and goal["met"] == (lookahead <= sync * 1.01)
+    assert [g["goal"] for g in result["goals"] if g["goal"].startswith("speed")] == ["speed 50mbit"]
+    assert not any(g["goal"].startswith("accuracy") for g in result["goals"])
+
+
+def test_the_loss_studys_table_and_goals_speak_its_metric():
+    runs = [{"name": "sync", "seed": 0, "complete": True, "curve": CURVE, "final_test_loss": 1.9},
+            {"name": "sync", "seed": 1, "complete": True, "curve": CURVE, "final_test_loss": 2.1},
+            {"name": "pipe+lookahead-int8", "seed": 0, "complete": True, "curve": CURVE, "final_test_loss": 2.03}]
+    result = {"metric": {"key": "test_loss", "lower_is_better": True, "unit": "nats"}, "target_accuracy": 2.02,
+              "arms": runs, "links": {}, "targets": {"target": 2.02}}
+    table = compose.table(result)
+    assert "final test loss" in table and "| sync | 2 | 2.0000 ± 0.1000 | 200 |" in table, table
+    goals = {g["goal"]: g for g in compose.goals(result)}
+    assert goals["loss pipe+lookahead-int8"]["value"] == pytest.approx(0.015)
+    assert goals["loss pipe+lookahead-int8"]["met"] is False  # 1.5 % above sync's mean: not the same loss
+    assert goals["loss pipe+lookahead"]["met"] is None
+    assert "+1.50 % vs sync" in compose.goals_table(list(goals.values()))

@@ -150,3 +150,22 @@ def test_the_report_uses_records_and_lists_what_it_did_not_use(tmp_path):
     assert [(x["name"], x["complete"]) for x in result["arms"]] == [("sync", True), ("pipe+lookahead", False),
                                                                     ("pipe", False)]
     assert result["arms"][1]["final_test_accuracy"] is None
+
+
+def test_a_config_keeping_a_keys_removed_alias_beside_it_is_still_one_recipe():
+    """Runs of a commit whose config kept ``trainer.staleness`` beside the ``staleness`` group: an
+    arm's ``staleness=...`` sets both, so neither makes two arms different recipes."""
+    from pipesgd.tools.bench.tta_records import usable_curves
+
+    def rec(arm, rule, overrides):
+        config = {"seed": 0, "trainer": {"mode": "pipe", "staleness": rule}, "staleness": {"_target_": rule},
+                  "optim": {"lr": 0.1}}
+        return {"arm": arm, "seed": 0, "complete": True, "config": config, "arm_overrides": overrides,
+                "world_size": 2}
+
+    one, other = rec("a", "none", ["staleness=none"]), rec("b", "lookahead", ["staleness=lookahead"])
+    used, _ = usable_curves({("a", 0): one, ("b", 0): other})
+    assert len(used) == 2
+    other["config"]["optim"]["lr"] = 0.2
+    with pytest.raises(r.Refused, match="optim.lr"):
+        usable_curves({("a", 0): one, ("b", 0): other})

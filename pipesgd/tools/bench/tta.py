@@ -72,9 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bracket-steps", type=int, default=100, help="timed steps per bracket run (default 100)")
     p.add_argument("--recipe", default=RECIPE, help=f"conf/experiment name (default {RECIPE})")
     p.add_argument("--dir", type=Path, default=ROOT / "outputs" / "tta", help="run dirs and timing.json")
-    p.add_argument("--json", type=Path, default=ROOT / "docs" / "time-to-accuracy.json", help="the result")
-    p.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "time-to-accuracy.png",
-                   help="accuracy against wall-clock seconds on the first link ('' for none)")
+    p.add_argument("--json", type=Path, default=None,
+                   help="the result (default docs/time-to-accuracy.json; another --recipe: "
+                        "docs/time-to-target-<recipe>.json, so a study never overwrites another's)")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="the metric against wall-clock seconds on the first link, or against the step where "
+                        "no timing exists ('' for none; default docs/img/time-to-accuracy.png, another --recipe: "
+                        "docs/img/time-to-target-<recipe>.png)")
     p.add_argument("--timing", type=Path, default=None,
                    help="the timing records the report composes (default <dir>/timing.json)")
     p.add_argument("--steps", type=int, default=40, help="timed steps per timing run (default 40)")
@@ -100,6 +104,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     a = parser.parse_args(argv)
     a.phases = list(PHASES) if a.phase == "all" else _csv(a.phase)
     a.arms, a.links, a.validate_arms = _csv(a.arms), _csv(a.links), _csv(a.validate_arms)
+    stem = "time-to-accuracy" if a.recipe == RECIPE else f"time-to-target-{a.recipe}"
+    a.json = ROOT / "docs" / f"{stem}.json" if a.json is None else a.json
+    a.plot = ROOT / "docs" / "img" / f"{stem}.png" if a.plot is None else a.plot
     for name, values, allowed in (("--phase", a.phases, PHASES), ("--arms", a.arms, ARMS),
                                   ("--validate-arms", a.validate_arms, ARMS)):
         bad = [v for v in values if v not in allowed]

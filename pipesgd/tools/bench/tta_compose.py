@@ -60,6 +60,25 @@ class Metric:
         """How far ``value`` is past ``target`` in the better direction (negative: short of it)."""
         return target - value if self.lower_is_better else value - target
 
+    def gap(self, value: float, reference: float) -> float:
+        """``value`` against the reference arm's: accuracy in points (negative: worse); a
+        lower-is-better metric relative to the reference (positive: worse)."""
+        return (value - reference) / reference if self.lower_is_better else value - reference
+
+    @property
+    def same(self) -> float:
+        """The largest :meth:`gap` that still counts as "the same" (the headline target's rule)."""
+        return SAME_LOSS_REL if self.lower_is_better else -SAME_ACCURACY_PP
+
+    def is_same(self, value: float, reference: float) -> bool:
+        gap = self.gap(value, reference)
+        return gap <= self.same if self.lower_is_better else gap >= self.same
+
+    @property
+    def headline_slack(self) -> str:
+        """The name of the sweep's target that equals the headline rule."""
+        return f"slack {100 * SAME_LOSS_REL:g} %" if self.lower_is_better else f"slack {SAME_ACCURACY_PP:g}"
+
     def targets(self, finals: Sequence[float]) -> dict[str, float]:
         """The headline target from the reference (``sync``) runs' finals and the sweep around it:
         accuracy as :func:`targets_from`; a lower-is-better metric at ``mean * (1 + SAME_LOSS_REL)``,
@@ -75,6 +94,12 @@ class Metric:
 
 ACCURACY = Metric("test_accuracy", scale=100.0, unit="%")
 LOSS = Metric("test_loss", lower_is_better=True, unit="nats")
+
+
+def metric_of(result: Mapping) -> Metric:
+    """The metric a study's result was composed for (results from before the field: accuracy)."""
+    key = (result.get("metric") or {}).get("key", ACCURACY.key)
+    return next(m for m in (ACCURACY, LOSS) if m.key == key)
 
 
 def target_accuracy(finals: Sequence[float], slack_pp: float = SAME_ACCURACY_PP) -> float:
@@ -300,15 +325,15 @@ def crossings(curve: Sequence[Sequence[float]], targets: dict[str, float],
     return out
 
 
-def arm_summary(runs: Sequence[dict], target: float) -> list[dict]:
-    """Per arm, in first-seen order: seeds, mean final accuracy and half-range, steps to target."""
+def arm_summary(runs: Sequence[dict], target: float, metric: Metric = ACCURACY) -> list[dict]:
+    """Per arm, in first-seen order: seeds, mean final value of ``metric`` and half-range, steps to target."""
     by_arm: dict[str, list[dict]] = {}
     for r in runs:
         by_arm.setdefault(r["name"], []).append(r)
     rows = []
     for arm, rs in by_arm.items():
-        finals = [r["final_test_accuracy"] for r in rs]
-        hits = [steps_to(r["curve"], target) for r in rs]
+        finals = [r[f"final_{metric.key}"] for r in rs]
+        hits = [steps_to(r["curve"], target, metric) for r in rs]
         rows.append({"name": arm, "seeds": [r["seed"] for r in rs], "final_mean": statistics.fmean(finals),
                      "final_half_range": (max(finals) - min(finals)) / 2, "finals": finals,
                      "steps_to_target": _mean_or_none([None if h is None else h[0] for h in hits])})
@@ -317,7 +342,7 @@ def arm_summary(runs: Sequence[dict], target: float) -> list[dict]:
 
 def validation_row(arm: str, link: str, curve: Sequence[Sequence[float]], measured_elapsed: Sequence[float],
                    target: float | None, step_ms: float, eval_s: float, warmup_steps: int = 0,
-                   warmup_ms: float | None = None) -> dict:
+                   warmup_ms: float | None = None, metric: Metric = ACCURACY) -> dict:
     """Composed against measured seconds to ``target`` for a run timed end to end on ``link``:
     ``measured_elapsed[i]`` is the run's own clock at its ``i``-th evaluation (fit start to the
     end of that evaluation). ``target=None`` compares at the run's last evaluation instead (a
@@ -325,7 +350,7 @@ def validation_row(arm: str, link: str, curve: Sequence[Sequence[float]], measur
     if target is None:
         hit = (int(curve[-1][0]), len(curve)) if curve else None
     else:
-        hit = steps_to(curve, target)
+        hit = steps_to(curve, target, metric)
     composed = None if hit is None else train_seconds(hit[0], step_ms, warmup_steps, warmup_ms) + hit[1] * eval_s
     measured = None if hit is None else measured_elapsed[hit[1] - 1]
     return {"arm": arm, "link": link, "at_step": None if hit is None else hit[0], "composed_s": composed,
@@ -339,18 +364,20 @@ def table(result: dict) -> str:
     link (``(tie)`` where the ratio's range over seeds and timing rounds includes 1.0,
     :func:`speedup_ranges`); then the pipe arms' speedup over the fastest DDP arm for every target
     of the sweep. ``±`` is half the range of the seeds' final accuracies."""
-    target = result["target_accuracy"]
+    target, metric = result["target_accuracy"], metric_of(result)
     links = list(result["links"])
-    head = ["arm", "seeds", "final test acc %", f"steps to {target:.2f} %"]
+    head = ["arm", "seeds", "final test acc %", f"steps to {target:.2f} %"] if metric is ACCURACY else \
+        ["arm", "seeds", f"final {metric.key.replace('_', ' ')}", f"steps to {target:.4f}"]
     for link in links:
         head += [f"ms/step {link}", f"time to target {link}", f"vs sync / best DDP {link}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     finished = [r for r in result["arms"] if r.get("complete", True)]
-    for row in arm_summary(finished, target):
+    digits = 4 if metric.lower_is_better else 2
+    for row in arm_summary(finished, target, metric):
         arm = row["name"]
-        spread = f" ± {row['final_half_range']:.2f}" if len(row["seeds"]) > 1 else ""
+        spread = f" ± {row['final_half_range']:.{digits}f}" if len(row["seeds"]) > 1 else ""
         steps = row["steps_to_target"]
-        cells = [arm, str(len(row["seeds"])), f"{row['final_mean']:.2f}{spread}",
+        cells = [arm, str(len(row["seeds"])), f"{row['final_mean']:.{digits}f}{spread}",
                  "not reached" if steps is None else f"{steps:.0f}"]
         for link in links:
             block = result["links"][link]
@@ -416,6 +443,8 @@ def accounting_table(result: dict) -> str:
 
 
 SPEED_GOALS = {"100mbit": 1.15, "50mbit": 1.35}
+LOSS_SPEED_GOALS = {"50mbit": 1.15}
+"""A lower-is-better study's speed goal (issue 46's GPT: the best pipe arm 1.15x sooner at 50 Mbit/s)."""
 """The study's speed goal per link: the best pipe arm reaches every target of the sweep this many times
 sooner than the best DDP arm, or, where compute alone is not that much faster than the best DDP arm
 (physics caps the speedup), captures :data:`CAPTURE_GOAL` of the per-step gain compute alone allows."""
@@ -436,11 +465,11 @@ def steady_window(row: dict) -> bool:
     return (window.get("first") or 0) >= STEADY_WINDOW and (window.get("steps") or 0) >= STEADY_WINDOW
 
 
-def _final_means(arms: Sequence[dict]) -> dict[str, float]:
+def _final_means(arms: Sequence[dict], metric: Metric = ACCURACY) -> dict[str, float]:
     by_arm: dict[str, list[float]] = {}
     for r in arms:
-        if r.get("complete", True) and r.get("final_test_accuracy") is not None:
-            by_arm.setdefault(r["name"], []).append(r["final_test_accuracy"])
+        if r.get("complete", True) and r.get(f"final_{metric.key}") is not None:
+            by_arm.setdefault(r["name"], []).append(r[f"final_{metric.key}"])
     return {arm: statistics.fmean(v) for arm, v in by_arm.items()}
 
 
@@ -475,11 +504,11 @@ def _speed_goal(link: str, block: dict, threshold: float, eligible: list[str], s
                   "why": "" if worst is not None else "some target of the sweep has no priced pipe or DDP arm"}
 
 
-def _goal_arm(goal: dict) -> str | None:
+def _goal_arm(goal: dict, metric: Metric = ACCURACY) -> str | None:
     """The pipe arm a speed goal rests on: the best capturer, or the best arm at the headline slack."""
     if goal.get("applies") == "capture":
         return goal.get("arm")
-    at = (goal.get("per_slack") or {}).get(f"slack {SAME_ACCURACY_PP:g}")
+    at = (goal.get("per_slack") or {}).get(metric.headline_slack)
     return at["arm"] if at else None
 
 
@@ -493,23 +522,28 @@ def goals(result: dict, speed_goals: dict[str, float] | None = None) -> list[dic
     accuracy against ``sync``'s. Validation: every validation row of ``sync`` and the headline arm
     (the speed goal's arm on the first link) within :data:`VALIDATION_GOAL`; only its steady-window
     rows (:func:`steady_window`) where it has any, the others listed under ``left_out``."""
-    speed_goals = SPEED_GOALS if speed_goals is None else speed_goals
-    means = _final_means(result.get("arms", []))
+    metric = metric_of(result)
+    if speed_goals is None:
+        speed_goals = LOSS_SPEED_GOALS if metric.lower_is_better else SPEED_GOALS
+    means = _final_means(result.get("arms", []), metric)
     sync = means.get("sync")
     eligible = [arm for arm in means if arm.startswith("pipe") and sync is not None
-                and means[arm] >= sync - SAME_ACCURACY_PP]
+                and metric.is_same(means[arm], sync)]
     slacks = [n for n in result.get("targets", {}) if n.startswith("slack")]
     out = []
     for link, threshold in speed_goals.items():
         block = result.get("links", {}).get(link)
         out.append({"goal": f"speed {link}", "link": link, "threshold": threshold, "met": None,
                     "why": "link not timed"} if block is None else _speed_goal(link, block, threshold, eligible, slacks))
-    for arm in COMPRESSED_PIPE_ARMS:
-        diff = None if sync is None or arm not in means else means[arm] - sync
-        out.append({"goal": f"accuracy {arm}", "arm": arm, "threshold_pp": -SAME_ACCURACY_PP, "value": diff,
-                    "met": None if diff is None else diff >= -SAME_ACCURACY_PP,
-                    "why": "" if diff is not None else "no finished run of it and sync"})
-    headline = next((_goal_arm(g) for g in out if g["goal"].startswith("speed") and _goal_arm(g)), None)
+    # a lower-is-better study also holds its default pipe arm (the recipe's rule) to sync's value
+    for arm in (("pipe+lookahead",) if metric.lower_is_better else ()) + COMPRESSED_PIPE_ARMS:
+        diff = None if sync is None or arm not in means else metric.gap(means[arm], sync)
+        row = {"goal": f"{'loss' if metric.lower_is_better else 'accuracy'} {arm}", "arm": arm, "value": diff,
+               "met": None if diff is None else metric.is_same(means[arm], sync),
+               "why": "" if diff is not None else "no finished run of it and sync"}
+        out.append(row | ({"threshold_rel": metric.same} if metric.lower_is_better else {"threshold_pp": metric.same}))
+    headline = next((_goal_arm(g, metric) for g in out if g["goal"].startswith("speed") and _goal_arm(g, metric)),
+                    None)
     for arm in ("sync", headline):
         rows = [v for v in result.get("validation", []) if arm is not None and v["arm"] == arm
                 and v.get("rel_error") is not None]
@@ -541,6 +575,9 @@ def goals_table(rows: Sequence[dict]) -> str:
         elif g["goal"].startswith("accuracy"):
             value = "–" if g["value"] is None else f"{g['value']:+.2f} pp vs sync"
             needed = f"≥ {g['threshold_pp']:+.1f} pp"
+        elif g["goal"].startswith("loss"):
+            value = "–" if g["value"] is None else f"{100 * g['value']:+.2f} % vs sync"
+            needed = f"≤ {100 * g['threshold_rel']:+.1f} %"
         else:
             value = "–" if g["value"] is None else f"{100 * g['value']:+.1f} %"
             needed = f"within ±{100 * g['threshold']:.0f} %"

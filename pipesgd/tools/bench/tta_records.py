@@ -185,6 +185,7 @@ def usable_curves(records: Mapping[tuple[str, int], dict]) -> tuple[list[dict], 
     for i, one in enumerate(used):
         for other in used[i + 1:]:
             drop = override_keys(one["arm_overrides"]) | override_keys(other["arm_overrides"])
+            drop |= {alias for alias, name in RESPELLED.items() if name in drop}  # a config keeping both spellings
             diff = config_diff(recipe_config(one["config"], drop, one.get("world_size")),
                                recipe_config(other["config"], drop, other.get("world_size")))
             if diff:

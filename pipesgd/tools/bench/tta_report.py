@@ -196,7 +196,8 @@ def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[
 
         def composed(t: dict) -> dict:
             return compose.validation_row(arm, link, v["curve"], v["eval_elapsed_s"], None if limit else target,
-                                          t["step_ms"], t["eval_s"], warmup.get(arm, 0), t["warmup_ms"])
+                                          t["step_ms"], t["eval_s"], warmup.get(arm, 0), t["warmup_ms"],
+                                          metric_for(a.recipe))
         row = composed(own) | {"timing": timing, "step_ms": own["step_ms"], "warmup_ms": own["warmup_ms"],
                                "eval_s": own["eval_s"]}
         if timing == "bracket":  # which steps the bracket timed: the goal judges steady-state windows
@@ -294,6 +295,39 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path)
 
 
+def plot_steps(result: dict, path: Path) -> None:
+    """The metric against training step, every complete run (an arm's seeds in its colour), and
+    the target: the plot a study has before any timing prices its steps."""
+    from pipesgd.tools.report.figure import new_figure
+
+    metric = result["metric"]
+    fig = new_figure(7.5, 4.5)
+    ax = fig.add_subplot()
+    colours: dict[str, str] = {}
+    for run in result["arms"]:
+        if not run["complete"]:
+            continue
+        arm = run["name"]
+        label = None if arm in colours else arm
+        colours.setdefault(arm, f"C{len(colours) % 10}")
+        steps, values = zip(*run["curve"]) if run["curve"] else ((), ())
+        ax.plot(steps, values, color=colours[arm], label=label, lw=1.6 if arm.startswith("pipe") else 1.1,
+                alpha=0.9 if run["seed"] == 0 else 0.55)
+    target = result["target_accuracy"]
+    ax.axhline(target, color="0.4", ls="--", lw=0.8)
+    ax.text(0.01, target, f"target {target:.4g} {metric['unit']}".rstrip(), fontsize=8,
+            va="top" if metric["lower_is_better"] else "bottom", transform=ax.get_yaxis_transform())
+    finals = [v for r in result["arms"] if r["complete"] for _, v in r["curve"][-1:]]
+    if finals and metric["lower_is_better"]:  # the early evaluations would flatten the end, where arms differ
+        ax.set_ylim(min(finals + [target]) * 0.97, max(finals) * 1.6)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"{metric['key'].replace('_', ' ')} ({metric['unit']})" if metric["unit"] else metric["key"])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right" if metric["lower_is_better"] else "lower right")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+
+
 def report(a: argparse.Namespace) -> dict:
     used, unfinished = load_runs(a)
     for r in unfinished:
@@ -301,8 +335,8 @@ def report(a: argparse.Namespace) -> dict:
     result = build_result(a, used, unfinished, load_timing(a))
     a.json.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(a.json, result)
-    if str(a.plot) not in ("", ".") and result["links"]:
-        plot(result, a.plot)
+    if str(a.plot) not in ("", "."):  # priced by the timing if there is one, else against the step
+        (plot if result["links"] else plot_steps)(result, a.plot)
     print(compose.table(result))
     print(compose.accounting_table(result))
     print(compose.goals_table(result["goals"]))
