@@ -97,18 +97,22 @@ def _kill_left(procs: list[subprocess.Popen]) -> None:
 # powersgd: a reduction with state of its own (error feedback, the warm start), none of which the
 # heal carries: the healer's zeroed shares leave its (empty) residual alone, and its warm start
 # is its donor's from its first reduction on, computed from the summed values.
-@pytest.mark.parametrize("staleness, comm, compressor", [("none", "ring", "int8"), ("lookahead", "native", "none"),
-                                                         ("dc", "native", "none"), ("dga", "ring", "none"),
-                                                         ("none", "ring", "powersgd")])
+# topk (ratio 0.1) and int8 with error feedback: a residual of their own, and top-k's all_gather
+# of (index, value) pairs, in which the healer's zeroed share sends k zeros.
+@pytest.mark.parametrize("staleness, comm, compressor, options", [
+    ("none", "ring", "int8", None), ("lookahead", "native", "none", None), ("dc", "native", "none", None),
+    ("dga", "ring", "none", None), ("none", "ring", "powersgd", None), ("none", "ring", "topk", '{"ratio": 0.1}'),
+    ("none", "ring", "int8", '{"error_feedback": true}')])
 @pytest.mark.timeout(170)
 def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_identical(tmp_path, staleness, comm,
-                                                                                          compressor):
+                                                                                          compressor, options):
     procs: list[subprocess.Popen] = []
     lighthouse = Lighthouse(LighthouseOptions(heartbeat_timeout_ms=1000, join_timeout_ms=500))
+    compressing = ("--compressor", compressor) + (() if options is None else ("--compressor-options", options))
 
     def start(replica: int, out: Path, *extra: str) -> subprocess.Popen:
-        p = _replica(lighthouse, replica, out, tmp_path, "--staleness", staleness, "--comm", comm, "--compressor",
-                     compressor, "--check-every", "1", "--dc-adaptive", *extra)
+        p = _replica(lighthouse, replica, out, tmp_path, "--staleness", staleness, "--comm", comm, *compressing,
+                     "--check-every", "1", "--dc-adaptive", *extra)
         procs.append(p)
         return p
 
@@ -156,6 +160,10 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
     joint = [r for r in _records(b2) if r["applied"] and r["committed"] in donor and not r["perturbed"]]
     assert len(joint) >= 5 and all(r["consistent"] == donor[r["committed"]]["consistent"] for r in joint)
     assert all(r["q"] == donor[r["committed"]]["q"] for r in joint)  # PowerSGD's warm start (None for the others)
+    # Error feedback: the healer's residual is empty while its shares are zeroed (none of the donor's,
+    # none of its own pre-heal one), then its own from its first valid share on.
+    if compressor in ("powersgd", "topk") or options == '{"error_feedback": true}':
+        assert healer[0]["residual"] is None and healer[-1]["residual"] > 0, healer
     # Replica checks: passed together before the kill, none counted alone, none by the healer's
     # zeroed shares (its first two reductions), passed together again after the heal.
     checks = [r["checks"] for r in _records(a)]
