@@ -232,14 +232,16 @@ def _in_every_quorum(tmp_path: Path, steps: int, *extra: str) -> list[Path]:
 # ring/none against the reference the native allreduce meets above (so: bit-identical to live + native);
 # the others against the pipe engine with that allreduce and compressor, run on Gloo: ring/int8,
 # native/fp16 (a cast) and the tree, plain and with int8, ride the buffer; top-k (an all_gather),
-# PowerSGD (two dense allreduces, over the ring or the native one) and int8 with error feedback
-# reduce the gradient apart, with state kept from step to step. ``ratio``: what the compressor at
-# least divides the bytes sent by.
+# PowerSGD (two dense allreduces, over the ring, the native one or the tree) and int8 with error
+# feedback reduce the gradient apart, with state kept from step to step (each with comm=tree too;
+# top-k gathers whatever the comm, so there it checks only that the tree setting takes nothing
+# from it). ``ratio``: what the compressor at least divides the bytes sent by.
 @pytest.mark.parametrize("comm, compressor, options, ratio", [
     ("ring", "none", None, 1), ("ring", "int8", None, 1.9), ("native", "fp16", None, 1.9),
     ("tree", "none", None, 1), ("tree", "int8", None, 1.9),
     ("ring", "topk", '{"ratio": 0.1}', 1.9), ("ring", "powersgd", None, 1.3), ("native", "powersgd", None, 1.3),
-    ("ring", "int8", '{"error_feedback": true}', 1.9)])
+    ("ring", "int8", '{"error_feedback": true}', 1.9), ("tree", "topk", '{"ratio": 0.1}', 1.9),
+    ("tree", "powersgd", None, 1.3), ("tree", "int8", '{"error_feedback": true}', 1.9)])
 @pytest.mark.timeout(120)
 def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path, comm, compressor, options, ratio):
     """Two replica groups in every quorum, no fault, reducing with ``comm`` and ``compressor``
