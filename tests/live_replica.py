@@ -65,6 +65,14 @@ def warm_start_digest(engine: LiveEngine) -> str | None:
     return digest(torch.cat([x.reshape(-1) for x in engine.state_dict()["reduction"]["q"]]))
 
 
+def residual_sum(engine: LiveEngine) -> float | None:
+    """The sum of |residual| of this group's error feedback now; None where there is none yet (or
+    the reduction keeps none). Read, not waited for: a reduction swaps in a new residual whole."""
+    memory = getattr(engine.reduction, "memory", None)
+    residual = None if memory is None else memory.residual
+    return None if residual is None else float(residual.abs().sum())
+
+
 def replica_arguments() -> argparse.ArgumentParser:
     """The options every test replica group takes: where its run is, which group it is, where it writes."""
     p = argparse.ArgumentParser()
@@ -128,7 +136,7 @@ def main() -> None:
                                   "checks": engine.replica_checks, "perturbed": perturbed,
                                   "lr": optimizer.param_groups[0]["lr"], "digest": digest(weights),
                                   "consistent": digest(engine.consistent_params()),
-                                  "q": warm_start_digest(engine)}) + "\n")
+                                  "q": warm_start_digest(engine), "residual": residual_sum(engine)}) + "\n")
         engine.flush()
     except ReplicaMismatch as e:
         Path(f"{a.out}.mismatch").write_text(str(e))
