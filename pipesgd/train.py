@@ -276,7 +276,8 @@ def _prediction(cfg: DictConfig, width: int, model: torch.nn.Module, world_size:
     """The timing model's prediction for this run: what carries the mode's gradients, priced as the
     plugins declare (pipesgd.engine.ps puts the server on rank 0, a worker too)."""
     options = {"server_on_worker": get_mode(cfg.trainer.mode).server,
-               "per_node": cfg.comm.get("group_size") or pdist.env_int("LOCAL_WORLD_SIZE", world_size)}
+               "per_node": cfg.comm.get("group_size") or pdist.env_int("LOCAL_WORLD_SIZE", world_size),
+               "buffers": any(True for _ in model.buffers())}
     algorithm = algorithm_for(cfg.trainer.mode, cfg.comm.name)
     trainable = [p for p in model.parameters() if p.requires_grad]
     return Prediction(instantiate(cfg.timing), cfg.trainer.mode, algorithm, width,

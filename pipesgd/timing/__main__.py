@@ -123,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--calibration", metavar="FILE", help="JSON written by `calibrate`")
     pr.add_argument("--overlap-slowdown", type=_float_at_least(1),
                     help="how much slower compute runs while a reduction is in flight (default 1)")
+    _barrier_args(pr)
     pr.add_argument("--forward-fraction", type=_float_at_least(0, 1), default=1 / 3,
                     help="share of compute spent in forward (DDP overlap; default 1/3)")
     pr.add_argument("--iterations", type=_int_at_least(0), help="also print total seconds for T iterations")
@@ -165,7 +166,7 @@ def _resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
                 link=link, compute_s=compute_ms / 1e3, update_s=update_ms / 1e3, width=args.width,
                 compressors=args.compressor, compress_s_per_byte=kappas,
                 forward_fraction=args.forward_fraction, overlap_slowdown=slowdown, iterations=args.iterations,
-                per_node=args.per_node, intra=intra,
+                per_node=args.per_node, intra=intra, barrier_s=_barrier_s(args, cal), buffers=args.buffers,
                 bucket_cap_bytes=args.bucket_mb * 2**20 if args.bucket_mb > 0 else None,
                 first_bucket_bytes=min(DDP_FIRST_BUCKET_BYTES, args.bucket_mb * 2**20 or DDP_FIRST_BUCKET_BYTES))
 
@@ -233,6 +234,7 @@ def _add_map_parser(commands) -> None:
                     help="seconds per FLOP of PowerSGD's matmuls and QR (default: the calibration's, else 0: "
                     "not modelled)")
     mp.add_argument("--overlap-slowdown", type=_float_at_least(1), help="compute slowdown beside comm (default 1)")
+    _barrier_args(mp)
     mp.add_argument("--compress-s-per-byte", type=_arg(_kappa), action="append", default=[],
                     metavar="NAME=SECONDS", help="κ: compress+decompress cost per uncompressed byte")
     mp.add_argument("--arms", type=_arg(_arm_list), default=tuple(ARMS), metavar="ARM,...|all",
@@ -249,6 +251,18 @@ def _calibration(parser: argparse.ArgumentParser, path: str | None) -> dict:
         return load_calibration(path)
     except (OSError, ValueError) as e:
         parser.error(f"argument --calibration: {e}")
+
+
+def _barrier_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--barrier-ms", type=_float_at_least(0),
+                        help="what a blocking collective costs a step beyond its bytes (the ranks' jitter and "
+                        "its latency; default: the calibration's barrier_s, else 0: not modelled)")
+    parser.add_argument("--buffers", action="store_true",
+                        help="the model has buffers (BatchNorm statistics) broadcast every step: a barrier more")
+
+
+def _barrier_s(args: argparse.Namespace, cal: dict) -> float:
+    return args.barrier_ms / 1e3 if args.barrier_ms is not None else cal.get("barrier_s", 0.0)
 
 
 def _map_scenario(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Scenario, dict]:
@@ -315,7 +329,8 @@ def _map_scenario(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         scenario = Scenario(params, args.workers, link, compute_ms / 1e3, backward, update_ms / 1e3,
                             model.shapes if model else None, args.powersgd_rank, args.per_node, intra,
                             slowdown, kappas, powersgd_s_per_flop=args.powersgd_s_per_flop
-                            if args.powersgd_s_per_flop is not None else cal.get("powersgd_s_per_flop", 0.0))
+                            if args.powersgd_s_per_flop is not None else cal.get("powersgd_s_per_flop", 0.0),
+                            barrier_s=_barrier_s(args, cal), buffers=args.buffers)
     except ValueError as e:
         parser.error(str(e))
     return scenario, sources
@@ -332,7 +347,7 @@ def _map(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                   "backward_share": s.backward_share, "update_ms": s.update_s * 1e3, "per_node": s.per_node,
                   "intra_bandwidth_bit_s": s.intra.bits_per_second if s.intra else None,
                   "overlap_slowdown": s.overlap_slowdown, "powersgd_rank": s.powersgd_rank,
-                  "powersgd_bytes": s.powersgd_bytes_from, "powersgd_s_per_flop": s.powersgd_s_per_flop,
+                  "powersgd_bytes": s.powersgd_bytes_from, "powersgd_s_per_flop": s.powersgd_s_per_flop, "barrier_s": s.barrier_s, "buffers": s.buffers,
                   "sources": sources}
         print(json.dumps({"inputs": inputs, "rows": rows, "summary": summary}, indent=1))
         return 0

@@ -8,7 +8,9 @@ keys; ``predict --calibration FILE`` and ``conf/timing`` (``calibration: FILE``)
      "compute_ms": 172.0, "update_ms": 2.0}
 
 Optional keys, read when present: ``overlap_slowdown`` (>= 1: how much slower compute runs while a
-reduction is in flight on the same CPU), and ``model_params`` / ``batch_size`` (what ``compute_ms``
+reduction is in flight on the same CPU), ``barrier_s`` (what a blocking collective costs a step
+beyond its bytes: the ranks' jitter and its latency; :func:`pipesgd.timing.model.barriers_per_step`),
+``powersgd_s_per_flop`` (PowerSGD's compute), and ``model_params`` / ``batch_size`` (what ``compute_ms``
 was measured for: a training run of that model at that per-worker batch predicts from the
 calibrated compute time instead of its own). ``calibrate`` also writes what it measured on the way
 (``measurements``, ``workers``, ``model``, ...); readers ignore keys they do not know.
@@ -71,8 +73,10 @@ def load_calibration(path: str | Path) -> dict:
     for key in ("model_params", "batch_size"):
         if key in data and (isinstance(data[key], bool) or not isinstance(data[key], int) or data[key] < 1):
             raise ValueError(f"calibration file {path}: {key} must be an integer >= 1, got {data[key]!r}")
-    if "powersgd_s_per_flop" in data:  # optional: calibrations from before it do not price PowerSGD's compute
-        out["powersgd_s_per_flop"] = _number(path, "powersgd_s_per_flop", data["powersgd_s_per_flop"])
+    # optional: calibrations from before them price neither PowerSGD's compute nor the barriers
+    for key in ("powersgd_s_per_flop", "barrier_s"):
+        if key in data:
+            out[key] = _number(path, key, data[key])
     if "overlap_slowdown" in data:
         out["overlap_slowdown"] = _number(path, "overlap_slowdown", data["overlap_slowdown"])
         if out["overlap_slowdown"] < 1:
@@ -99,6 +103,7 @@ class TimingModel:
     compress_s_per_byte: Mapping[str, float] = field(default_factory=dict)
     overlap_slowdown: float = 1.0
     compute: CalibratedCompute | None = None
+    barrier_s: float = 0.0
 
     def calibrated_compute(self, model_params: int, batch_size: int) -> CalibratedCompute | None:
         """The calibrated compute if it was measured for exactly this model size and per-worker
@@ -111,33 +116,39 @@ class TimingModel:
     def __post_init__(self) -> None:
         if not (isinstance(self.overlap_slowdown, (int, float)) and self.overlap_slowdown >= 1):
             raise ValueError(f"overlap_slowdown must be >= 1 (1 = no interference), got {self.overlap_slowdown!r}")
+        if isinstance(self.barrier_s, bool) or not isinstance(self.barrier_s, (int, float)) \
+                or not math.isfinite(self.barrier_s) or self.barrier_s < 0:
+            raise ValueError(f"barrier_s must be a finite number >= 0, got {self.barrier_s!r}")
 
     def iter_ms(self, mode: str, algorithm: str, nbytes: float, p: int, compute_s: float,
                 update_s: float = 0.0, width: int = 2, ratio: float = 1.0, compressor: str = "none",
                 **options) -> float:
-        """:func:`predict_iter_ms` with this model's link, κ of ``compressor`` and slowdown.
+        """:func:`predict_iter_ms` with this model's link, κ of ``compressor``, slowdown and barrier.
 
         ``ratio`` should be the ratio the run measured (wire bytes / raw bytes from its comm stats);
         ``options`` go to :func:`predict_iter_ms` (``per_node``, ``server_on_worker``, ...).
         """
         kappa = self.compress_s_per_byte.get(compressor, 0.0)  # the model ignores κ when nothing is compressed
         return predict_iter_ms(mode, algorithm, nbytes, p, self.link, compute_s, update_s, width, ratio, kappa,
-                               overlap_slowdown=self.overlap_slowdown, **options)
+                               overlap_slowdown=self.overlap_slowdown, barrier_s=self.barrier_s, **options)
 
 
 def load_timing_model(bandwidth: str = DEFAULT_BANDWIDTH, latency: str = DEFAULT_LATENCY,
                       gamma_s_per_byte: float = 0.0,
-                      calibration: str | Path | None = None, overlap_slowdown: float = 1.0) -> TimingModel:
+                      calibration: str | Path | None = None, overlap_slowdown: float = 1.0,
+                      barrier_s: float = 0.0) -> TimingModel:
     """Build the model from ``conf/timing`` values. A ``calibration`` file, when given, supersedes
-    bandwidth, latency and gamma (it was measured; they are assumptions)."""
+    bandwidth, latency and gamma (it was measured; they are assumptions), and its slowdown and
+    barrier, when it has them, the configured ones."""
     if calibration is None:
         link = Link.from_bandwidth(parse_bandwidth(bandwidth), parse_latency(latency), gamma_s_per_byte)
-        return TimingModel(link, {}, overlap_slowdown)
+        return TimingModel(link, {}, overlap_slowdown, barrier_s=barrier_s)
     cal = load_calibration(calibration)
     link = Link(cal["alpha_s"], cal["beta_s_per_byte"], cal["gamma_s_per_byte"])
     compute = CalibratedCompute(cal["compute_ms"] / 1e3, cal["update_ms"] / 1e3, cal.get("model_params"),
                                 cal.get("batch_size"))
-    return TimingModel(link, cal["compress_s_per_byte"], cal.get("overlap_slowdown", overlap_slowdown), compute)
+    return TimingModel(link, cal["compress_s_per_byte"], cal.get("overlap_slowdown", overlap_slowdown), compute,
+                       cal.get("barrier_s", barrier_s))
 
 
 def load_measured_step(path: str | Path, model: str) -> tuple[ComputePreset, float]:

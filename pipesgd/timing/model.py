@@ -416,11 +416,44 @@ def _mode_algorithm(mode: str, algorithm: str) -> None:
         raise ValueError(f"mode {mode!r} needs algorithm in {allowed}, got {algorithm!r}")
 
 
+def barriers_per_step(mode: str, width: int, buffers: bool = False) -> int:
+    """Blocking collectives a step of ``mode`` waits at with compute since the one before: at each,
+    every rank waits for the slowest to arrive, so the ranks' step-to-step jitter (and the
+    collective's latency) is paid there, whatever its bytes (``barrier_s``, which ``calibrate``
+    measures as a step followed by an allreduce of one value, minus the step).
+
+    ``buffers``: the model has buffers (BatchNorm statistics) the mode broadcasts every step.
+    DDP broadcasts them before each forward (``broadcast_buffers``) and, at width 1, waits for its
+    gradient's buckets after backward: two barriers a step with buffers. A width-1 pipeline blocks
+    on its reduction (the buffers' broadcast rides the same sequence, with no compute between):
+    one. A pipeline of width >= 2 waits for a reduction its peers launched a step earlier (their
+    lag is absorbed) but for the buffers' broadcast of this step (pipe's ``step()``): one with
+    buffers, else none. ``local`` and the asynchronous server wait for nobody."""
+    row = get_mode(mode)
+    if row.overlap in ("none", "async"):
+        return 0
+    width = row.runs_at(width)
+    if row.overlap == "backward":
+        return int(buffers) + (width == 1)
+    return 1 if width == 1 else int(buffers)
+
+
 def _predict_s(mode: str, algorithm: str, nbytes: float, p: int, link: Link, compute_s: float,
-               update_s: float, width: int, ratio: float, kappa: float, *, forward_fraction: float,
-               overlap_slowdown: float, bucket_cap_bytes: float | None, first_bucket_bytes: float,
-               per_node: int, intra: Link | None, server_on_worker: bool = False) -> tuple[float, float]:
-    """(comm seconds, iteration seconds)."""
+               update_s: float, width: int, ratio: float, kappa: float, *, barrier_s: float = 0.0,
+               buffers: bool = False, **options) -> tuple[float, float]:
+    """(comm seconds, iteration seconds): the step's compute and communication, plus ``barrier_s``
+    at each of its :func:`barriers_per_step`."""
+    _check_nonneg("barrier_s", barrier_s)
+    comm, iter_s = _comm_and_step_s(mode, algorithm, nbytes, p, link, compute_s, update_s, width, ratio, kappa,
+                                    **options)
+    return comm, iter_s + (barrier_s * barriers_per_step(mode, width, buffers) if p > 1 else 0.0)
+
+
+def _comm_and_step_s(mode: str, algorithm: str, nbytes: float, p: int, link: Link, compute_s: float,
+                     update_s: float, width: int, ratio: float, kappa: float, *, forward_fraction: float,
+                     overlap_slowdown: float, bucket_cap_bytes: float | None, first_bucket_bytes: float,
+                     per_node: int, intra: Link | None, server_on_worker: bool = False) -> tuple[float, float]:
+    """(comm seconds, iteration seconds) without barriers."""
     _mode_algorithm(mode, algorithm)
     _check_nonneg("compress_s_per_byte", kappa)
     overlap = get_mode(mode).overlap
@@ -453,19 +486,22 @@ def predict_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link
                     compress_s_per_byte: float = 0.0, *, forward_fraction: float = 1 / 3,
                     overlap_slowdown: float = 1.0, bucket_cap_bytes: float | None = DDP_BUCKET_CAP_BYTES,
                     first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES, per_node: int = 1,
-                    intra: Link | None = None, server_on_worker: bool = False) -> float:
+                    intra: Link | None = None, server_on_worker: bool = False, barrier_s: float = 0.0,
+                    buffers: bool = False) -> float:
     """Predicted milliseconds per steady-state iteration: the one call a training run makes to log
     ``predicted_iter_ms`` next to its measured time. A mode whose reductions overlap backward
     (ddp) uses DDP's bucketing (``bucket_cap_bytes=None``: one bucket), and at a width its row
     offers (ddp at 2: the pipelined hook) Pipe-SGD's :func:`pipelined_time` over those buckets'
     reductions; server modes need
     ``algorithm="ps"`` (:func:`algorithm_for`); with ``server_on_worker`` the server shares a
-    worker's rank (p workers, p-1 remote push/pull pairs through its link)."""
+    worker's rank (p workers, p-1 remote push/pull pairs through its link). Each of the step's
+    :func:`barriers_per_step` (``buffers``: the model has buffers broadcast every step) adds
+    ``barrier_s``."""
     _, iter_s = _predict_s(mode, algorithm, nbytes, p, link, compute_s, update_s, width, ratio,
                            compress_s_per_byte, forward_fraction=forward_fraction,
                            overlap_slowdown=overlap_slowdown, bucket_cap_bytes=bucket_cap_bytes,
                            first_bucket_bytes=first_bucket_bytes, per_node=per_node, intra=intra,
-                           server_on_worker=server_on_worker)
+                           server_on_worker=server_on_worker, barrier_s=barrier_s, buffers=buffers)
     return iter_s * 1e3
 
 
@@ -519,21 +555,22 @@ def predict(numel: int, p: int, link: Link, compute_s: float, update_s: float = 
             *, forward_fraction: float = 1 / 3, overlap_slowdown: float = 1.0, iterations: int | None = None,
             per_node: int = 1, intra: Link | None = None,
             bucket_cap_bytes: float | None = DDP_BUCKET_CAP_BYTES,
-            first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES) -> list[dict]:
+            first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES, barrier_s: float = 0.0,
+            buffers: bool = False) -> list[dict]:
     """One row per (mode, algorithm, compressor) for an fp32 model of ``numel`` parameters.
 
     ``compressors``: names or instances (default: every registered compressor, with its defaults).
     Row keys: mode, width, algorithm, compressor, ratio, comm_ms, exposed_ms (iteration − compute −
     update), iter_ms, speedup_vs_sync (against sync/ring/none, the blocking fp32 ring) and, when
     ``iterations`` is given, total_s. A mode that lists its compressors (ddp: DDP's own
-    hooks) gets rows for those only.
+    hooks) gets rows for those only. ``barrier_s``, ``buffers``: as :func:`predict_iter_ms`.
     """
     comps = [_compressor(c) for c in (registry("compressor") if compressors is None else compressors)]
     kappas = dict(compress_s_per_byte or {})
     nbytes = FP32_BYTES * numel
     options = dict(forward_fraction=forward_fraction, overlap_slowdown=overlap_slowdown,
                    bucket_cap_bytes=bucket_cap_bytes, first_bucket_bytes=first_bucket_bytes,
-                   per_node=per_node, intra=intra)
+                   per_node=per_node, intra=intra, barrier_s=barrier_s, buffers=buffers)
     _, baseline = _predict_s("sync", "ring", nbytes, p, link, compute_s, update_s, 1, 1.0, 0.0, **options)
     rows = []
     for mode, algorithm, row_width in _plan(width, per_node, p):
@@ -548,8 +585,9 @@ def predict(numel: int, p: int, link: Link, compute_s: float, update_s: float = 
                    "exposed_ms": max(iter_s - compute_s - update_s, 0.0) * 1e3,
                    "iter_ms": iter_s * 1e3, "speedup_vs_sync": baseline / iter_s if iter_s else math.inf}
             if iterations is not None:
+                waits = iterations * barrier_s * barriers_per_step(mode, row_width, buffers) if p > 1 else 0.0
                 row["total_s"] = (total_time(mode, iterations, compute_s, comm, update_s, row_width,
-                                             forward_fraction, p=p, overlap_slowdown=overlap_slowdown)
+                                             forward_fraction, p=p, overlap_slowdown=overlap_slowdown) + waits
                                   if get_mode(mode).overlap != "backward" else iterations * iter_s)
             rows.append(row)
     return rows

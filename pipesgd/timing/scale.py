@@ -28,6 +28,7 @@ from .model import (
     DDP_FIRST_BUCKET_BYTES,
     FP32_BYTES,
     Link,
+    barriers_per_step,
     chunks_for,
     comm_time,
     compression_ratio,
@@ -146,6 +147,11 @@ class Scenario:
     compress_s_per_byte: Mapping[str, float] = field(default_factory=dict)
     powersgd_s_per_flop: float = 0.0
     """Seconds per FLOP of PowerSGD's compute (``calibrate`` measures it); 0: not modelled."""
+    barrier_s: float = 0.0
+    """What each blocking collective costs a step beyond its bytes (``calibrate`` measures it;
+    :func:`~pipesgd.timing.model.barriers_per_step`); 0: not modelled."""
+    buffers: bool = False
+    """The model has buffers (BatchNorm statistics) broadcast every step: one more barrier a step."""
     bucket_cap_bytes: float = DDP_BUCKET_CAP_BYTES
     first_bucket_bytes: float | None = None
     """DDP's first bucket (None: torch's default, 1 MiB or the cap if smaller; torch lifts it to the
@@ -162,7 +168,7 @@ class Scenario:
             raise ValueError(f"an intra-node link needs 1 < per_node < p (several nodes of several GPUs), got "
                              f"per_node={self.per_node}, p={self.p}; one node's fabric is the link itself")
         for name, value in (("compute_s", self.compute_s), ("update_s", self.update_s),
-                            ("powersgd_s_per_flop", self.powersgd_s_per_flop)):
+                            ("powersgd_s_per_flop", self.powersgd_s_per_flop), ("barrier_s", self.barrier_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -205,7 +211,7 @@ def _arm_ms(s: Scenario, arm: Arm, algorithm: str) -> tuple[float, float]:
         ratio = compression_ratio(comp, s.params, chunks_for(algorithm, s.p, options["per_node"]))
         kappa = s.compress_s_per_byte.get(arm.compressor, 0.0) if not comp.identity else 0.0
         return predict_iter_ms(arm.mode, algorithm, s.nbytes, s.p, s.link, s.compute_s, s.update_s, arm.width,
-                               ratio, kappa, **options), ratio
+                               ratio, kappa, barrier_s=s.barrier_s, buffers=s.buffers, **options), ratio
     # a DDP hook's own allreduces, one after another, and its compute between them
     sizes = ddp_buckets(s.nbytes, s.bucket_cap_bytes, options["first_bucket_bytes"])
     values = price[1](s.shapes, sizes, s.powersgd_rank)
@@ -214,11 +220,12 @@ def _arm_ms(s: Scenario, arm: Arm, algorithm: str) -> tuple[float, float]:
              for bucket in values]
     wire = sum(sum(bucket[:-1]) for bucket in values)
     ratio = s.params / wire if wire else math.inf
+    barriers = s.barrier_s * barriers_per_step(arm.mode, arm.width, s.buffers)
     if row.runs_at(arm.width) >= 2:  # DDP + pipelined(inner): Pipe-SGD width 2 over the buckets
-        return pipelined_time(s.compute_s, sum(comms), s.update_s, s.overlap_slowdown) * 1e3, ratio
+        return (pipelined_time(s.compute_s, sum(comms), s.update_s, s.overlap_slowdown) + barriers) * 1e3, ratio
     iter_s = ddp_iteration_time(s.compute_s, sizes, comms, s.update_s, options["forward_fraction"],
                                 s.overlap_slowdown)
-    return iter_s * 1e3, ratio
+    return (iter_s + barriers) * 1e3, ratio
 
 
 REFERENCE = next(iter(ALL_ARMS))

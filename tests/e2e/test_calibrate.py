@@ -34,6 +34,10 @@ def test_calibrate_on_two_gloo_ranks(tmp_path, capsys):
     assert set(cal["compress_s_per_byte"]) == {"fp16", "bf16", "int8"}
     assert all(v > 0 for v in cal["compress_s_per_byte"].values())
     assert cal["overlap_slowdown"] >= 1
+    # a step that ends at an allreduce of one value waits for the slower rank: >= 0, and each
+    # rank's synced step was measured
+    assert cal["barrier_s"] >= 0 and cal["barrier_s"] == max(0.0, cal["measurements"]["barrier_s_raw"])
+    assert all(r["synced_compute_ms"] > 0 for r in cal["measurements"]["per_rank"])
     # PowerSGD's compute per declared FLOP on the model's own shapes (the MLP's three weight matrices)
     assert cal["powersgd_s_per_flop"] > 0 and cal["powersgd_step_ms"] > 0 and cal["powersgd_rank"] == 2
     assert (cal["model_params"], cal["batch_size"], cal["workers"]) == (MODEL_PARAMS["mlp"], 8, 2)

@@ -187,6 +187,24 @@ def test_the_analysis_prices_powersgds_compute_from_the_calibration():
     assert analyse(_sweep(_predicted), SHAPES)["powersgd_compute"].startswith("NOT MODELLED")
 
 
+def test_the_analysis_prices_each_barrier_a_step_waits_at():
+    cal = _calibration(2, "100mbit")
+    plain = predict_arms(cal, RESNET20.params, 2, SHAPES, buffers=True)
+    priced = predict_arms(cal | {"barrier_s": 0.005}, RESNET20.params, 2, SHAPES, buffers=True)
+    # ResNet-20 has BatchNorm statistics: DDP waits at forward's broadcast and backward's buckets,
+    # sync at its reduction, pipe at the buffers' broadcast of its step; compute alone at nothing
+    assert priced["ddp"] - plain["ddp"] == pytest.approx(10.0)
+    assert priced["ddp-powersgd"] - plain["ddp-powersgd"] == pytest.approx(10.0)
+    assert priced["sync"] - plain["sync"] == pytest.approx(5.0)
+    assert priced["pipe-int8"] - plain["pipe-int8"] == pytest.approx(5.0)
+    assert priced["local"] == plain["local"]
+    without = predict_arms(cal | {"barrier_s": 0.005}, RESNET20.params, 2, SHAPES, buffers=False)
+    assert without["ddp"] - plain["ddp"] == pytest.approx(5.0) and without["pipe-int8"] == plain["pipe-int8"]
+    records = [{**r, "calibration": r["calibration"] | {"barrier_s": 0.005}} for r in _sweep(_predicted)]
+    assert analyse(records, SHAPES, buffers=True)["barriers"].startswith("each blocking collective")
+    assert analyse(_sweep(_predicted), SHAPES)["barriers"].startswith("NOT MODELLED")
+
+
 # --- the analysis -------------------------------------------------------------------------------------------
 
 

@@ -21,7 +21,8 @@ from pipesgd.timing.presets import (
     compute_preset,
 )
 from pipesgd.reduction.powersgd import ddp_traffic
-from pipesgd.timing.scale import ARMS, Scenario, arm_rows, summarize
+from pipesgd.timing.model import barriers_per_step
+from pipesgd.timing.scale import ALL_ARMS, ARMS, Scenario, arm_rows, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 _ARM_OF = {(mode, width, comp): arm for arm, (mode, width, comp) in ARMS.items()}
@@ -341,6 +342,30 @@ def test_map_cli_prices_powersgds_compute_from_the_calibration_or_the_flag(tmp_p
 
     (k_cal, ms_cal), (k_off, ms_off) = powersgd(), powersgd("--powersgd-s-per-flop", "0")
     assert (k_cal, k_off) == (2e-10, 0.0) and ms_cal > ms_off
+
+
+def test_the_map_adds_each_arms_barriers_from_the_calibration_or_the_flag(tmp_path, capsys):
+    """DDP + PowerSGD (a hook with allreduces of its own) waits at the same barriers as DDP: with
+    buffers, forward's broadcast and backward's buckets at width 1, the broadcast alone pipelined."""
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"alpha_s": 1e-4, "beta_s_per_byte": 8e-8, "gamma_s_per_byte": 0.0,
+                               "compress_s_per_byte": {}, "compute_ms": 100.0, "update_ms": 1.0,
+                               "barrier_s": 0.003}))
+
+    def rows(*extra):
+        assert main(["map", "--model", "resnet50", "--workers", "8", "--calibration", str(cal), "--json",
+                     "--arms", "all", *extra]) == 0
+        out = json.loads(capsys.readouterr().out)
+        return out["inputs"], {r["arm"]: r["iter_ms"] for r in out["rows"]}
+
+    (plain_in, plain), (cal_in, priced), (flag_in, flag) = rows("--barrier-ms", "0"), rows("--buffers"), \
+        rows("--buffers", "--barrier-ms", "1")
+    assert (plain_in["barrier_s"], cal_in["barrier_s"], flag_in["barrier_s"]) == (0.0, 0.003, 0.001)
+    assert cal_in["buffers"] and not plain_in["buffers"]
+    for arm, ms in priced.items():
+        n = barriers_per_step(ALL_ARMS[arm].mode, ALL_ARMS[arm].width, True)
+        assert ms == pytest.approx(plain[arm] + 3.0 * n) and flag[arm] == pytest.approx(plain[arm] + n), arm
+    assert priced["ddp-powersgd"] - plain["ddp-powersgd"] == pytest.approx(6.0)
 
 
 def test_the_gpt_recipes_model_is_a_preset_with_its_built_shapes():

@@ -31,6 +31,7 @@ from pipesgd.timing import (
     total_time,
 )
 from pipesgd.timing.__main__ import main
+from pipesgd.timing.model import barriers_per_step
 
 ROOT = Path(__file__).resolve().parents[2]
 M = 1_000_000.0  # bytes
@@ -406,3 +407,57 @@ def test_bad_calibration_key_is_named(capsys, tmp_path):
         main(["predict", "--params", "10", "--workers", "2", "--calibration", str(cal)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "beta_s_per_byte" in err and "cal.json" in err
+
+
+# --- barriers: what a blocking collective costs a step beyond its bytes ----------------------------
+
+
+@pytest.mark.parametrize("mode,width,buffers,expected", [
+    ("local", 1, True, 0), ("ps_async", 1, True, 0),
+    ("sync", 2, False, 1), ("sync", 2, True, 1),        # one blocking sequence a step, buffers in it
+    ("pipe", 1, True, 1), ("pipe", 2, False, 0), ("pipe", 2, True, 1), ("pipe", 4, True, 1),
+    ("ddp", 1, False, 1), ("ddp", 1, True, 2),          # forward's broadcast_buffers + backward's buckets
+    ("ddp", 2, False, 0), ("ddp", 2, True, 1),          # the pipelined hook: only the buffers' broadcast
+])
+def test_barriers_per_step_by_what_each_mode_waits_for(mode, width, buffers, expected):
+    assert barriers_per_step(mode, width, buffers) == expected
+
+
+def test_each_barrier_adds_barrier_s_to_the_step_and_one_worker_waits_for_nobody():
+    link = Link(A, B)
+    args = ("ring", 4 * M, 4, link, 0.1, 0.01)
+    for mode, width in (("sync", 1), ("pipe", 2), ("ddp", 1), ("ddp", 2), ("local", 1)):
+        plain = predict_iter_ms(mode, *args, width=width)
+        for buffers in (False, True):
+            got = predict_iter_ms(mode, *args, width=width, barrier_s=0.007, buffers=buffers)
+            assert got == pytest.approx(plain + 7.0 * barriers_per_step(mode, width, buffers)), (mode, width)
+    alone = ("ring", 4 * M, 1, link, 0.1, 0.01)
+    assert predict_iter_ms("sync", *alone, width=1, barrier_s=0.5) == predict_iter_ms("sync", *alone, width=1)
+    with pytest.raises(ValueError, match="barrier_s"):
+        predict_iter_ms("sync", *args, width=1, barrier_s=-1e-3)
+    rows = predict(1_000_000, 4, link, 0.1, 0.01, compressors=["none"], barrier_s=0.007, buffers=True,
+                   iterations=10)
+    plain = {(r["mode"], r["width"], r["algorithm"]): r for r in predict(1_000_000, 4, link, 0.1, 0.01,
+                                                                          compressors=["none"], iterations=10)}
+    for r in rows:
+        n = barriers_per_step(r["mode"], r["width"], True)
+        before = plain[(r["mode"], r["width"], r["algorithm"])]
+        assert r["iter_ms"] == pytest.approx(before["iter_ms"] + 7.0 * n)
+        assert r["total_s"] == pytest.approx(before["total_s"] + 10 * 0.007 * n)
+
+
+def test_a_calibrations_barrier_reaches_the_runs_prediction(tmp_path):
+    cal = {"alpha_s": A, "beta_s_per_byte": B, "gamma_s_per_byte": G, "compress_s_per_byte": {},
+           "compute_ms": 100.0, "update_ms": 1.0}
+    (tmp_path / "old.json").write_text(json.dumps(cal))
+    (tmp_path / "new.json").write_text(json.dumps(cal | {"barrier_s": 0.004}))
+    (tmp_path / "bad.json").write_text(json.dumps(cal | {"barrier_s": -0.004}))
+    assert load_timing_model(calibration=tmp_path / "old.json").barrier_s == 0.0  # from before it: not modelled
+    model = load_timing_model(calibration=tmp_path / "new.json")
+    assert model.barrier_s == 0.004
+    assert model.iter_ms("ddp", "native", 4 * M, 2, 0.1, width=1, buffers=True) == pytest.approx(
+        load_timing_model(calibration=tmp_path / "old.json").iter_ms("ddp", "native", 4 * M, 2, 0.1, width=1) + 8.0)
+    with pytest.raises(ValueError, match="bad.json: barrier_s must be a finite number >= 0, got -0.004"):
+        load_calibration(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="barrier_s must be a finite number >= 0"):
+        TimingModel(Link(A, B), barrier_s=float("nan"))

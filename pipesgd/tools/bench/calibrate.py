@@ -26,7 +26,14 @@ number is taken on an otherwise idle group):
    time (median over ranks of each rank's ratio). Only steps that start and end while a
    reduction is running are counted. 4. and 5. alternate in ``rounds`` (default 3), so
    drifting background load biases both alike.
-6. For reference, the ring allreduce of the model's gradient alone (``measurements.ring_ms``) next
+6. ``barrier_s``: what a blocking collective costs a step beyond its bytes: the same
+   forward+backward followed by an allreduce of one value, minus 4.'s compute (each rank's
+   medians; mean over ranks, so a rank that is always faster, and always waits, counts as in a
+   run, whose step the slower rank sets). It prices the ranks' step-to-step jitter and the
+   collective's latency, paid at every barrier a step has
+   (:func:`pipesgd.timing.model.barriers_per_step`: DDP's broadcast of BatchNorm buffers before
+   forward and its gradient after backward are two). Timed in the same rounds as 4. and 5.
+7. For reference, the ring allreduce of the model's gradient alone (``measurements.ring_ms``) next
    to what the fitted α, β, γ predict for it.
 
 The JSON has the keys :func:`pipesgd.timing.load_calibration` reads plus ``model_params`` and
@@ -282,6 +289,19 @@ def _pingpong(sizes: Sequence[int], repeats: int, peer: int, first: bool) -> lis
     return [statistics.median(s) for s in samples]
 
 
+def _synced_compute(step: _Step, one, group) -> float:
+    """Seconds of one forward+backward followed by an allreduce of ``one`` (a single value): the
+    step as a rank sees it when it must wait for every peer at its end; then the update."""
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    step.compute()
+    dist.all_reduce(one, group=group)
+    seconds = time.perf_counter() - t0
+    step.update()
+    return seconds
+
+
 def _overlapped_compute(step: _Step, flat, group, n_reductions: int, max_steps: int) -> list[float]:
     """forward+backward seconds of steps run entirely while ``n_reductions`` ring allreduces of
     ``flat`` run back to back on a background thread (every rank runs the same number)."""
@@ -349,13 +369,17 @@ def measure(spec: CalibrationSpec, rank: int, world: int, comm_group) -> dict | 
     # Alone and overlapped compute alternate in rounds, so that a change in the machine's load
     # (other jobs on shared cores) biases both alike instead of the slowdown ratio.
     rounds = max(1, min(spec.rounds, repeats, spec.overlap_steps))
-    compute, update, overlapped = [], [], []
+    compute, update, overlapped, synced = [], [], [], []
+    one = torch.zeros(1)
     n_reductions = ring_s = 0
     for i in range(rounds):
         dist.barrier()
         for _ in range(math.ceil(repeats / rounds)):
             compute.append(step.compute())
             update.append(step.update())
+        dist.barrier()
+        for _ in range(math.ceil(repeats / rounds)):
+            synced.append(_synced_compute(step, one, comm_group))
         if i == 0:
             dist.barrier()
             ring = [_median_time(lambda: ring_allreduce(flat, None, comm_group), 1, warmup=0)
@@ -378,7 +402,7 @@ def measure(spec: CalibrationSpec, rank: int, world: int, comm_group) -> dict | 
 
     mine = {"rank": rank, "compute_ms": compute_s * 1e3, "update_ms": update_s * 1e3,
             "ring_ms": ring_s * 1e3, "overlapped_compute_ms": statistics.median(overlapped) * 1e3,
-            "overlapped_steps": len(overlapped)}
+            "overlapped_steps": len(overlapped), "synced_compute_ms": statistics.median(synced) * 1e3}
     everyone: list[dict] = [{} for _ in range(world)]
     dist.all_gather_object(everyone, mine)
     if rank != 0:
@@ -389,6 +413,7 @@ def measure(spec: CalibrationSpec, rank: int, world: int, comm_group) -> dict | 
     # Median over ranks of each rank's ratio: one rank descheduled during its few overlapped steps
     # (a shared machine) must not set the slowdown of all.
     raw_slowdown = statistics.median(r["overlapped_compute_ms"] / r["compute_ms"] for r in everyone)
+    raw_barrier_s = statistics.fmean(r["synced_compute_ms"] - r["compute_ms"] for r in everyone) / 1e3
     nbytes = 4 * numel
     return {
         "alpha_s": alpha, "beta_s_per_byte": beta, "gamma_s_per_byte": gamma, "compress_s_per_byte": kappas,
@@ -396,6 +421,8 @@ def measure(spec: CalibrationSpec, rank: int, world: int, comm_group) -> dict | 
         "compute_ms": mean("compute_ms"), "update_ms": mean("update_ms"),
         # < 1 only by noise (compute cannot speed up because a reduction runs beside it).
         "overlap_slowdown": max(1.0, raw_slowdown),
+        # < 0 only by noise (waiting for a peer cannot make a step shorter).
+        "barrier_s": max(0.0, raw_barrier_s),
         "model": spec.model, "model_overrides": list(spec.model_overrides), "model_params": numel,
         "batch_size": spec.batch_size, "data": spec.dataset, "workers": world, "threads": spec.threads,
         "link": os.environ.get("PIPESGD_EMULATED_LINK", "loopback"),
@@ -403,7 +430,7 @@ def measure(spec: CalibrationSpec, rank: int, world: int, comm_group) -> dict | 
         "measurements": {
             "sizes_bytes": list(spec.sizes), "one_way_s": one_way,
             "fit_one_way_s": [alpha + n * beta for n in spec.sizes], "repeats": repeats,
-            "overlap_slowdown_raw": raw_slowdown, "per_rank": everyone,
+            "overlap_slowdown_raw": raw_slowdown, "barrier_s_raw": raw_barrier_s, "per_rank": everyone,
             "ring_bytes": nbytes, "ring_ms": mean("ring_ms"),
             "ring_predicted_ms": allreduce_time("ring", nbytes, world, alpha, beta, gamma) * 1e3,
         },

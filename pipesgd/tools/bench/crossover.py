@@ -114,16 +114,27 @@ def resnet20_shapes() -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(p.shape) for p in resnet20().parameters() if p.requires_grad)
 
 
-def predict_arms(calibration: dict, params: int, p: int, shapes: tuple[tuple[int, ...], ...] | None) -> dict:
+def resnet20_has_buffers() -> bool:
+    """Whether ResNet-20 has buffers the engines broadcast every step (its BatchNorm statistics)."""
+    from pipesgd.models.resnet_cifar import resnet20
+
+    return any(True for _ in resnet20().buffers())
+
+
+def predict_arms(calibration: dict, params: int, p: int, shapes: tuple[tuple[int, ...], ...] | None,
+                 buffers: bool = False) -> dict:
     """{arm: predicted ms} from one bench record's ``calibration`` summary: the map's arms, and
     compute alone as the calibration's compute + update. PowerSGD's compute is priced at the
-    calibration's ``powersgd_s_per_flop`` (0, not modelled, for a calibration from before it)."""
+    calibration's ``powersgd_s_per_flop``, each blocking collective at its ``barrier_s``
+    (``buffers``: the model's BatchNorm statistics are broadcast every step; both 0, not
+    modelled, for a calibration from before them)."""
     c = calibration
     scenario = Scenario(params, p, Link(c["alpha_s"], c["beta_s_per_byte"], c["gamma_s_per_byte"]),
                         c["compute_ms"] / 1e3, update_s=c["update_ms"] / 1e3,
                         shapes=shapes, overlap_slowdown=c.get("overlap_slowdown", 1.0),
                         compress_s_per_byte=c.get("compress_s_per_byte", {}),
-                        powersgd_s_per_flop=c.get("powersgd_s_per_flop", 0.0))
+                        powersgd_s_per_flop=c.get("powersgd_s_per_flop", 0.0),
+                        barrier_s=c.get("barrier_s", 0.0), buffers=buffers)
     out = {row["arm"]: row["iter_ms"] for row in arm_rows(scenario, [a for a in ARMS if a in ARM_MODES])}
     # On Gloo the ddp mode puts every parameter in one bucket for torch's PowerSGD hook
     # (pipesgd.engine.ddp.one_bucket_on_gloo: bucket_cap_mb = size + 1 MiB, which lifts the first bucket too).
@@ -168,10 +179,11 @@ def crossover(rows: Sequence[dict], key: str) -> dict:
 
 
 def analyse(records: Sequence[dict], shapes: tuple[tuple[int, ...], ...] | None = None,
-            strict: bool = False) -> dict:
+            strict: bool = False, buffers: bool = False) -> dict:
     """The crossover analysis of a bench JSON's records (see the module docstring). ``shapes``:
     ResNet-20's parameter shapes for ddp-powersgd's prediction (None: each DDP bucket one square
-    matrix, the map's stated approximation). Raises CrossoverError when the input holds no
+    matrix, the map's stated approximation); ``buffers``: it has BatchNorm statistics, broadcast
+    every step (a barrier more: :func:`pipesgd.timing.model.barriers_per_step`). Raises CrossoverError when the input holds no
     crossover cell, mixes commits or settings, or (``strict``) misses cells."""
     cells = {c.name: c for c in crossover_grid()}
     grid = {n: c for n, c in cells.items() if arm_name(c.mode, c.compressor, c.width) in ARMS}
@@ -194,7 +206,7 @@ def analyse(records: Sequence[dict], shapes: tuple[tuple[int, ...], ...] | None 
     rows = []
     for p in ps:
         for rate in CROSSOVER_RATES:
-            row = _row(p, rate, {a: ok.get(f"{RESNET20.label}/p{p}/{rate}/{a}") for a in ARMS}, shapes)
+            row = _row(p, rate, {a: ok.get(f"{RESNET20.label}/p{p}/{rate}/{a}") for a in ARMS}, shapes, buffers)
             best = row["measured"]["best_ddp"]
             row["pipelined_ddp"] = {}
             for a in PIPELINED_DDP_ARMS:
@@ -221,6 +233,10 @@ def analyse(records: Sequence[dict], shapes: tuple[tuple[int, ...], ...] | None 
                                 if any(r.get("round_calibrations") for r in ok.values()) else "")
                              if any((r.get("calibration") or {}).get("powersgd_s_per_flop") for r in ok.values())
                              else "NOT MODELLED: the calibrations predate powersgd_s_per_flop"),
+        "barriers": (f"each blocking collective at the calibration's barrier_s, "
+                     f"{'with' if buffers else 'without'} a buffer broadcast a step"
+                     if any((r.get("calibration") or {}).get("barrier_s") is not None for r in ok.values())
+                     else "NOT MODELLED: the calibrations predate barrier_s"),
         "powersgd_bytes": "per-layer P/Q sizes from ResNet-20's layer shapes" if shapes is not None else
         "APPROXIMATION: no layer shapes, each DDP bucket taken as one square matrix",
         "crossover": {},
@@ -244,7 +260,7 @@ def _loadavg_range(records) -> list[float] | None:
 
 
 CALIBRATED = ("alpha_s", "beta_s_per_byte", "gamma_s_per_byte", "compute_ms", "update_ms", "overlap_slowdown",
-              "powersgd_s_per_flop")
+              "powersgd_s_per_flop", "barrier_s")
 
 
 def round_calibration(record: dict) -> dict | None:
@@ -265,7 +281,7 @@ def round_calibration(record: dict) -> dict | None:
     return out | {"rounds": len(rounds)}
 
 
-def _row(p: int, rate: str, cells: dict, shapes) -> dict:
+def _row(p: int, rate: str, cells: dict, shapes, buffers: bool) -> dict:
     measured = {a: (c["median_iter_ms"] if c else None) for a, c in cells.items()}
     present = [c for c in cells.values() if c]
     calibrations = {c["calibration"]["file"] for c in present if c.get("calibration")}
@@ -274,7 +290,7 @@ def _row(p: int, rate: str, cells: dict, shapes) -> dict:
                              f"({sorted(calibrations)}), one condition needs one")
     cal = next((round_calibration(c) for c in present if c.get("calibration")), None)
     params = next((c["params"] for c in present if c.get("params")), RESNET20.params)
-    predicted = predict_arms(cal, params, p, shapes) if cal else {}
+    predicted = predict_arms(cal, params, p, shapes, buffers) if cal else {}
     ring_ms = allreduce_time("ring", 4 * params, p, cal["alpha_s"], cal["beta_s_per_byte"],
                              cal["gamma_s_per_byte"]) * 1e3 if cal else None
     compute_ms, compute_from = measured[COMPUTE_ARM], "measured (local)"
@@ -293,7 +309,7 @@ def _row(p: int, rate: str, cells: dict, shapes) -> dict:
     # The same model fed this row's measured compute: the local cell ran in the same rounds, while
     # the calibration measured compute once, minutes earlier, on a host whose speed drifts.
     local_ms = measured[COMPUTE_ARM]
-    predicted_local = (predict_arms(cal | {"compute_ms": local_ms - cal["update_ms"]}, params, p, shapes)
+    predicted_local = (predict_arms(cal | {"compute_ms": local_ms - cal["update_ms"]}, params, p, shapes, buffers)
                        if cal and local_ms is not None else {})
     return {
         "p": p, "link": rate, "rate_mbit": parse_bandwidth(rate) / 1e6,
@@ -346,7 +362,8 @@ def render(result: dict, plot: str | None = None) -> str:
            f"1-minute load average before each run {loads[0]} to "
            f"{loads[1]}; bench settings "
            f"{', '.join(f'{k}={v}' for k, v in r['config'].items())}. ddp-powersgd predicted from "
-           f"{r['powersgd_bytes']}; its compute: {r.get('powersgd_compute', 'not modelled')}.", ""]
+           f"{r['powersgd_bytes']}; its compute: {r.get('powersgd_compute', 'not modelled')}. "
+           f"Barriers: {r.get('barriers', 'not modelled')}.", ""]
     if plot:
         out += [f"![measured and predicted speedup over the best DDP arm]({plot})", ""]
     out += ["### Goals", ""]
@@ -482,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --in {args.input}: {e}", file=sys.stderr)
         return 2
     try:
-        result = analyse(records, resnet20_shapes(), args.strict)
+        result = analyse(records, resnet20_shapes(), args.strict, resnet20_has_buffers())
     except CrossoverError as e:
         print(f"error: {args.input}: {e}", file=sys.stderr)
         return 2

@@ -270,7 +270,7 @@ def calibration_for(cell: Cell, s: Settings, cache: dict[tuple, Path], tag: str 
 def _calibration_summary(path: Path) -> dict:
     cal = load_calibration(path)
     keep = ("alpha_s", "beta_s_per_byte", "gamma_s_per_byte", "compress_s_per_byte", "compute_ms", "update_ms",
-            "overlap_slowdown", "bandwidth_mbit_s", "powersgd_s_per_flop", "created")
+            "overlap_slowdown", "bandwidth_mbit_s", "powersgd_s_per_flop", "barrier_s", "created")
     return {"file": str(path), **{k: cal[k] for k in keep if k in cal},
             "ring_ms": cal.get("measurements", {}).get("ring_ms"),
             "ring_predicted_ms": cal.get("measurements", {}).get("ring_predicted_ms")}
