@@ -69,3 +69,18 @@ def test_a_ratio_whose_seed_or_round_range_includes_one_is_a_tie():
     faster = c.speedup_ranges(block, runs, {"sync": [200.0, 220.0], "pipe": [100.0, 90.0]}, {})
     assert faster["sync"]["pipe"]["verdict"] == "sooner"
     assert c.verdict(0.8, 0.99) == "later" and c.verdict(0.99, 1.01) == "tie"
+
+
+def test_ddp_with_the_pipelined_powersgd_hook_is_a_pipelined_arm_with_powersgds_warm_up():
+    """Issue 41's arm: DDP at width 2 around torch's PowerSGD hook with the lookahead rule. The
+    study composes it as a pipelined arm against the DDP baselines, and times its warm-up (the
+    hook's plain steps) at its own rate, as DDP + PowerSGD's."""
+    from pipesgd.tools.bench.tta_arms import ARMS, WARMUP_KEYS
+
+    arm = "ddp-pipelined+lookahead-powersgd"
+    assert {"trainer.mode=ddp", "trainer.width=2", "staleness=lookahead", "compressor=powersgd"} <= set(ARMS[arm])
+    assert WARMUP_KEYS[arm] == "compressor.ddp_start_iter"
+    assert c.pipelined(arm) and c.pipelined("pipe+lookahead-int8")
+    assert not any(c.pipelined(a) for a in (*c.DDP_ARMS, "sync", c.COMPUTE_ARM))
+    cap = c.ceiling({c.COMPUTE_ARM: 100.0, "ddp-powersgd": 200.0, arm: 120.0, "sync": 300.0})
+    assert cap["best_ddp"] == "ddp-powersgd" and cap["captured"] == {arm: pytest.approx(0.8)}

@@ -33,6 +33,12 @@ SWEEP_FIXED = 85.0
 """The fixed accuracy the sweep also reports (90 % is reported, but no arm of the recipe reaches it)."""
 """The slack sweep: how much the speedups depend on the target rule fixed before the runs."""
 DDP_ARMS = ("ddp", "ddp-fp16", "ddp-powersgd")
+
+
+def pipelined(arm: str) -> bool:
+    """An arm whose averaged gradient is applied a step late: pipe's (``pipe…``) and DDP with the
+    pipelined hook (``ddp-pipelined…``, issue 41); a DDP arm (:data:`DDP_ARMS`) is a baseline."""
+    return arm.startswith(("pipe", "ddp-pipelined"))
 BASELINES = ("sync", *DDP_ARMS)
 COMPUTE_ARM = "compute"
 """The timing-only arm with no communication: the ceiling on this machine."""
@@ -300,7 +306,7 @@ def ceiling(step_ms: dict[str, float]) -> dict | None:
     return {"compute_ms": compute, "best_ddp": best, "best_ddp_ms": ddp[best],
             "ceiling_speedup": ddp[best] / compute if compute else None,
             "captured": {arm: ((ddp[best] - ms) / gap if gap > 0 else None)
-                         for arm, ms in step_ms.items() if arm.startswith("pipe")}}
+                         for arm, ms in step_ms.items() if pipelined(arm)}}
 
 
 def link_ceiling(block: dict) -> dict | None:
@@ -403,7 +409,7 @@ def sweep_table(result: dict) -> str:
     for link, block in result["links"].items():
         cap = block.get("ceiling") or {}
         for arm in block.get("time_to_target_s", {}):
-            if not arm.startswith("pipe"):
+            if not pipelined(arm):
                 continue
             cells = [link, arm]
             for name in names:
@@ -427,7 +433,7 @@ def accounting_table(result: dict) -> str:
     for link, block in result["links"].items():
         views = [block if i == 0 else block.get("accountings", {}).get(name) for i, name in enumerate(names)]
         for arm in block.get("time_to_target_s", {}):
-            if not arm.startswith("pipe"):
+            if not pipelined(arm):
                 continue
             cells = [link, arm]
             for view in views:
@@ -527,7 +533,7 @@ def goals(result: dict, speed_goals: dict[str, float] | None = None) -> list[dic
         speed_goals = LOSS_SPEED_GOALS if metric.lower_is_better else SPEED_GOALS
     means = _final_means(result.get("arms", []), metric)
     sync = means.get("sync")
-    eligible = [arm for arm in means if arm.startswith("pipe") and sync is not None
+    eligible = [arm for arm in means if pipelined(arm) and sync is not None
                 and metric.is_same(means[arm], sync)]
     slacks = [n for n in result.get("targets", {}) if n.startswith("slack")]
     out = []

@@ -281,7 +281,7 @@ def plot(result: dict, path: Path) -> None:
         pts = compose.wall_curve(run["curve"], block["step_ms"][arm], block["eval_s"],
                                  result["warmup"].get(arm, {"steps": 0})["steps"], block["warmup_ms"].get(arm))
         ax.plot([p[0] / 60 for p in pts], [p[1] for p in pts], label=f"{arm} ({block['step_ms'][arm]:.0f} ms/step)",
-                lw=1.6 if arm.startswith("pipe") else 1.1)
+                lw=1.6 if compose.pipelined(arm) else 1.1)
     ax.axhline(result["target_accuracy"], color="0.4", ls="--", lw=0.8)
     ax.text(0.01, result["target_accuracy"], f"target {result['target_accuracy']:.2f} %", va="bottom", fontsize=8,
             transform=ax.get_yaxis_transform())
@@ -311,7 +311,7 @@ def plot_steps(result: dict, path: Path) -> None:
         label = None if arm in colours else arm
         colours.setdefault(arm, f"C{len(colours) % 10}")
         steps, values = zip(*run["curve"]) if run["curve"] else ((), ())
-        ax.plot(steps, values, color=colours[arm], label=label, lw=1.6 if arm.startswith("pipe") else 1.1,
+        ax.plot(steps, values, color=colours[arm], label=label, lw=1.6 if compose.pipelined(arm) else 1.1,
                 alpha=0.9 if run["seed"] == 0 else 0.55)
     target = result["target_accuracy"]
     ax.axhline(target, color="0.4", ls="--", lw=0.8)
