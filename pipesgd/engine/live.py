@@ -534,5 +534,5 @@ def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
         # After the Manager exists: every group then heartbeats to the lighthouse before any asks
         # for a quorum, and the lighthouse forms none with half of the live groups or fewer. Before
         # it (as it was), a group slow to build its Manager found the first quorum formed without it.
-        live_launch.start_together(options.quorum_timeout_s)
+        live_launch.start_together(options)
     return a.model, engine
