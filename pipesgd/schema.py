@@ -43,6 +43,8 @@ class LiveConfig:
     run_id: Optional[str] = None
     replica: Optional[int] = None
     replicas: Optional[int] = None
+    start_replicas: Optional[int] = None  # groups to wait for at start (torchrun); None: no wait
+    start_timeout_s: Optional[float] = None  # the start barrier's limit; None: quorum_timeout_s
 
 
 @dataclass

@@ -124,6 +124,9 @@ class Trainer:
         self.read_every = 1 if device.type == "cpu" else log_every
         self._unread: list[_StepRecord] = []
         self._last_losses: list[float] = []
+        self._logged_loss: float | None = None  # the newest train/loss written: the progress line's
+        # with an engine that averages the loss: the newest step read, its own loss, until the mean arrives
+        self._loss_pending: tuple[_StepRecord, float] | None = None
         self._seek = False  # seek() was called inside this step: the loop moves to its position at the step's end
 
     def seek(self, step: int) -> None:
@@ -169,8 +172,10 @@ class Trainer:
                 if self.step < self.total_steps:
                     self._evaluate(epoch, start)
                     self.hooks.on_epoch_end(self, epoch)
-            self.engine.flush()
+            flushed = self.engine.flush()
             self._read()
+            if self.engine.averages_loss:  # the last step's mean came with the flush
+                self._log_averaged_loss(flushed.loss, self.step)
             last = self.history.evals[-1] if self.history.evals else None
             if self.step < self.total_steps and last is not None and last["step"] == self.step:
                 result = {k: v for k, v in last.items() if k != "epoch"}
@@ -207,6 +212,7 @@ class Trainer:
                     loss.backward()
             self.hooks.on_backward_end(self)
             compute = self.clock.stop(mark)  # device time on a GPU: no sync here
+            self.engine.carry_loss(loss.detach())
             stats = self.engine.step()
             if stats.applied:  # the schedule indexes updates, so fill steps of a pipeline don't advance it
                 self.scheduler.step()
@@ -223,7 +229,8 @@ class Trainer:
                 self._log_prediction()
             if self.progress.due(self.step):
                 self._read()
-                self.progress.show(self._status(epoch, self._last_losses[-1]))
+                shown = self._logged_loss if self._logged_loss is not None else self._last_losses[-1]
+                self.progress.show(self._status(epoch, shown))
             if self._seek:  # engine.step() moved this replica to its group's step: continue from there
                 landed, at = self.position(self.step)
                 if at and self._eval_due(epoch_ends=False):  # its peers evaluate here, and average with it
@@ -243,7 +250,7 @@ class Trainer:
         if not records:
             return
         losses = torch.stack([r.loss.float() for r in records]).tolist()
-        h = self.history
+        h, averaged = self.history, self.engine.averages_loss
         for r, loss in zip(records, losses):
             stats = r.stats
             self._last_losses = (self._last_losses + [loss])[-50:]
@@ -259,7 +266,7 @@ class Trainer:
             # wait also covers the hand-off to the thread); DDP times no reduction.
             timed_comm = stats.applied and h.comm_ms[-1] > 0
             self.writer.scalars({
-                "train/loss": loss,
+                "train/loss": None if averaged else loss,  # averaged: the step's mean, when it comes
                 "train/lr": r.lr,
                 "train/staleness": stats.staleness if stats.applied else None,
                 "time/iter_ms": h.iter_ms[-1],
@@ -271,10 +278,28 @@ class Trainer:
                 "comm/compression_ratio": stats.comm.ratio if stats.applied else None,
                 **stats.metrics,
             }, r.step, walltime=r.wall_time)
+            if averaged:  # this step's stats carry the mean of the step before (after a heal: the donor's)
+                self._log_averaged_loss(r.stats.loss, r.step - 1)
+                self._loss_pending = (r, loss)
+            else:
+                self._logged_loss = loss
             # An engine with a non-finite policy decides on the gradient with every rank together
             # (trainer.nonfinite); without one, this rank stops on its own.
             if not math.isfinite(loss) and self.engine.nonfinite is None:
                 raise FloatingPointError(f"loss is {loss} at step {r.step} (epoch {r.epoch})")
+
+    def _log_averaged_loss(self, mean: float | None, step: int) -> None:
+        """``train/loss`` of ``step`` from an engine that averages the loss over its replicas
+        (:attr:`Engine.averages_loss`): the mean it returned a step late, at that step's wall time;
+        where it returned none (the vote dropped the reduction), this replica's own loss. A step
+        the loop left by a heal (its loss on weights this replica no longer holds) gets neither."""
+        pending, self._loss_pending = self._loss_pending, None
+        if pending is not None and pending[0].step != step:  # a heal moved the loop past it
+            pending = None
+        value = mean if mean is not None else None if pending is None else pending[1]
+        if value is not None:
+            self.writer.scalars({"train/loss": value}, step, walltime=None if pending is None else pending[0].wall_time)
+            self._logged_loss = value
 
     @property
     def last_losses(self) -> list[float]:

@@ -7,6 +7,7 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,15 @@ def run(*overrides: str, tmp: Path, fault: str | None = None, prefix: tuple[str,
 
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def kill_sessions(procs: list[subprocess.Popen]) -> None:
+    """SIGKILL each of ``procs`` still running with its whole session (each was started with
+    ``start_new_session=True``: a torchrun job and its worker, the lighthouse), and reap it."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 def tagged_processes(tag: str) -> list[int]:

@@ -35,7 +35,11 @@ class StepStats:
     ``metrics``: engine-specific scalars for TensorBoard (e.g. ``ps/staleness_mean``).
     ``skipped``: an update was due but dropped because its gradient was non-finite.
     ``wait_spans``: on a GPU, how long the training stream stalled for each reduction (``wait_s``
-    is then the host's wait for the communication thread to queue it; :meth:`exposed_s`)."""
+    is then the host's wait for the communication thread to queue it; :meth:`exposed_s`).
+    ``loss``: from an engine that :attr:`~Engine.averages_loss`, the mean of the losses carried
+    into the reduction this call voted on (launched a step earlier) by the replicas that
+    contributed to it; None where there is none (the vote dropped it, nobody contributed, or the
+    engine does not average the loss)."""
 
     pack_s: float = 0.0
     wait_s: float = 0.0
@@ -46,6 +50,7 @@ class StepStats:
     metrics: dict[str, float] = field(default_factory=dict)
     skipped: bool = False
     wait_spans: tuple = ()
+    loss: float | None = None
 
     def exposed_s(self) -> float:
         """Communication the caller waited for: the device's stalls where it timed them (reading
@@ -108,6 +113,9 @@ class Engine(ABC):
     ranks decide a non-finite gradient with, or None when this engine cannot decide it together
     (the trainer then stops a rank whose loss is non-finite). ``summary()``: run-level fields for
     summary.json. ``close()`` releases threads; the engine is also a context manager doing that.
+    ``averages_loss``: ``step()`` carries the loss handed to :meth:`carry_loss` with its reduction
+    and returns the replicas' mean a step later (``StepStats.loss``); the loop then logs that
+    mean as the training loss of the step before, instead of this replica's own.
     """
 
     width: int = 1  # Mode.width's default too: the modes of fixed width run at 1 (pipesgd.modes checks it)
@@ -117,6 +125,7 @@ class Engine(ABC):
     #: keys of :meth:`state_dict` identical on every rank by construction (in-flight averages): a
     #: checkpoint saves them once, from rank 0; the rest is per rank
     shared_state: tuple[str, ...] = ("pending",)
+    averages_loss: bool = False
 
     def state_for_new_rank(self, state: dict) -> dict:
         """The per-rank part of a surviving rank's :meth:`state_dict` as a rank that did not exist
@@ -138,6 +147,10 @@ class Engine(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict) -> None:
         ...
+
+    def carry_loss(self, loss: torch.Tensor) -> None:
+        """This step's loss (a 0-d tensor, detached), handed over before ``step()``; an engine that
+        :attr:`averages_loss` sends it with the step's reduction (default: not used)."""
 
     def forward_context(self) -> AbstractContextManager:
         """The weights the next forward and backward should see (default: the current ones)."""

@@ -43,7 +43,8 @@ REFUSED_COMMS = (("hierarchical", "its levels are nodes of several processes, an
                   "(one rank of torchft's group): there is no node to reduce inside, and over one process per group "
                   "it is the ring, comm=ring"),)
 WIDTH = 2  # torchft changes quorums between steps: at most one reduction may be in flight across one
-TAIL = 2  # after the gradient: the non-finite flag and the count of valid contributions (then a check's sums)
+TAIL = 3  # after the gradient: the non-finite flag, the count of valid contributions, their losses' sum
+# (then a check's sums)
 
 
 class Rider(NamedTuple):
@@ -62,9 +63,11 @@ class LiveEngine(Engine):
     (``should_commit``): apply its average, or skip it as a non-finite step is skipped; start the
     next quorum; launch reduction t on the communication thread, which first waits for the quorum,
     so the quorum round-trip overlaps the next forward. Nothing is in flight across a quorum
-    change. The flat buffer is ``[gradient, non-finite flag, valid count]``: the summed gradient is
-    divided by the summed count, so a replica that contributes nothing (a healer's stale
-    gradient, zeroed, count 0) does not dilute the average.
+    change. The flat buffer is ``[gradient, non-finite flag, valid count, loss]``: the summed
+    gradient is divided by the summed count, so a replica that contributes nothing (a healer's
+    stale gradient, zeroed, count 0) does not dilute the average; so is the summed loss (the
+    one :meth:`carry_loss` handed over with that gradient), returned as ``StepStats.loss`` by
+    the ``step()`` that votes the reduction in: the mean loss of the groups that contributed.
 
     ``allreduce`` (one of :data:`COMMS`, by name or the registered function) runs over torchft's
     group through its own send / recv / allreduce (:class:`pipesgd.live.group.TorchftGroup`),
@@ -105,6 +108,7 @@ class LiveEngine(Engine):
 
     width = WIDTH
     shared_state = ()
+    averages_loss = True
     lighthouse = None  # a lighthouse this engine started for itself (a lone replica group), shut down on close
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, options: LiveOptions,
@@ -149,6 +153,8 @@ class LiveEngine(Engine):
         self.replica_checks = 0  # checks passed that compared this group's weights with another's
         self.last = StepStats()
         self._stale = False  # the gradient in hand was computed before a heal: send zeros
+        self._loss: Tensor | None = None  # carry_loss's, for the next launch
+        self._carried = False  # the reduction in flight carries this group's loss
         self._pending: Handle[tuple[Tensor, CommStats, Rider | None]] | None = None
         self._extra: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {}
         self._snapshot = _Snapshot()
@@ -175,6 +181,11 @@ class LiveEngine(Engine):
             raise ValueError(f"state key {key!r} is already registered")
         self._extra[key] = (save, load)
 
+    def carry_loss(self, loss: Tensor) -> None:
+        """Send ``loss`` with the next reduction; the ``step()`` after it returns the mean over the
+        groups that contributed to that reduction (call it every step on every group, or never)."""
+        self._loss = loss
+
     def step(self) -> StepStats:
         """Reduction t-1 voted on and applied (or skipped), quorum t started, reduction t launched."""
         self._snapshot.serve(self._state)
@@ -200,13 +211,14 @@ class LiveEngine(Engine):
         return stats
 
     def _flatten(self) -> Tensor:
-        """``[gradient, flag, count]`` with room after it for a replica check's sums."""
+        """``[gradient, flag, count, loss]`` with room after it for a replica check's sums."""
         n = self.numel
         buf = torch.empty(n + TAIL + MOMENTS, dtype=self.params[0].dtype, device=self.params[0].device)
         torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
                   out=buf[:n])
         buf[n] = float("inf") if has_nonfinite(buf[:n]) else 0.0
         buf[n + 1] = 1.0
+        buf[n + 2] = 0.0 if self._loss is None else self._loss  # a device copy: no host sync
         return buf
 
     def _due(self, update: int) -> bool:
@@ -215,6 +227,7 @@ class LiveEngine(Engine):
 
     def _launch(self, full: Tensor) -> None:
         n, stale = self.numel, self._stale
+        self._carried, self._loss = self._loss is not None, None
         # Committed updates so far: the quorum's step, unless this replica heals in it (then it
         # sends nothing below). Whether a check rides is read from it, so every group agrees.
         update = self.manager.current_step()
@@ -256,7 +269,7 @@ class LiveEngine(Engine):
         (a 0 decodes as 0, an inf spoils its block, and a sum that overflowed sets the flag
         below), so the result is PipeSGD's bit for bit; the count goes apart, exact: in an int8
         block it would round (1.0 beside a largest value of 5 decodes as 0.984) and scale its
-        neighbours by itself. So do a replica check's sums after it, which must stay integers."""
+        neighbours by itself. So do the losses' sum and a replica check's sums after it."""
         n = self.numel
         if self.reduction is not None:  # top-k, PowerSGD, error feedback: the tail first, the gradient apart
             return reduce_apart(self.reduction, buf, n, self.group)
@@ -287,6 +300,7 @@ class LiveEngine(Engine):
             # stands for this launch what the healer sends, zeros, on the donor's weights it loaded.
             self.staleness.launched(torch.zeros_like(launching[:n]))
         count = float(buf[n + 1])
+        mean = float(buf[n + 2]) / count if self._carried and count >= 1 else None
         stats.metrics = {"live/participants": float(self.manager.num_participants()), "live/valid": count}
         if not committed:
             self.skipped_commits += 1
@@ -295,6 +309,7 @@ class LiveEngine(Engine):
             log.warning("step %d: the quorum did not commit (a replica failed or left); update skipped, %d so far%s",
                         self.steps, self.skipped_commits, "" if rider is None else ", and the replica check it carried")
             return
+        stats.loss = mean
         if rider is not None:
             self._check(rider, count, buf[n + TAIL:])
         if float(buf[n]) != 0.0:
@@ -519,5 +534,5 @@ def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
         # After the Manager exists: every group then heartbeats to the lighthouse before any asks
         # for a quorum, and the lighthouse forms none with half of the live groups or fewer. Before
         # it (as it was), a group slow to build its Manager found the first quorum formed without it.
-        live_launch.start_together(options.quorum_timeout_s)
+        live_launch.start_together(options)
     return a.model, engine

@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..launch import WorkerFailed, under_torchrun
-from . import listen
+from . import barrier, listen
 from .lighthouse import Lighthouse, LighthouseOptions
 from .options import (ENV_LIGHTHOUSE, ENV_REPLICA, ENV_REPLICAS, ENV_RESTART, ENV_RUN_ID, ENV_SPAWNED, ENV_START,
                       LiveOptions, replica_attempt, replica_env)
@@ -48,22 +48,32 @@ def replica_dir(run_dir: str | Path, replica: int) -> Path:
     return Path(run_dir) / f"replica_{replica}"
 
 
-def start_together(timeout_s: float) -> None:
-    """Under the live launcher, wait until every replica group has started once (call it once
-    this group's torchft Manager heartbeats: the first quorum then has them all; a group late to
-    start would otherwise find the others done, or far ahead). A restarted group does not wait:
-    its peers' marks are already there."""
+def start_together(options: LiveOptions) -> None:
+    """Wait until the other replica groups have started once (call it once this group's torchft
+    Manager heartbeats: the first quorum then has them all; a group late to start would otherwise
+    find the others done, or far ahead, and heal at their step). Under the live launcher, every
+    group, at the launcher's store; under torchrun, ``options.start_replicas`` groups, as the
+    lighthouse hears them (:mod:`pipesgd.live.barrier`), and none where that is None. A restarted
+    group does not wait: its peers' marks are already there. TimeoutError naming the key of the
+    limit (:meth:`LiveOptions.start_wait_s`)."""
+    key, timeout_s = options.start_wait_s()
     address = os.environ.get(ENV_START)
     if not address:
+        if options.start_replicas is not None:
+            barrier.wait_for_groups(options.lighthouse, options.run_id, options.start_replicas, timeout_s, key)
         return
     from datetime import timedelta
 
     import torch.distributed as dist
 
     host, port = address.rsplit(":", 1)
+    replicas = int(os.environ[ENV_REPLICAS])
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
     store.set(f"started/{os.environ[ENV_REPLICA]}", "1")
-    store.wait([f"started/{r}" for r in range(int(os.environ[ENV_REPLICAS]))])
+    try:
+        store.wait([f"started/{r}" for r in range(replicas)])
+    except dist.DistStoreError as e:
+        raise TimeoutError(f"the {replicas} replica groups did not all start within {key}={timeout_s:g} s: {e}") from e
 
 
 _imported_at: float | None = None  # when this replica group's process had imported fn (set by _replica_main)
@@ -119,9 +129,14 @@ def settings(live: Mapping[str, object]) -> tuple[LighthouseOptions, LiveOptions
     replica = LiveOptions("-", "-", 0, host=host, min_replicas=lighthouse.min_replicas)
     replica = replace(replica, timeout_s=live.get("timeout_s", replica.timeout_s),
                       quorum_timeout_s=live.get("quorum_timeout_s", replica.quorum_timeout_s),
-                      init_sync=live.get("init_sync", replica.init_sync))
+                      init_sync=live.get("init_sync", replica.init_sync),
+                      start_replicas=live.get("start_replicas"), start_timeout_s=live.get("start_timeout_s"))
     if under_torchrun():
         group_env(live, replica)
+    elif replica.start_replicas is not None:
+        raise ValueError(f"trainer.live.start_replicas={replica.start_replicas!r} is for replica groups started on "
+                         "their own (torchrun); the live launcher starts every group and they wait for each other "
+                         "at start: leave it unset")
     elif given := [k for k in GROUP_KEYS if live.get(k) is not None]:
         raise ValueError(f"trainer.live.{given[0]}={live[given[0]]!r} is for a replica group started on its own "
                          "(torchrun); without torchrun the live launcher starts the lighthouse and numbers the "
@@ -169,6 +184,9 @@ def group_env(live: Mapping[str, object], base: LiveOptions, environ: Mapping[st
     if not 0 <= counts["replica"] < counts["replicas"]:
         raise ValueError(f"trainer.live.replica={counts['replica']} is invalid with trainer.live.replicas="
                          f"{counts['replicas']}: must be in 0..{counts['replicas'] - 1}")
+    if base.start_replicas is not None and base.start_replicas > counts["replicas"]:
+        raise ValueError(f"trainer.live.start_replicas={base.start_replicas} is invalid with trainer.live.replicas="
+                         f"{counts['replicas']}: a group cannot wait for more groups than the run has")
     address = urlsplit(values["lighthouse"])
     if address.scheme != "http" or not address.hostname or address.port is None:
         raise ValueError(f"trainer.live.lighthouse={values['lighthouse']!r} is invalid: must be http://host:port, as "

@@ -1,7 +1,7 @@
 """Top-k, PowerSGD and error feedback over torchft's group (``trainer.mode=live``): the reductions
 that keep state from step to step (a residual, PowerSGD's warm start), run on the live engine's
-buffer ``[gradient, non-finite flag, valid count, a replica check's sums]``, in which a healer's
-share may be zeros. docs/reliability.md, "Live recovery", says what a heal does to their state.
+buffer ``[gradient, non-finite flag, valid count, losses' sum, a replica check's sums]``, in which
+a healer's share may be zeros. docs/reliability.md, "Live recovery", says what a heal does to their state.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def stateful(compressor: Compressor | Reduction, allreduce: Callable[..., CommSt
 def reduce_apart(reduction: Reduction, buf: Tensor, n: int, group) -> CommStats:
     """Sum ``buf`` (``n`` gradient values, then the tail) over ``group`` at its rank and size now.
 
-    The tail (flag, count, a check's sums) goes first, exact, in one all_reduce of its own: the
+    The tail (flag, count, the losses' sum, a check's sums) goes first, exact, in one all_reduce of its own: the
     summed count is the divisor the reduction needs before it sums (PowerSGD's residual is this
     group's M minus the decoded *average*, and its warm start is the summed Q over it). Then the
     gradient, as PipeSGD's exchange reduces it for a stateful reduction: a non-finite gradient

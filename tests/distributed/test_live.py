@@ -261,12 +261,15 @@ def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path
         assert expected == other
     from live_replica import make_model
 
-    from pipesgd.comm import ring_bytes
+    from pipesgd.engine.live import TAIL
     from pipesgd.replicas import MOMENTS
 
-    # fp32, flag, count and the check's sums; the tree of two sends it whole once (up, or down from the root)
-    numel = sum(p.numel() for p in make_model(0).parameters()) + 2 + MOMENTS
-    raw = numel * 4 if comm == "tree" else ring_bytes(numel, len(outs), 4)
+    # fp32, the tail (flag, count, losses' sum) and the check's sums, sent whole once by each of the
+    # two groups: the tree's up or down from the root; in a ring of two each rank sends each of the
+    # two chunks once (its own in the reduce-scatter, the other in the all-gather), even or not
+    numel = sum(p.numel() for p in make_model(0).parameters()) + TAIL + MOMENTS
+    assert len(outs) == 2
+    raw = numel * 4
     for out in outs:
         records = _records(out)
         got = [{k: r[k] for k in ("applied", "digest")} for r in records]

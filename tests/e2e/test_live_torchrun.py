@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from runs import CACHE, ROOT, needs_mnist, summary, tagged_processes
+from runs import CACHE, ROOT, kill_sessions, needs_mnist, summary, tagged_processes
 from conftest import SHARED_DATA
 from needs_torchft import require_torchft
 
@@ -73,10 +73,7 @@ def test_torchrun_replica_groups_on_two_nodes_heal_a_restarted_one_and_agree(net
                     stderr=(tmp_path / f"node{node}.log").open("w"), start_new_session=True))
             codes = [p.wait(timeout=360) for p in procs[1:]]
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            kill_sessions(procs)
     logs = {node: (tmp_path / f"node{node}.log").read_text(errors="replace") for node in (0, 1)}
     assert codes == [0, 0], f"{codes}\n{logs[0][-3000:]}\n{logs[1][-3000:]}"
     first, second = summary(run_dir / "replica_0"), summary(run_dir / "replica_1")

@@ -39,6 +39,7 @@ def torchrun(monkeypatch):
     saved = dict(os.environ)
     for key in ("PIPESGD_LIVE_HOST", "PIPESGD_LIVE_TIMEOUT_S", "PIPESGD_LIVE_QUORUM_TIMEOUT_S",
                 "PIPESGD_LIVE_MIN_REPLICAS", "PIPESGD_LIVE_INIT_SYNC", "PIPESGD_LIVE_START_STORE", "RUST_LOG",
+                "PIPESGD_LIVE_START_REPLICAS", "PIPESGD_LIVE_START_TIMEOUT_S",
                 ENV_LIGHTHOUSE, ENV_RUN_ID, ENV_REPLICA, ENV_REPLICAS, ENV_RESTART, ENV_SPAWNED, "PIPESGD_FAULT"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RANK", "0")
@@ -75,6 +76,20 @@ def test_the_keys_make_this_process_the_replica_group_they_name(torchrun):
     assert [f.rank for f in Faults.from_env(0).mine] == [1]
 
 
+def test_a_start_barrier_reaches_the_group_and_its_limit_defaults_to_the_quorums(torchrun):
+    live = live_of(*GROUP, "trainer.live.start_replicas=2", "trainer.live.quorum_timeout_s=90")["trainer"]["live"]
+    for key, value in live_launch.group_env(live, live_launch.settings(live)[1]).items():
+        torchrun.setenv(key, value)
+    options = options_from_env()
+    assert options.start_replicas == 2 and options.start_wait_s() == ("trainer.live.quorum_timeout_s", 90.0)
+    live = live_of(*GROUP, "trainer.live.start_timeout_s=600")["trainer"]["live"]
+    for key, value in live_launch.group_env(live, live_launch.settings(live)[1]).items():
+        torchrun.setenv(key, value)
+    torchrun.delenv("PIPESGD_LIVE_START_REPLICAS")
+    options = options_from_env()
+    assert options.start_replicas is None and options.start_wait_s() == ("trainer.live.start_timeout_s", 600.0)
+
+
 def test_the_environment_may_say_it_instead(torchrun):
     for var, value in ((ENV_LIGHTHOUSE, "http://10.1.2.3:29510"), (ENV_RUN_ID, "exp7"), (ENV_REPLICA, "0"),
                        (ENV_REPLICAS, "3")):
@@ -104,6 +119,12 @@ def test_the_environment_may_say_it_instead(torchrun):
                                                              "its own: pass --heartbeat-timeout-ms"),
     ([*GROUP, "trainer.live.lighthouse_port=29510"], {}, "pass --port to python -m pipesgd.live.lighthouse"),
     (GROUP[:-1], {}, "trainer.live.host=127.0.0.1 is loopback but the lighthouse is at http://10.1.2.3:29510"),
+    ([*GROUP, "trainer.live.start_replicas=3"], {}, "trainer.live.start_replicas=3 is invalid with "
+                                                    "trainer.live.replicas=2: a group cannot wait for more groups"),
+    ([*GROUP, "trainer.live.start_replicas=0"], {}, "trainer.live.start_replicas=0 is invalid: must be an "
+                                                    "integer >= 1"),
+    ([*GROUP, "trainer.live.start_timeout_s=0"], {}, "trainer.live.start_timeout_s=0.0 is invalid: must be a number "
+                                                     "of seconds > 0"),
 ])
 def test_a_group_that_cannot_find_its_run_is_refused_before_it_trains(torchrun, overrides, env, message):
     for var, value in env.items():
@@ -126,6 +147,9 @@ def test_without_torchrun_the_launcher_numbers_the_groups_itself():
     with pytest.raises(ConfigError, match=r"trainer.live.lighthouse='http://10.1.2.3:29510' is for a replica group "
                                           r"started on its own \(torchrun\)"):
         live_of(*GROUP)
+    with pytest.raises(ConfigError, match=r"trainer.live.start_replicas=2 is for replica groups started on their own "
+                                          r"\(torchrun\); the live launcher starts every group and they wait"):
+        live_of("trainer.mode=live", "trainer.live.start_replicas=2")
     live_of("trainer.mode=live")  # the defaults: fine
 
 
