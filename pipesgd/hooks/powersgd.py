@@ -69,6 +69,7 @@ class PowerSGDHookState(HookState):
         self.state = state
         self._index = {id(p): i for i, p in enumerate(parameters)}
         self._shapes = [p.shape for p in parameters]
+        self._device = parameters[0].device if parameters else torch.device("cpu")
         self._layout: dict[int, list[int]] = {}  # bucket index -> the parameters its state is laid out for
         self._parked: dict[int, dict[str, Tensor]] = {}  # parameter -> its state, between two layouts
 
@@ -136,14 +137,17 @@ class PowerSGDHookState(HookState):
                         "has_gauss": int(has_gauss), "gauss": float(gauss)}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores onto the parameters' device: a checkpoint gathered on the CPU resumes on a GPU
+        (torch's hook adds the residual to the bucket in place, which fails across devices)."""
         s = self.state
         s.iter = int(state["iter"])
+        dev = self._device
         for mine, saved in ((s.error_dict, state["error_dict"]), (s.p_memory_dict, state["p_memory_dict"]),
                             (s.q_memory_dict, state["q_memory_dict"])):
             mine.clear()
-            mine.update(saved)
+            mine.update({k: v.to(dev) for k, v in saved.items()})
         self._layout = {int(k): list(v) for k, v in state["layout"].items()}
-        self._parked = dict(state["parked"])
+        self._parked = {int(i): {k: v.to(dev) for k, v in piece.items()} for i, piece in state["parked"].items()}
         r = state["rng"]
         s.rng.set_state((r["name"], r["keys"].numpy().astype("uint32"), r["pos"], r["has_gauss"], r["gauss"]))
 

@@ -260,6 +260,30 @@ def test_resume_puts_restored_state_on_the_parameters_device(monkeypatch, stalen
     assert not wrong, f"restored state on {wrong}"
 
 
+
+def test_the_ddp_powersgd_state_resumes_on_the_parameters_device():
+    """DDP's PowerSGD hook state (``trainer.mode=ddp compressor=powersgd``, and each slot of the
+    pipelined hook) restored from a CPU checkpoint lands on the parameters' device: torch's hook adds
+    the residual to the bucket in place, and a CPU residual failed the first step after a resume on
+    a GPU (found by the GPU check, 2026-11-28)."""
+    from pipesgd.hooks.powersgd import PowerSGDHookState, powersgd_state
+
+    def params(device):
+        return [nn.Parameter(torch.zeros(8, 4, device=device)), nn.Parameter(torch.zeros(3, device=device))]
+
+    saved = PowerSGDHookState(powersgd_state(None, rank=2), params("cpu")).state_dict()
+    saved |= {"error_dict": {0: torch.ones(35)}, "p_memory_dict": {0: torch.ones(16)},
+              "q_memory_dict": {0: torch.ones(8)}, "layout": {0: [0, 1]}, "parked": {1: {"error": torch.ones(3)}}}
+    state = PowerSGDHookState(powersgd_state(None, rank=2), params(META))
+    state.load_state_dict(saved)
+    s = state.state
+    restored = [*s.error_dict.values(), *s.p_memory_dict.values(), *s.q_memory_dict.values(),
+                *(t for piece in state._parked.values() for t in piece.values())]
+    assert len(restored) == 4
+    wrong = sorted({str(t.device) for t in restored if t.device != META})
+    assert not wrong, f"restored state on {wrong}"
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("compressor", ["none", "int8", "bf16"])
 def test_ps_sync_hands_only_device_tensors_to_the_backend(monkeypatch, backend, compressor):
