@@ -438,15 +438,22 @@ def barriers_per_step(mode: str, width: int, buffers: bool = False) -> int:
     return 1 if width == 1 else int(buffers)
 
 
+def barrier_time(barrier_s: float, mode: str, width: int, buffers: bool, p: int) -> float:
+    """Seconds a step of ``mode`` spends at its :func:`barriers_per_step`, ``barrier_s`` each; none
+    with one worker (nobody to wait for). The one place every prediction (a run's, the map's, a
+    total) prices barriers."""
+    _check_nonneg("barrier_s", barrier_s)
+    return barrier_s * barriers_per_step(mode, width, buffers) if p > 1 else 0.0
+
+
 def _predict_s(mode: str, algorithm: str, nbytes: float, p: int, link: Link, compute_s: float,
                update_s: float, width: int, ratio: float, kappa: float, *, barrier_s: float = 0.0,
                buffers: bool = False, **options) -> tuple[float, float]:
     """(comm seconds, iteration seconds): the step's compute and communication, plus ``barrier_s``
     at each of its :func:`barriers_per_step`."""
-    _check_nonneg("barrier_s", barrier_s)
     comm, iter_s = _comm_and_step_s(mode, algorithm, nbytes, p, link, compute_s, update_s, width, ratio, kappa,
                                     **options)
-    return comm, iter_s + (barrier_s * barriers_per_step(mode, width, buffers) if p > 1 else 0.0)
+    return comm, iter_s + barrier_time(barrier_s, mode, width, buffers, p)
 
 
 def _comm_and_step_s(mode: str, algorithm: str, nbytes: float, p: int, link: Link, compute_s: float,
@@ -585,7 +592,7 @@ def predict(numel: int, p: int, link: Link, compute_s: float, update_s: float = 
                    "exposed_ms": max(iter_s - compute_s - update_s, 0.0) * 1e3,
                    "iter_ms": iter_s * 1e3, "speedup_vs_sync": baseline / iter_s if iter_s else math.inf}
             if iterations is not None:
-                waits = iterations * barrier_s * barriers_per_step(mode, row_width, buffers) if p > 1 else 0.0
+                waits = iterations * barrier_time(barrier_s, mode, row_width, buffers, p)
                 row["total_s"] = (total_time(mode, iterations, compute_s, comm, update_s, row_width,
                                              forward_fraction, p=p, overlap_slowdown=overlap_slowdown) + waits
                                   if get_mode(mode).overlap != "backward" else iterations * iter_s)

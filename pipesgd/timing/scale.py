@@ -28,7 +28,7 @@ from .model import (
     DDP_FIRST_BUCKET_BYTES,
     FP32_BYTES,
     Link,
-    barriers_per_step,
+    barrier_time,
     chunks_for,
     comm_time,
     compression_ratio,
@@ -220,7 +220,7 @@ def _arm_ms(s: Scenario, arm: Arm, algorithm: str) -> tuple[float, float]:
              for bucket in values]
     wire = sum(sum(bucket[:-1]) for bucket in values)
     ratio = s.params / wire if wire else math.inf
-    barriers = s.barrier_s * barriers_per_step(arm.mode, arm.width, s.buffers)
+    barriers = barrier_time(s.barrier_s, arm.mode, arm.width, s.buffers, s.p)
     if row.runs_at(arm.width) >= 2:  # DDP + pipelined(inner): Pipe-SGD width 2 over the buckets
         return (pipelined_time(s.compute_s, sum(comms), s.update_s, s.overlap_slowdown) + barriers) * 1e3, ratio
     iter_s = ddp_iteration_time(s.compute_s, sizes, comms, s.update_s, options["forward_fraction"],
