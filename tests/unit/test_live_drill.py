@@ -124,6 +124,14 @@ def test_the_lighthouse_keys_go_to_the_lighthouse_under_torchrun():
     assert group == ["trainer.live.min_replicas=2", "data.root=/d"]  # a group refuses the lighthouse's own keys
 
 
+def test_every_torchrun_group_waits_for_all_groups_before_its_first_step_unless_told_otherwise():
+    command = live_drill.live_drill_torchrun.group_command
+    plain = command(["data.root=/d"], "10.0.0.2", "http://10.0.0.1:29510", "drill-1", 1, 3)
+    assert plain.count("trainer.live.start_replicas=3") == 1
+    own = command(["data.root=/d", "trainer.live.start_replicas=2"], "10.0.0.2", "http://h:1", "drill-1", 1, 3)
+    assert [t for t in own if "start_replicas" in t] == ["trainer.live.start_replicas=2"]
+
+
 def test_a_survivor_that_healed_from_a_peer_got_back_the_update_it_failed():
     # survivor 0 failed vote 9 that survivor 1 passed, then healed from it: the model lost one update
     assert live_drill.updates_lost({0: {"live_skipped_commits": 2, "live_healed": 1},

@@ -188,8 +188,10 @@ def _stopped(pid: int) -> bool:
 
 
 def _overrides_digest(a: argparse.Namespace) -> str:
-    # the launcher and its link rate are part of the digest: a torchrun drill never reuses a local one's runs
-    parts = a.overrides if a.launcher == "local" else [*a.overrides, f"--launcher={a.launcher}", f"--rate={a.rate}"]
+    # the launcher and its link rate are part of the digest: a torchrun drill never reuses a local one's runs;
+    # nor one from before its groups waited for each other at the start (live_drill_torchrun.group_command)
+    parts = a.overrides if a.launcher == "local" else [*a.overrides, f"--launcher={a.launcher}", f"--rate={a.rate}",
+                                                       "--start-barrier"]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
 
 
