@@ -169,3 +169,24 @@ def test_a_config_keeping_a_keys_removed_alias_beside_it_is_still_one_recipe():
     other["config"]["optim"]["lr"] = 0.2
     with pytest.raises(r.Refused, match="optim.lr"):
         usable_curves({("a", 0): one, ("b", 0): other})
+
+
+def test_a_config_with_the_removed_dc_aliases_is_still_the_recipe_of_one_without():
+    """A curve run at a commit whose config kept ``trainer.dc_lambda`` / ``trainer.dc_adaptive``
+    (the dc rule's settings before the staleness group held them) and one run after: both arms set
+    ``staleness=...``, so the rule's settings are not what makes a recipe (2026-11-28: DDP +
+    PowerSGD seed 1 was refused against sync seed 0 for exactly these)."""
+    from pipesgd.tools.bench.tta_records import usable_curves
+
+    def rec(arm, trainer, overrides):
+        config = {"seed": 0, "trainer": {"mode": "ddp", **trainer}, "staleness": {"_target_": "Plain"},
+                  "optim": {"lr": 0.1}}
+        return {"arm": arm, "seed": 0, "complete": True, "config": config, "arm_overrides": overrides,
+                "world_size": 2}
+
+    older = rec("a", {"dc_lambda": 0.04, "dc_adaptive": False}, ["staleness=none"])
+    newer = rec("b", {}, ["staleness=none"])
+    assert len(usable_curves({("a", 0): older, ("b", 0): newer})[0]) == 2
+    newer["config"]["trainer"]["mode"] = "pipe"
+    with pytest.raises(r.Refused, match="trainer.mode"):
+        usable_curves({("a", 0): older, ("b", 0): newer})

@@ -38,9 +38,11 @@ warm-ups (a pipe arm's synchronous steps, the PowerSGD hook's plain allreduce st
 the rate of the arm that runs them, so a timing run turns them off to time the arm's own step."""
 
 
-RESPELLED = {"trainer.staleness": "staleness"}
-"""A key the recorded commands of earlier runs spell by its removed alias -> its name now (the alias
-meant exactly the group: docs/convergence.md). Commands stay as they ran; readers respell them."""
+RESPELLED = {"trainer.staleness": "staleness", "trainer.dc_lambda": "staleness.dc_lambda",
+             "trainer.dc_adaptive": "staleness.dc_adaptive"}
+"""A key the recorded commands and configs of earlier runs spell by its removed alias -> its name now
+(the aliases meant exactly the group and its dc settings: docs/convergence.md). Commands stay as
+they ran; readers respell them."""
 
 
 def respelled(overrides: Iterable[str]) -> list[str]:
@@ -185,7 +187,9 @@ def usable_curves(records: Mapping[tuple[str, int], dict]) -> tuple[list[dict], 
     for i, one in enumerate(used):
         for other in used[i + 1:]:
             drop = override_keys(one["arm_overrides"]) | override_keys(other["arm_overrides"])
-            drop |= {alias for alias, name in RESPELLED.items() if name in drop}  # a config keeping both spellings
+            # a config keeping both spellings: an alias goes with its name, or with the group holding it
+            drop |= {alias for alias, name in RESPELLED.items()
+                     if any(name == key or name.startswith(f"{key}.") for key in drop)}
             diff = config_diff(recipe_config(one["config"], drop, one.get("world_size")),
                                recipe_config(other["config"], drop, other.get("world_size")))
             if diff:
