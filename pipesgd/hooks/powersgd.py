@@ -139,15 +139,19 @@ class PowerSGDHookState(HookState):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores onto the parameters' device: a checkpoint gathered on the CPU resumes on a GPU
         (torch's hook adds the residual to the bucket in place, which fails across devices)."""
+        from ..engine.base import state_to_device  # here: the engine package imports the hooks
+
         s = self.state
         s.iter = int(state["iter"])
-        dev = self._device
-        for mine, saved in ((s.error_dict, state["error_dict"]), (s.p_memory_dict, state["p_memory_dict"]),
-                            (s.q_memory_dict, state["q_memory_dict"])):
+        # the tensors only: the generator's state stays a CPU tensor NumPy reads
+        moved = state_to_device({k: state[k] for k in ("error_dict", "p_memory_dict", "q_memory_dict", "parked")},
+                                self._device)
+        for mine, key in ((s.error_dict, "error_dict"), (s.p_memory_dict, "p_memory_dict"),
+                          (s.q_memory_dict, "q_memory_dict")):
             mine.clear()
-            mine.update({k: v.to(dev) for k, v in saved.items()})
+            mine.update(moved[key])
         self._layout = {int(k): list(v) for k, v in state["layout"].items()}
-        self._parked = {int(i): {k: v.to(dev) for k, v in piece.items()} for i, piece in state["parked"].items()}
+        self._parked = moved["parked"]
         r = state["rng"]
         s.rng.set_state((r["name"], r["keys"].numpy().astype("uint32"), r["pos"], r["has_gauss"], r["gauss"]))
 

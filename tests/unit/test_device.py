@@ -260,7 +260,6 @@ def test_resume_puts_restored_state_on_the_parameters_device(monkeypatch, stalen
     assert not wrong, f"restored state on {wrong}"
 
 
-
 def test_the_ddp_powersgd_state_resumes_on_the_parameters_device():
     """DDP's PowerSGD hook state (``trainer.mode=ddp compressor=powersgd``, and each slot of the
     pipelined hook) restored from a CPU checkpoint lands on the parameters' device: torch's hook adds
