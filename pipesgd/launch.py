@@ -107,12 +107,23 @@ def _children() -> dict[int, str]:
     pids = _child_pids("self")
     for pid in list(pids):
         pids |= _child_pids(pid)
-    states = {}
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            states[pid] = stat[stat.rfind(")") + 2:].split()[0]  # the name may hold spaces and ")"
-    return states
+    return {pid: state for pid in pids if (state := process_state(pid)) is not None}
+
+
+def process_state(pid: int) -> str | None:
+    """The kernel's state letter of process ``pid`` (R, S, T = stopped, Z = zombie, X = dead, ...),
+    or None where it has none: gone, or not Linux (/proc only)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()[0]  # the name may hold spaces and ")"
+
+
+def has_exited(pid: int) -> bool:
+    """Gone, or a zombie its parent has not reaped yet: ``os.kill(pid, 0)`` still finds a zombie, whose
+    sockets and memory are released all the same. True where /proc cannot say (not Linux)."""
+    return process_state(pid) in (None, "Z", "X")
 
 
 @contextlib.contextmanager

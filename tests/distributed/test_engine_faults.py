@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from distributed_utils import run_workers
 from pipesgd import NonFiniteGradient, PipeSGD, ReductionError
+from pipesgd.launch import has_exited
 from pipesgd.watchdog import Watchdog
 from engine_reference import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, reference
 
@@ -124,16 +125,6 @@ def test_stopped_peer_is_named_by_every_other_rank():
     assert re.search(r"(receiving from rank 2|sending to rank 1)", msg0), msg0
 
 
-def _exited(pid: int) -> bool:
-    """The process has exited: gone, or a zombie its parent (the forkserver) has not reaped yet,
-    which ``os.kill(pid, 0)`` still finds (its sockets are closed all the same)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-
-
 def _late_reader_worker(rank, p):
     """Rank 1 stops; rank 0 returns at once (its process exits); rank 2 reads the heartbeats only
     after rank 0 is gone and rank 1's last beat is stale: the job's store must still answer."""
@@ -152,7 +143,7 @@ def _late_reader_worker(rank, p):
     pid0 = int(store.get("test/pid/0"))
     deadline = time.monotonic() + 90
     while True:
-        rank0_alive = not _exited(pid0)
+        rank0_alive = not has_exited(pid0)  # a zombie the forkserver has not reaped yet counts as gone
         peers = {s.rank: s for s in watchdog.peers() or []}
         rank1 = peers.get(1)
         if not rank0_alive and rank1 is not None and rank1.age_s is not None and rank1.age_s > watchdog._stale_s:

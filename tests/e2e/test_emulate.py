@@ -39,6 +39,7 @@ if __name__ == "__main__":
 
 import pytest  # noqa: E402
 
+from pipesgd.launch import has_exited  # noqa: E402
 from pipesgd.tools.emulate import Cluster, EmulateError  # noqa: E402
 
 HERE = Path(__file__).resolve().parent  # the workers run this file as a module: `-m test_emulate`
@@ -68,17 +69,9 @@ def _processes_mentioning(text: str) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if text in cmdline and _alive(int(entry.name)):
+            if text in cmdline and not has_exited(int(entry.name)):
                 found.append(int(entry.name))
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _emulate(args: list[str], **kw: object) -> subprocess.Popen[str]:
@@ -192,7 +185,7 @@ def test_failing_rank_stops_the_others_and_cleans_up(netns: None, tmp_path: Path
     out, _ = proc.communicate(timeout=25)
     assert proc.returncode == 3, out
     pids = [int((tmp_path / f"pid_rank{r}").read_text()) for r in (0, 1)]
-    assert not any(_alive(p) for p in pids)
+    assert all(has_exited(p) for p in pids)
     assert _ours(proc.pid) == []
 
 
@@ -215,7 +208,7 @@ def test_signal_tears_everything_down(
     proc.send_signal(signum)
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == -signum, out  # re-raised: died of the same signal, after teardown
-    assert not any(_alive(int(p.read_text())) for p in pid_files)
+    assert all(has_exited(int(p.read_text())) for p in pid_files)
     assert _ours(proc.pid) == [] and _processes_mentioning(f"psgd{proc.pid}-") == []
 
 
@@ -240,7 +233,7 @@ def test_api_escalates_to_sigkill_and_sweeps_escaped_processes(netns: None, tmp_
         code = c.run(lambda rank: [PY, "-c", rank1 if rank else rank0])
         assert code == 3
         for name in ("pid_rank0", "grandchild"):
-            assert not _alive(int((tmp_path / name).read_text())), name
+            assert has_exited(int((tmp_path / name).read_text())), name
         assert c.run(lambda rank: [PY, "-c", "import time; time.sleep(60)"], timeout_s=0.5) == 124
     assert _ours(os.getpid()) == []
 

@@ -10,17 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from pipesgd.launch import has_exited
 from pipesgd.tools.emulate.netns import list_namespaces
 from runs import ROOT, tagged_processes
 from slurm_jobs import job_env, job_fields, wait_until
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.timeout(120)
@@ -41,7 +34,7 @@ def test_failing_block_with_a_running_job_tears_everything_down(slurm, tmp_path)
             raise RuntimeError("the test body failed")
     namespaces, daemons, state, conf = seen
     assert not set(namespaces) & set(list_namespaces())
-    assert not [label for label, pid in daemons.items() if alive(pid)], daemons
+    assert not [label for label, pid in daemons.items() if not has_exited(pid)], daemons
     assert not tagged_processes(tag), "the job's processes must be gone"
     assert not state.exists() and not conf.exists()
     assert not [ns for ns in namespaces if (Path("/etc/netns") / ns).exists()]
@@ -89,7 +82,7 @@ def test_after_a_sigkill_emulate_cleanup_stops_every_daemon(slurm, tmp_path):
                            text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         assert not [ns for ns in list_namespaces() if ns.startswith(f"{prefix}-")]
-        assert not [pid for pid in pids if alive(pid)]
+        assert not [pid for pid in pids if not has_exited(pid)]
         assert not [ns for ns in namespaces if (Path("/etc/netns") / ns).exists()]
     finally:
         proc.kill()

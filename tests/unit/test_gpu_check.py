@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from pipesgd.launch import has_exited, process_state
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
@@ -84,19 +86,12 @@ def test_a_check_that_overruns_its_budget_is_killed_with_its_workers(gpu_check, 
     assert outcome.status == "timeout" and "budget of 3 s" in outcome.summary
     assert "started" in log.getvalue()
     worker = int(pid_file.read_text())
-    stat = Path(f"/proc/{worker}/stat")
-
-    def dead() -> bool:  # killed by the group's SIGKILL: gone, or a zombie until init reaps it
-        try:
-            return stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-        except FileNotFoundError:
-            return True
-
-    # SIGKILL is delivered at once but a process under load takes a moment to exit: poll, bounded
+    # killed by the group's SIGKILL: gone, or a zombie until init reaps it. SIGKILL is delivered at
+    # once but a process under load takes a moment to exit: poll, bounded
     deadline = time.monotonic() + 10
-    while not dead() and time.monotonic() < deadline:
+    while not has_exited(worker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert dead(), stat.read_text()
+    assert has_exited(worker), f"worker {worker} is in state {process_state(worker)}"
 
 
 @pytest.mark.timeout(60)

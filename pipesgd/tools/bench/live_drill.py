@@ -51,6 +51,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipesgd.hostinfo import fingerprint
+from pipesgd.launch import process_state
 from pipesgd.live.launch import replica_dir
 from pipesgd.runinfo import git_commit
 from pipesgd.tools.emulate.drill import STEP, Log, stamp
@@ -166,7 +167,7 @@ class _StopThenSignal:
 
     def __call__(self, proc: subprocess.Popen) -> None:
         deadline = time.monotonic() + self.deadline_s
-        while self.pid is None or not _stopped(self.pid):
+        while self.pid is None or process_state(self.pid) != "T":
             if proc.poll() is not None:
                 raise CellFailed(f"the live job exited with status {proc.returncode} before its group stopped")
             if time.monotonic() > deadline:
@@ -178,13 +179,6 @@ class _StopThenSignal:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, self.sig)
         log.info("group's pid %d stopped for %.1f s, then %s", self.pid, self.stop_s, self.sig.name)
-
-
-def _stopped(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    except OSError:
-        return False
 
 
 def _overrides_digest(a: argparse.Namespace) -> str:
