@@ -130,6 +130,8 @@ def test_every_torchrun_group_waits_for_all_groups_before_its_first_step_unless_
     assert plain.count("trainer.live.start_replicas=3") == 1
     own = command(["data.root=/d", "trainer.live.start_replicas=2"], "10.0.0.2", "http://h:1", "drill-1", 1, 3)
     assert [t for t in own if "start_replicas" in t] == ["trainer.live.start_replicas=2"]
+    forced = command(["+trainer.live.start_replicas=2"], "10.0.0.2", "http://h:1", "drill-1", 1, 3)
+    assert [t for t in forced if "start_replicas" in t] == ["+trainer.live.start_replicas=2"]
 
 
 def test_a_survivor_that_healed_from_a_peer_got_back_the_update_it_failed():

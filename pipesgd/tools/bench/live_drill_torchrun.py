@@ -42,7 +42,7 @@ ADDRESS_TIMEOUT_S = 120.0
 def check(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """``parser.error`` naming the option where ``--launcher torchrun`` cannot run: an override of a
     key it sets itself, a bad ``--rate``, or no root (network namespaces)."""
-    owned = [o for o in a.overrides if o.split("=", 1)[0].lstrip("+~") in GROUP_OWNED]
+    owned = [o for o in a.overrides if _key(o) in GROUP_OWNED]
     if owned:
         parser.error(f"override(s) {owned}: with --launcher torchrun the drill sets {', '.join(GROUP_OWNED)} itself")
     try:
@@ -54,13 +54,17 @@ def check(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
                      "`ip netns`): root only; use --launcher local")
 
 
+def _key(override: str) -> str:
+    """The dotted key an override sets, without Hydra's ``+``/``++``/``~`` prefix."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
     """The lighthouse's options (from the ``trainer.live`` keys it owns) and the groups' overrides
     (without the keys a group under torchrun refuses)."""
     options, group = [], []
     for o in overrides:
-        key, value = o.split("=", 1)
-        key = key.lstrip("+~")
+        key, value = _key(o), o.split("=", 1)[1]
         if key in LIGHTHOUSE_OPTIONS:
             options += [LIGHTHOUSE_OPTIONS[key], value]
         if key not in LIGHTHOUSE_OPTIONS or key == "trainer.live.min_replicas":
@@ -68,8 +72,8 @@ def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
     return options, group
 
 
-START_KEY = "trainer.live.start_replicas="
-"""The start barrier's override, which :func:`group_command` adds for every group."""
+START_KEY = "trainer.live.start_replicas"
+"""The start barrier's key, which :func:`group_command` sets for every group."""
 
 
 def group_command(train: Sequence[str], address: str, lighthouse: str, run_id: str, replica: int,
@@ -78,7 +82,7 @@ def group_command(train: Sequence[str], address: str, lighthouse: str, run_id: s
     Every group waits for all ``replicas`` before its first step (``trainer.live.start_replicas``,
     unless ``train`` sets it): without that barrier a group that started late trained alone at first
     and a fault early in the run could fall before the other group had joined."""
-    barrier = ([] if any(t.startswith(START_KEY) for t in train) else [f"{START_KEY}{replicas}"])
+    barrier = [] if any(_key(t) == START_KEY for t in train) else [f"{START_KEY}={replicas}"]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
             "--max-restarts", "1", "--monitor-interval", "0.5", "-m", "pipesgd.train", *train,
             "trainer.mode=live", f"trainer.live.lighthouse={lighthouse}", f"trainer.live.run_id={run_id}",
