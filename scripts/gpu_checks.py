@@ -521,11 +521,10 @@ def _ddp_hook_worker(rank, p):
         out.append(flat(m))
         return out
 
-    def resumed(inner=None, make_state=None):
-        """Straight through, and saved on the CPU after half the steps (both PowerSGD slots past
-        their start) then resumed into a fresh DDP on the GPU; and the same resume with the
-        in-flight averages dropped (the control: it must differ)."""
-        straight = hooked(inner, make_state)
+    def resumed(straight, inner=None, make_state=None):
+        """``straight`` (the same run straight through) against the run saved on the CPU after half
+        the steps (both PowerSGD slots past their start) then resumed into a fresh DDP on the GPU;
+        and the same resume with the in-flight averages dropped (the control: it must differ)."""
         saved: dict = {}
         half = HOOK_STEPS // 2
         hooked(inner, make_state, steps=range(half), keep=saved)
@@ -553,11 +552,10 @@ def _ddp_hook_worker(rank, p):
     def psgd():
         return powersgd_state(None, rank=2, start_iter=2, seed=3)
 
-    return {"allreduce": hooked(), "engine": engine(),
-            "powersgd": hooked(powerSGD_hook, psgd),
-            "amp": hooked(amp=True),
+    plain, powersgd = hooked(), hooked(powerSGD_hook, psgd)
+    return {"allreduce": plain, "engine": engine(), "powersgd": powersgd, "amp": hooked(amp=True),
             "lookahead": hooked(lookahead=True), "engine_lookahead": engine("lookahead"),
-            "resume": resumed(), "resume_powersgd": resumed(powerSGD_hook, psgd)}
+            "resume": resumed(plain), "resume_powersgd": resumed(powersgd, powerSGD_hook, psgd)}
 
 
 def ddp_hook_cuda(out: Path) -> tuple[str, str, dict]:
