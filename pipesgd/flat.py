@@ -55,3 +55,15 @@ def has_nonfinite(t: Tensor) -> Tensor:
     an fp32 sum overflows only past 3.4e38, which counts as non-finite too (no better an update)."""
     acc = torch.float32 if t.element_size() < 4 else t.dtype
     return torch.isfinite(t.sum(dtype=acc)).logical_not_()
+
+
+def state_to_device(state, device: torch.device | str):
+    """``state`` (tensors inside dicts, lists and tuples) with every tensor on ``device``; tensors
+    already there are the same objects (no copy). Other values are returned as they are."""
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {k: state_to_device(v, device) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(state_to_device(v, device) for v in state)
+    return state

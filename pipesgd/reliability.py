@@ -22,7 +22,8 @@ from . import elastic, termination
 from .checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, config_digest, hashed_config,
                          param_checksum, rng_state, set_rng_state)
 from .data.loader import mix_seed
-from .engine.base import Engine, state_to_device
+from .engine.base import Engine
+from .flat import state_to_device
 from .faults import Faults
 from .models import unwrap
 from .modes import get_mode, modes_with

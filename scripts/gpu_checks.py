@@ -193,7 +193,7 @@ def _cuda_engine_worker(rank, p):
     import pipesgd.engine.pipe as pipe
     from engine_reference import LR, MOMENTUM, STEPS, batch, flat_params, make_model
     from pipesgd import PipeSGD
-    from pipesgd.engine.base import state_to_device
+    from pipesgd.flat import state_to_device
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     dev = _device()

@@ -189,16 +189,6 @@ class Engine(ABC):
         self.close()
 
 
-def state_to_device(state, device: torch.device | str):
-    """``state`` (tensors inside dicts, lists and tuples) with every tensor on ``device``; tensors
-    already there are the same objects (no copy). Other values are returned as they are."""
-    if isinstance(state, torch.Tensor):
-        return state.to(device)
-    if isinstance(state, dict):
-        return {k: state_to_device(v, device) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(state_to_device(v, device) for v in state)
-    return state
 
 
 @dataclass

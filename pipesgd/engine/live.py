@@ -22,7 +22,7 @@ from ..comm import CommStats, CommThread, CompletedHandle, Handle, bind
 from ..checkpoint import param_checksum
 from ..comm.native import native_allreduce
 from ..compress import Compressor
-from ..flat import has_nonfinite
+from ..flat import has_nonfinite, state_to_device
 from ..live import require_torchft
 from ..live import launch as live_launch
 from ..live.group import TorchftGroup
@@ -33,7 +33,7 @@ from ..modes import check_comm, check_compressor, register
 from ..reduction import Reduction, resolve
 from ..replicas import EXACT_GROUPS, MOMENTS, ReplicaMismatch, describe_summed_mismatch, moments
 from ..staleness import Staleness, make_staleness
-from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, state_to_device
+from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats
 
 log = logging.getLogger(__name__)
 

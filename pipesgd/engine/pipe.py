@@ -18,13 +18,13 @@ from torch import Tensor
 from .. import trace
 from ..comm import CommError, CommStats, CompletedHandle, Handle, get_allreduce, note
 from ..compress import Compressor
-from ..flat import set_grads
+from ..flat import set_grads, state_to_device
 from ..modes import register
 from .exchange import GradientExchange, Reduced
 from ..reduction import Reduction
 from ..replicas import ReplicaMismatch, describe_mismatch, digest
 from ..staleness import Staleness, make_staleness
-from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, T, state_to_device
+from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, T
 
 
 class PipeSGD(Engine):

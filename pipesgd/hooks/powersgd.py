@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..flat import state_to_device
+
 
 class HookState(ABC):
     """A DDP comm hook's state that a checkpoint carries: ``run(hook, bucket)`` calls ``hook`` with
@@ -139,8 +141,6 @@ class PowerSGDHookState(HookState):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores onto the parameters' device: a checkpoint gathered on the CPU resumes on a GPU
         (torch's hook adds the residual to the bucket in place, which fails across devices)."""
-        from ..engine.base import state_to_device  # here: the engine package imports the hooks
-
         s = self.state
         s.iter = int(state["iter"])
         # the tensors only: the generator's state stays a CPU tensor NumPy reads

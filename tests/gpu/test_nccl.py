@@ -103,7 +103,7 @@ def _train(rank, width, compressor, split_at=None):
 
 
 def _to_cpu(state):
-    from pipesgd.engine.base import state_to_device
+    from pipesgd.flat import state_to_device
 
     return state_to_device(state, "cpu")
 

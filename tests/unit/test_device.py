@@ -343,7 +343,7 @@ def test_checkpoint_gathers_every_ranks_state_on_the_cpu(monkeypatch, tmp_path):
 def _to_cpu_as_if_copied(state, device):
     """``state_to_device`` for meta tensors, which cannot be copied out: an empty CPU tensor of the same
     shape stands for the copy, so the test sees where the gathered state lives."""
-    from pipesgd.engine.base import state_to_device
+    from pipesgd.flat import state_to_device
 
     if isinstance(state, torch.Tensor) and state.device == META:
         return torch.empty(state.shape, dtype=state.dtype, device=device)
