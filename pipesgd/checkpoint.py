@@ -58,7 +58,7 @@ def param_checksum(model: nn.Module) -> str:
 NOT_HASHED = ("trainer.resume", "trainer.stop_after_step", "trainer.elastic", "trainer.checkpoint_every", "trainer.keep_checkpoints",
               "trainer.check_every", "trainer.log_every", "trainer.trace", "trainer.trace_steps",
               "trainer.eval_max_batches", "trainer.eval_every_steps", "dist.nproc", "dist.timeout_s",
-              "dist.max_restarts", "dist.threads_per_worker", "data.root", "data.cache_dir",
+              "dist.max_restarts", "dist.threads_per_worker", "dist.cpu_affinity", "data.root", "data.cache_dir",
               "data.download", "data.url", "timing")
 
 

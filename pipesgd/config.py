@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from .dist import BACKENDS
 from .launch import under_torchrun
 from .modes import check_comm, check_compressor, get_mode, modes, modes_with
+from .placement import check_rule as check_placement
 from .registry import registry
 from .schema import Config, DistConfig, LiveConfig, TrainerConfig
 from .staleness import available as stalenesses
@@ -119,6 +120,10 @@ def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
     _int_at_least(cfg, "trainer.check_every", 1, "steps between replica checks, or null for none",
                   optional=True)
     _check_resume(str(cfg.trainer.resume))
+    try:
+        check_placement(cfg.dist.get("cpu_affinity"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if cfg.dist.timeout_s is None or cfg.dist.timeout_s <= 0:
         raise ConfigError(f"dist.timeout_s={cfg.dist.timeout_s!r} is invalid: must be > 0 seconds")
     _check_lr(cfg.optimizer.get("lr"))

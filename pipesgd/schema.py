@@ -78,6 +78,7 @@ class DistConfig:
     timeout_s: float = 300.0
     max_restarts: int = 0
     threads_per_worker: Optional[int] = None
+    cpu_affinity: Optional[str] = None
 
 
 @dataclass

@@ -37,6 +37,7 @@ from .metrics import make_writer
 from .engine.build import build
 from .modes import get_mode
 from .objective import Objective
+from .placement import pin
 from .reliability import Reliability
 from .runinfo import git_commit, write_json_atomic
 from .summary import Prediction, summary
@@ -120,6 +121,7 @@ def worker(container: dict, run_dir: str) -> None:
     """One rank of the job: everything from process group to summary.json, torn down in one place."""
     cfg = OmegaConf.create(container)
     _setup_logging(pdist.env_int("RANK", 0), run_dir)
+    placement = pin(cfg.dist.get("cpu_affinity"), pdist.env_int("RANK", 0), pdist.env_int("LOCAL_RANK", 0))
     threads = _threads(cfg)
     ctx = pdist.init(cfg.dist.backend, cfg.dist.timeout_s)
     run = writer = None
@@ -134,6 +136,9 @@ def worker(container: dict, run_dir: str) -> None:
         log.info("mode=%s width=%d staleness=%s compressor=%s allreduce=%s world=%d global batch %d lr %.4g "
                  "threads/worker %d", cfg.trainer.mode, run.engine.width, staleness_rule(cfg), run.compressor.name,
                  run.allreduce, ctx.world_size, run.global_batch, run.lr, threads)
+        if placement["core"] is not None:
+            log.info("workers pinned by dist.cpu_affinity=%s: this rank on core %d of %s", placement["rule"],
+                     placement["core"], placement["allowed"])
         predict = _prediction(cfg, run.engine.width, run.model, ctx.world_size, run.compressor.name,
                               run.loaders[0].batch_size)
         reliability = _reliability(cfg, ctx, run, run_dir, container)
@@ -153,7 +158,7 @@ def worker(container: dict, run_dir: str) -> None:
                                          "compressor": run.compressor.name, "allreduce": run.allreduce})
         if ctx.is_main:
             _write_results(cfg, ctx, run, trainer, result, predict(trainer.history), reliability, writer,
-                           Path(run_dir), container, threads)
+                           Path(run_dir), container, threads, placement)
     except BaseException as e:
         failed = True
         if isinstance(e, Exception):  # logged before the teardown, which a hung collective could end
@@ -239,7 +244,7 @@ def _reliability(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, run_dir: st
 
 def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: Trainer, result: dict,
                    predicted: tuple, reliability: Reliability, writer, run_dir: Path, container: dict,
-                   threads: int) -> None:
+                   threads: int, placement: dict) -> None:
     """Rank 0: TensorBoard's HParams row, summary.json and history.json."""
     h = trainer.history
     name = run.compressor.name
@@ -251,6 +256,7 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
         h, result, predicted, mode=cfg.trainer.mode, width=run.engine.width, staleness=staleness_rule(cfg),
         compressor=name, allreduce=run.allreduce, world_size=ctx.world_size, backend=ctx.backend,
         steps=trainer.step, total_steps=trainer.total_steps, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
+        placement=placement,
         git_commit=git_commit(), host=fingerprint(), config=container, data=run.data, **reliability.summary(), **run.engine.summary()))
     # Per-step timings for benchmarks that skip warm-up steps (pipesgd.tools.bench).
     write_json_atomic(run_dir / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})

@@ -27,11 +27,13 @@ def _args(tmp_path, data, run_dir, *extra):
 @pytest.mark.timeout(480)
 def test_a_records_first_evaluation_reruns_to_the_bit_here(tmp_path, shared_data):
     run_dir = tmp_path / "run"
-    args = _args(tmp_path, shared_data, run_dir, "trainer.max_steps=8")
+    args = _args(tmp_path, shared_data, run_dir, "trainer.max_steps=8", "dist.cpu_affinity=rank")
     r = train(*args)
     assert r.returncode == 0, r.stderr[-2000:]
     s = summary(run_dir)
     assert s["host"] == fingerprint(), "summary.json says which host the run ran on"
+    allowed = s["placement"]["allowed"]  # and where its workers ran (a pinned run's record reruns the same)
+    assert s["placement"] == {"rule": "rank", "allowed": allowed, "core": allowed[0]}
     record = tta_records.curve_record("pipe", 5, list(ARM), "mnist_mlp", s,
                                       [{"command": recorded([sys.executable, "-m", "pipesgd.train", *args])}])
     assert record["host_kind"] == host_kind(fingerprint()) and record["curve"][0][0] == 3

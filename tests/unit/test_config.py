@@ -46,6 +46,7 @@ def test_schema_rejects_unknown_keys_and_wrong_types_with_hydras_message(overrid
     ("optimizer.lr=-1", "optimizer.lr=-1 is invalid: must be a number > 0"),
     ("optimizer.lr=0", "optimizer.lr=0 is invalid"),
     ("dist.backend=mpi", "dist.backend='mpi' is not known; allowed: auto, gloo, nccl"),
+    ("dist.cpu_affinity=core", "dist.cpu_affinity='core' is not known; allowed: null, rank, local_rank"),
     ("trainer.resume=/nonexistent/step-00000008.pt", "trainer.resume='/nonexistent/step-00000008.pt' is not a "
                                                      "checkpoint file; allowed: auto"),
 ])

@@ -12,6 +12,8 @@ from pipesgd.tools.bench import tta_compose as c
 from pipesgd.hostinfo import fingerprint
 from tests.unit.test_tta_records import _record, _summary
 
+PINNED = {"rule": "rank", "allowed": [0, 1], "core": 0}
+
 
 def test_a_powersgd_timing_run_times_its_plain_steps_then_its_compressed_ones(tmp_path, monkeypatch):
     a = SimpleNamespace(skip=2, steps=4, recipe="resnet_cifar_tta", workers=2, overrides=[], timeout_s=60.0,
@@ -26,7 +28,7 @@ def test_a_powersgd_timing_run_times_its_plain_steps_then_its_compressed_ones(tm
         (run_dir / "history.json").write_text(json.dumps({
             "iter_ms": iter_ms, "wall_time": [float(i) for i in range(len(iter_ms))], "compute_ms": iter_ms,
             "exposed_comm_ms": iter_ms}))
-        (run_dir / "summary.json").write_text(json.dumps({"evals": [{"eval_s": 4.0}]}))
+        (run_dir / "summary.json").write_text(json.dumps({"evals": [{"eval_s": 4.0}], "placement": PINNED}))
         return True
 
     monkeypatch.setattr(tta, "_run", run)
@@ -34,7 +36,7 @@ def test_a_powersgd_timing_run_times_its_plain_steps_then_its_compressed_ones(tm
     assert "compressor.ddp_start_iter=22" in seen["cmd"] and "trainer.warmup_sync_steps=0" in seen["cmd"]
     assert row["warmup_iter_ms"] == [300.0] * 20 and row["iter_ms"] == [100.0] * 4
     assert row["window"] == {"first": 24, "steps": 4, "warmup": [2, 22]}
-    assert row["host"] == fingerprint()
+    assert row["host"] == fingerprint() and row["placement"] == PINNED, "the row says where rank 0 ran"
     block = tta_report.timing_by_link([row | {"link": "100mbit"}])["100mbit"]
     assert block["warmup_ms"] == {"ddp-powersgd": 300.0} and block["step_ms"] == {"ddp-powersgd": 100.0}
 

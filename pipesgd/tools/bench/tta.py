@@ -270,7 +270,7 @@ def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: i
            "median_exposed_comm_ms": statistics.median(history["exposed_comm_ms"][first:]),
            "cpu": cpu_split([sampler.between(t0, history["wall_time"][-1])]),
            "loadavg_before": load, "command": recorded(cmd), "commit": git_commit(),
-           "host": summary.get("host") or fingerprint(),
+           "host": summary.get("host") or fingerprint(), "placement": summary.get("placement"),
            "recipe": a.recipe, "start": start, "date": records.now()}
     log.info("timing %s %s r%d: median %.1f ms/step, eval %.1f s", link, arm, rep, row["median_iter_ms"],
              row["eval_s"])
