@@ -190,3 +190,18 @@ def test_a_config_with_the_removed_dc_aliases_is_still_the_recipe_of_one_without
     newer["config"]["trainer"]["mode"] = "pipe"
     with pytest.raises(r.Refused, match="trainer.mode"):
         usable_curves({("a", 0): older, ("b", 0): newer})
+
+
+def test_a_mode_owned_section_of_a_mode_no_run_ran_is_not_the_recipe():
+    """``trainer.live`` (read only by trainer.mode=live) appeared in the config after some curves
+    ran: a run that records it and one from before are one recipe while neither runs live, and a
+    difference in it still counts between two live runs."""
+    older = _record("sync", _summary())
+    newer_summary = _summary(mode="pipe", width=2, staleness="lookahead", warmup_sync_steps=200)
+    newer_summary["config"]["trainer"]["live"] = {"timeout_s": 30.0}
+    newer = _record("pipe+lookahead", newer_summary)
+    assert len(r.usable_curves({("sync", 0): older, ("pipe+lookahead", 0): newer})[0]) == 2
+    live = [{"arm": "x", "seed": s, "complete": True, "arm_overrides": [], "world_size": 2,
+             "config": {"seed": s, "trainer": {"mode": "live", "live": {"timeout_s": t}}}} for s, t in ((0, 30.0), (1, 2.0))]
+    with pytest.raises(r.Refused, match=r"trainer.live.timeout_s: 30.0 -> 2.0"):
+        r.usable_curves({("x", 0): live[0], ("x", 1): live[1]})
