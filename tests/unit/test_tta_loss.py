@@ -103,3 +103,29 @@ def test_the_loss_studys_table_and_goals_speak_its_metric():
     assert goals["loss pipe+lookahead-int8"]["met"] is False  # 1.5 % above sync's mean: not the same loss
     assert goals["loss pipe+lookahead"]["met"] is None
     assert "+1.50 % vs sync" in compose.goals_table(list(goals.values()))
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_both_plots_label_the_loss_and_its_target_in_nats(timed, monkeypatch, tmp_path):
+    """The wall-clock plot (a study with timing) once labelled every metric "test accuracy %"."""
+    from matplotlib.figure import Figure
+
+    from pipesgd.tools.bench import tta_report
+
+    made = []
+
+    def figure(width, height):
+        made.append(Figure(figsize=(width, height)))
+        return made[-1]
+
+    monkeypatch.setattr("pipesgd.tools.report.figure.new_figure", figure)
+    run = {"name": "sync", "seed": 0, "complete": True, "curve": [[0, 5.5], *CURVE]}
+    result = {"metric": {"key": "test_loss", "lower_is_better": True, "unit": "nats"}, "target_accuracy": 1.919,
+              "arms": [run], "warmup": {},
+              "links": {"50mbit": {"step_ms": {"sync": 100.0}, "eval_s": 1.0, "warmup_ms": {}, "unpriced": []}}}
+    (tta_report.plot if timed else tta_report.plot_steps)(result, tmp_path / "p.png")
+    ax = made[0].axes[0]
+    assert ax.get_ylabel() == "test loss (nats)"
+    assert [t.get_text() for t in ax.texts] == ["target 1.919 nats"]
+    low, high = ax.get_ylim()
+    assert low < 1.9 < high < 5.5, "the end of the curves is shown, not the first evaluation's loss"

@@ -282,17 +282,31 @@ def plot(result: dict, path: Path) -> None:
                                  result["warmup"].get(arm, {"steps": 0})["steps"], block["warmup_ms"].get(arm))
         ax.plot([p[0] / 60 for p in pts], [p[1] for p in pts], label=f"{arm} ({block['step_ms'][arm]:.0f} ms/step)",
                 lw=1.6 if compose.pipelined(arm) else 1.1)
-    ax.axhline(result["target_accuracy"], color="0.4", ls="--", lw=0.8)
-    ax.text(0.01, result["target_accuracy"], f"target {result['target_accuracy']:.2f} %", va="bottom", fontsize=8,
-            transform=ax.get_yaxis_transform())
-    top = max((p[1] for r in result["arms"] for p in r["curve"]), default=100)
-    ax.set_ylim(max(0, top - 25), min(100, top + 2))
+    _metric_axis(ax, result)
     ax.set_xlabel(f"wall-clock minutes at {link} (composed: steps × measured ms/step + evaluations)")
-    ax.set_ylabel("test accuracy %")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper right" if result["metric"]["lower_is_better"] else "lower right")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
+
+
+def _metric_axis(ax, result: dict) -> None:
+    """The study's metric on ``ax``'s y axis: its label, the target as a dashed line, and limits
+    that show the end of the curves, where the arms differ."""
+    metric, target = result["metric"], result["target_accuracy"]
+    ax.axhline(target, color="0.4", ls="--", lw=0.8)
+    ax.text(0.01, target, f"target {target:.4g} {metric['unit']}".rstrip(), fontsize=8,
+            va="top" if metric["lower_is_better"] else "bottom", transform=ax.get_yaxis_transform())
+    ax.set_ylabel(f"{metric['key'].replace('_', ' ')} ({metric['unit']})" if metric["unit"] else
+                  metric["key"].replace("_", " "))
+    curves = [r["curve"] for r in result["arms"] if r["complete"] and r["curve"]]
+    if metric["lower_is_better"]:  # the early evaluations would flatten the end
+        finals = [c[-1][1] for c in curves]
+        if finals:
+            ax.set_ylim(min(finals + [target]) * 0.97, max(finals) * 1.6)
+    else:
+        top = max((v for c in curves for _, v in c), default=100)
+        ax.set_ylim(max(0, top - 25), min(100, top + 2))
 
 
 def plot_steps(result: dict, path: Path) -> None:
@@ -313,15 +327,8 @@ def plot_steps(result: dict, path: Path) -> None:
         steps, values = zip(*run["curve"]) if run["curve"] else ((), ())
         ax.plot(steps, values, color=colours[arm], label=label, lw=1.6 if compose.pipelined(arm) else 1.1,
                 alpha=0.9 if run["seed"] == 0 else 0.55)
-    target = result["target_accuracy"]
-    ax.axhline(target, color="0.4", ls="--", lw=0.8)
-    ax.text(0.01, target, f"target {target:.4g} {metric['unit']}".rstrip(), fontsize=8,
-            va="top" if metric["lower_is_better"] else "bottom", transform=ax.get_yaxis_transform())
-    finals = [v for r in result["arms"] if r["complete"] for _, v in r["curve"][-1:]]
-    if finals and metric["lower_is_better"]:  # the early evaluations would flatten the end, where arms differ
-        ax.set_ylim(min(finals + [target]) * 0.97, max(finals) * 1.6)
+    _metric_axis(ax, result)
     ax.set_xlabel("training step")
-    ax.set_ylabel(f"{metric['key'].replace('_', ' ')} ({metric['unit']})" if metric["unit"] else metric["key"])
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper right" if metric["lower_is_better"] else "lower right")
     path.parent.mkdir(parents=True, exist_ok=True)
