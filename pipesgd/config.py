@@ -121,7 +121,7 @@ def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
                   optional=True)
     _check_resume(str(cfg.trainer.resume))
     try:
-        check_placement(cfg.dist.get("cpu_affinity"))
+        check_placement(cfg.dist.cpu_affinity)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if cfg.dist.timeout_s is None or cfg.dist.timeout_s <= 0:

@@ -35,8 +35,8 @@ def check_rule(rule: str | None) -> None:
 
 
 def core_for(rule: str, rank: int, local_rank: int, allowed: Sequence[int]) -> int:
-    """The core a worker of ``rank`` / ``local_rank`` is pinned to under ``rule``, from ``allowed``."""
-    check_rule(rule)
+    """The core a worker of ``rank`` / ``local_rank`` is pinned to under ``rule`` (one of
+    :data:`RULES`), from ``allowed``."""
     cores = sorted(allowed)
     if not cores:
         raise ValueError("dist.cpu_affinity: this process may run on no core")

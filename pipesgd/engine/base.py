@@ -189,8 +189,6 @@ class Engine(ABC):
         self.close()
 
 
-
-
 @dataclass
 class ModeArgs:
     """What a mode's builder gets from the composition root; ``width`` is already the mode's own."""
