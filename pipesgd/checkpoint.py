@@ -74,9 +74,21 @@ def drop_keys(config: dict, keys) -> dict:
     return config
 
 
+def mode_sections(keep=()) -> list[str]:
+    """The sections of mode-owned settings (``trainer.<mode>``, e.g. ``trainer.live``) of every
+    registered mode but those in ``keep``."""
+    from .modes import get_mode, modes  # reading a mode's facts imports the engines
+
+    return [f"trainer.{m}" for m in modes() if get_mode(m).settings is not None and m not in keep]
+
+
 def hashed_config(config: dict) -> dict:
-    """``config`` (resolved, plain containers) without the :data:`NOT_HASHED` keys."""
-    return drop_keys(json.loads(json.dumps(config, default=str)), NOT_HASHED)
+    """``config`` (resolved, plain containers) without the :data:`NOT_HASHED` keys and without the
+    settings of the modes it does not run (:func:`mode_sections`): those never reach the run, and a
+    config from before such a section existed has none, so adding a mode changes no digest."""
+    plain = json.loads(json.dumps(config, default=str))
+    mode = (plain.get("trainer") or {}).get("mode")
+    return drop_keys(plain, [*NOT_HASHED, *mode_sections(keep={mode})])
 
 
 def config_digest(config: dict) -> str:

@@ -216,8 +216,11 @@ class Reliability(TrainerHooks):
             raise CheckpointError(f"checkpoint {path} was written by {state['world_size']} ranks, this job has "
                                   f"{self.world_size}: trainer.mode={self.mode} cannot resume on another world size "
                                   f"(elastic modes: {', '.join(modes_with('elastic'))})")
-        if state["config_digest"] != self.digest:
-            diff = "; ".join(config_diff(state["config"], self.config)) or "(keys differ)"
+        # hashed again under today's rules, not its stored digest: a checkpoint written before a
+        # rule dropped a key (another mode's section) still resumes
+        stored = hashed_config(state["config"])
+        if stored != self.config:
+            diff = "; ".join(config_diff(stored, self.config)) or "(keys differ)"
             if self.resume == "auto":
                 raise CheckpointError(f"checkpoint {path} belongs to a run with another config ({diff}); use a new "
                                       "run dir, set trainer.resume=never to start over, or trainer.resume=PATH to "

@@ -159,6 +159,45 @@ def test_config_digest_ignores_where_and_how_often_but_not_what():
     assert config_diff(ckpt.hashed_config(base), ckpt.hashed_config(other)) == ["data.batch_size: 64 -> 32"]
 
 
+def test_a_mode_section_counts_only_for_its_own_mode():
+    """``trainer.live`` reaches only a live run: adding a mode's section changes no other config's
+    digest, and a checkpoint of a config from before the section existed still matches."""
+    live = {"eval_every": 1, "max_failures": 1}
+    base = {"seed": 0, "trainer": {"mode": "ddp", "width": 1}}
+    with_section = {**base, "trainer": {**base["trainer"], "live": live}}
+    assert config_digest(base) == config_digest(with_section)
+    assert "live" not in ckpt.hashed_config(with_section)["trainer"]
+    as_live = {**base, "trainer": {"mode": "live", "width": 1, "live": live}}
+    assert ckpt.hashed_config(as_live)["trainer"]["live"] == live, "its own mode's section is the recipe"
+    other = {**as_live, "trainer": {**as_live["trainer"], "live": {**live, "max_failures": 2}}}
+    assert config_diff(ckpt.hashed_config(as_live), ckpt.hashed_config(other)) == ["trainer.live.max_failures: 1 -> 2"]
+
+
+def _reliability(tmp_path, config: dict):
+    from pipesgd.reliability import Reliability
+
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return Reliability(model=model, optimizer=opt, scheduler=None, engine=None, rank=0, world_size=1,
+                       device=torch.device("cpu"), run_dir=tmp_path, config=config, resume="auto", mode="ddp")
+
+
+@pytest.mark.parametrize("stored", ["with_section", "before_section"])
+def test_auto_resume_takes_a_checkpoint_hashed_under_older_rules(tmp_path, stored):
+    """A checkpoint whose stored config (and digest) still carries another mode's section, or has
+    none from before it existed, resumes; one whose recipe differs is refused naming the key."""
+    base = {"seed": 0, "optimizer": {"lr": 0.1}, "trainer": {"mode": "ddp", "width": 1}}
+    now = {**base, "trainer": {**base["trainer"], "live": {"eval_every": 1}}}
+    old = ckpt.json.loads(ckpt.json.dumps(now if stored == "with_section" else base))
+    digest = hashlib.sha256(ckpt.json.dumps(ckpt.drop_keys(dict(old), ckpt.NOT_HASHED), sort_keys=True).encode()).hexdigest()
+    CheckpointDir(tmp_path / "checkpoints").save({"format": FORMAT, "step": 8, "epoch": 0, "world_size": 1,
+                                                  "config": old, "config_digest": digest}, 8)
+    assert _reliability(tmp_path, now)._find()["step"] == 8
+    other = {**now, "optimizer": {"lr": 0.2}}
+    with pytest.raises(CheckpointError, match=r"another config \(optimizer.lr: 0.1 -> 0.2\)"):
+        _reliability(tmp_path, other)._find()
+
+
 def test_mismatch_message_names_the_odd_ranks():
     assert describe_mismatch(["a" * 64] * 3, 8) is None
     msg = describe_mismatch(["a" * 64, "b" * 64, "a" * 64], 8)

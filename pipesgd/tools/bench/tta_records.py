@@ -22,9 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipesgd.checkpoint import NOT_HASHED, config_diff, config_digest, drop_keys, hashed_config
+from pipesgd.checkpoint import NOT_HASHED, config_diff, config_digest, drop_keys, hashed_config, mode_sections
 from pipesgd.hostinfo import UNKNOWN, host_kind
-from pipesgd.modes import get_mode, modes
 
 from .tta_compose import ACCURACY, Metric
 
@@ -178,12 +177,12 @@ def record_path(records: Path, arm: str, seed: int, kind: str = "curve", suffix:
     return records / f"{name}.json"
 
 
-def other_modes_settings(*records: Mapping) -> set[str]:
-    """The sections of mode-owned settings (``trainer.<mode>``, e.g. ``trainer.live``) of the modes
-    none of ``records`` ran: they do not reach the run, and a record from before such a section
-    existed has none, so two recipes are compared without them."""
-    ran = {(r.get("config") or {}).get("trainer", {}).get("mode") for r in records}
-    return {f"trainer.{m}" for m in modes() if get_mode(m).settings is not None and m not in ran}
+def other_modes_settings(*records: Mapping) -> list[str]:
+    """The sections of mode-owned settings (``trainer.<mode>``, e.g. ``trainer.live``) but those of
+    the mode every one of ``records`` ran: a section reaches only a run of its mode, and a record
+    from before such a section existed has none, so two recipes are compared without them."""
+    ran = [(r.get("config") or {}).get("trainer", {}).get("mode") for r in records]
+    return mode_sections(keep={m for m in ran if ran.count(m) == len(ran)})
 
 
 def usable_curves(records: Mapping[tuple[str, int], dict]) -> tuple[list[dict], list[dict]]:
@@ -199,7 +198,7 @@ def usable_curves(records: Mapping[tuple[str, int], dict]) -> tuple[list[dict], 
             # a config keeping both spellings: an alias goes with its name, or with the group holding it
             drop |= {alias for alias, name in RESPELLED.items()
                      if any(name == key or name.startswith(f"{key}.") for key in drop)}
-            drop |= other_modes_settings(one, other)
+            drop |= set(other_modes_settings(one, other))
             diff = config_diff(recipe_config(one["config"], drop, one.get("world_size")),
                                recipe_config(other["config"], drop, other.get("world_size")))
             if diff:

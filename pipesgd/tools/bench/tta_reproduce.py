@@ -71,7 +71,7 @@ def compare(record: Mapping, summary: Mapping) -> dict:
     """The rerun's first evaluation (``summary``: its summary.json) against the record's: same
     step, accuracy and (where recorded) loss to the last bit. :class:`NotRerunnable` if the rerun
     composed another config than the record's."""
-    diff = config_diff(record["config"], hashed_config(summary["config"]))
+    diff = config_diff(hashed_config(record["config"]), hashed_config(summary["config"]))
     if diff:
         raise NotRerunnable(f"the rerun composed another config than the record's: {'; '.join(diff)} (the code "
                             "or the overrides changed the recipe since the record was made)")
