@@ -19,7 +19,7 @@ def test_two_arm_miniature_writes_json_and_plot(tmp_path, shared_data):
     out, png = tmp_path / "tta.json", tmp_path / "tta.png"
     cmd = [sys.executable, "-m", "pipesgd.tools.bench.tta", "--recipe", "mnist_mlp", "--arms", "sync,pipe+lookahead",
            "--links", "loopback", "--repeats", "1", "--steps", "10", "--skip", "3", "--bracket-steps", "12",
-           "--bracket-skip", "5", "--dir", str(tmp_path / "d"),
+           "--bracket-skip", "5", "--probe-s", "0.1", "--dir", str(tmp_path / "d"),
            "--json", str(out), "--plot", str(png), "--records", str(tmp_path / "records"), f"data.root={shared_data}", f"data.cache_dir={CACHE}",
            "trainer.max_steps=120", "trainer.eval_every_steps=30", "dist.threads_per_worker=1"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=580)
@@ -32,6 +32,9 @@ def test_two_arm_miniature_writes_json_and_plot(tmp_path, shared_data):
     block = result["links"]["loopback"]
     assert set(block["step_ms"]) == {"sync", "pipe+lookahead", "compute"} and block["eval_s"] > 0
     assert block["ceiling"]["compute_ms"] == block["step_ms"]["compute"]
+    rows = json.loads((tmp_path / "d" / "timing.json").read_text())
+    assert all(r["host_speed"]["before"]["gflops"] > 0 < r["host_speed"]["after"]["gflops"] for r in rows)
+    assert block["timing_host_speed"]["runs"] == len(rows) == 3 and "host speed on loopback: median" in r.stdout
     written = {p.name for p in (tmp_path / "records").iterdir()}
     assert {"sync-s0.json", "pipe+lookahead-s0.json", "validate-sync-loopback.json"} <= written
     assert all(r["segments"] and r["segments"][0]["commit"] for r in result["arms"])

@@ -17,7 +17,7 @@ PINNED = {"rule": "rank", "allowed": [0, 1], "core": 0}
 
 def test_a_powersgd_timing_run_times_its_plain_steps_then_its_compressed_ones(tmp_path, monkeypatch):
     a = SimpleNamespace(skip=2, steps=4, recipe="resnet_cifar_tta", workers=2, overrides=[], timeout_s=60.0,
-                        mtu=9000)
+                        mtu=9000, probe_s=0.02)
     seen = {}
 
     def run(cmd, log_path, timeout_s):  # the training run: 2 + 20 plain steps at 300 ms, 2 + 4 at 100 ms
@@ -37,6 +37,7 @@ def test_a_powersgd_timing_run_times_its_plain_steps_then_its_compressed_ones(tm
     assert row["warmup_iter_ms"] == [300.0] * 20 and row["iter_ms"] == [100.0] * 4
     assert row["window"] == {"first": 24, "steps": 4, "warmup": [2, 22]}
     assert row["host"] == fingerprint() and row["placement"] == PINNED, "the row says where rank 0 ran"
+    assert row["host_speed"]["before"]["gflops"] > 0 and row["host_speed"]["after"]["seconds"] == 0.02
     block = tta_report.timing_by_link([row | {"link": "100mbit"}])["100mbit"]
     assert block["warmup_ms"] == {"ddp-powersgd": 300.0} and block["step_ms"] == {"ddp-powersgd": 100.0}
 

@@ -31,6 +31,7 @@ from pipesgd.tools.emulate.netns import DEFAULT_MTU
 from pipesgd.hostinfo import fingerprint
 from pipesgd.runinfo import git_commit, write_json_atomic
 
+from . import probe
 from . import tta_records as records
 from .tta_arms import ARMS, RECIPE, TIMING_ONLY, WARMUP_KEYS
 from .tta_report import report, write_curve_record
@@ -86,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds per link (default 3)")
     p.add_argument("--workers", type=int, default=2, help="workers (= the recipe's dist.nproc; default 2)")
     p.add_argument("--timeout-s", type=float, default=86400.0, help="per run (default 1 day)")
+    p.add_argument("--probe-s", type=float, default=1.0,
+                   help="seconds of the host-speed probe (fixed matrix products on every core) just before and "
+                        "just after each timing run: whether the host held still while it ran "
+                        "(default 1; 0: no probe)")
     p.add_argument("--stamp-host", default="", metavar="RUNS",
                    help="comma-separated runs, e.g. ddp-powersgd-s1,ddp-powersgd-s2, whose records, built from run "
                         "dirs whose summary.json has no host fingerprint (code from before it), get this host's, "
@@ -131,6 +136,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                       ("bracket_skip", 0)):
         if getattr(a, name) < low:
             parser.error(f"argument --{name.replace('_', '-')}: must be an integer >= {low}, got {getattr(a, name)}")
+    if a.probe_s < 0:
+        parser.error(f"argument --probe-s: must be >= 0 seconds (0: no probe), got {a.probe_s}")
     if not a.links:
         parser.error("argument --links: name at least one link (a tc rate such as 100mbit, or loopback)")
     bad = [o for o in a.overrides if "=" not in o]
@@ -253,9 +260,11 @@ def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: i
     cmd = train_command(a, arm, link, run_dir, extra)
     load = list(os.getloadavg())
     start = records.now()
+    before = probe.speed(a.probe_s) if a.probe_s else None
     with CpuSampler() as sampler:
         if not _run(cmd, run_dir.parent / f"{run_dir.name}.log", 3600.0):
             return None
+    after = probe.speed(a.probe_s) if a.probe_s else None
     history = json.loads((run_dir / "history.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
     first = plan["first"]
@@ -269,11 +278,12 @@ def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: i
            "median_compute_ms": statistics.median(history["compute_ms"][first:]),
            "median_exposed_comm_ms": statistics.median(history["exposed_comm_ms"][first:]),
            "cpu": cpu_split([sampler.between(t0, history["wall_time"][-1])]),
-           "loadavg_before": load, "command": recorded(cmd), "commit": git_commit(),
+           "loadavg_before": load, **({"host_speed": {"before": before, "after": after}} if before else {}),
+           "command": recorded(cmd), "commit": git_commit(),
            "host": summary.get("host") or fingerprint(), "placement": summary.get("placement"),
            "recipe": a.recipe, "start": start, "date": records.now()}
-    log.info("timing %s %s r%d: median %.1f ms/step, eval %.1f s", link, arm, rep, row["median_iter_ms"],
-             row["eval_s"])
+    log.info("timing %s %s r%d: median %.1f ms/step, eval %.1f s%s", link, arm, rep, row["median_iter_ms"],
+             row["eval_s"], f"; host {before['gflops']:.1f} -> {after['gflops']:.1f} GFLOP/s" if before else "")
     return row
 
 

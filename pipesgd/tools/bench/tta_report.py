@@ -14,6 +14,7 @@ from pipesgd.checkpoint import CheckpointDir, CheckpointError
 from pipesgd.hostinfo import fingerprint, host_kind
 from pipesgd.runinfo import git_commit, write_json_atomic
 
+from . import probe
 from . import tta_compose as compose
 from . import tta_records as records
 from .tta_arms import ARMS, metric_for
@@ -97,6 +98,7 @@ def timing_by_link(rows: list[dict]) -> dict[str, dict]:
         block["eval_s"].append(r["eval_s"])
         block["cpu"].setdefault(r["arm"], r.get("cpu"))
         block["runs"].append(r.get("commit"))
+        block.setdefault("rows", []).append(r)
         block.setdefault("hosts", set()).add(host_kind(r.get("host")))
         block.setdefault("mtu", set()).add(records.link_mtu(r["command"]))
         block.setdefault("dates", []).append(r.get("date"))
@@ -108,7 +110,7 @@ def timing_by_link(rows: list[dict]) -> dict[str, dict]:
                    "warmup_ms": {arm: statistics.median(v) for arm, v in b.get("warmup", {}).items()},
                    "repeat_median_ms": b["repeat_medians"], "eval_s": statistics.median(b["eval_s"]),
                    "cpu": b["cpu"], "commits": sorted({c for c in b["runs"] if c}), "mtu": _one_mtu(link, b["mtu"]),
-                   "hosts": sorted(b["hosts"]),
+                   "hosts": sorted(b["hosts"]), "host_speed": probe.summary(b["rows"]),
                    "measured": [min(d for d in b["dates"] if d), max(d for d in b["dates"] if d)]}
             for link, b in out.items()}
 
@@ -239,7 +241,7 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
         links[link] = block | {"repeat_median_ms": t["repeat_median_ms"], "cpu": t["cpu"],
                                "ceiling": compose.link_ceiling(block), "timing_commits": t["commits"],
                                "timing_measured": t["measured"], "link_mtu": t["mtu"], "timing_windows": t["windows"],
-                               "timing_hosts": t["hosts"]}
+                               "timing_hosts": t["hosts"], "timing_host_speed": t.get("host_speed")}
     reference = next((r for r in used if r["arm"] == "sync"), used[0] if used else None)
     result = {
         "recipe": {"experiment": a.recipe, "arms": {arm: list(ARMS[arm]) for arm in a.arms},
@@ -335,6 +337,24 @@ def plot_steps(result: dict, path: Path) -> None:
     fig.savefig(path)
 
 
+def host_speed_lines(result: dict) -> list[str]:
+    """One line per link whose timing rows carry host-speed probes: the probes' median and range,
+    and the runs the host moved under (more than :data:`probe.MOVED` during a run, or apart from
+    the median), which a reader should not trust beside the others."""
+    lines = []
+    for link, block in result["links"].items():
+        speed = block.get("timing_host_speed")
+        if not speed:
+            continue
+        low, high = speed["range_gflops"]
+        moved = ", ".join(f"{m['arm']} r{m['repeat']} ({m['before']:.1f} -> {m['after']:.1f})" for m in speed["moved"])
+        lines.append(f"host speed on {link}: median {speed['median_gflops']:.1f} GFLOP/s over {speed['runs']} timing "
+                     f"runs (range {low:.1f}-{high:.1f}); "
+                     + (f"moved by more than {speed['moved_threshold']:.0%} under {len(speed['moved'])}: {moved}"
+                        if moved else f"no run moved by more than {speed['moved_threshold']:.0%}"))
+    return lines
+
+
 def report(a: argparse.Namespace) -> dict:
     used, unfinished = load_runs(a)
     for r in unfinished:
@@ -346,5 +366,7 @@ def report(a: argparse.Namespace) -> dict:
         (plot if result["links"] else plot_steps)(result, a.plot)
     print(compose.table(result))
     print(compose.accounting_table(result))
+    for line in host_speed_lines(result):
+        print(line)
     print(compose.goals_table(result["goals"]))
     return result
