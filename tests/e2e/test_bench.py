@@ -31,7 +31,7 @@ def test_one_tiny_cell_of_each_kind_end_to_end(tmp_path, shared_data):
     _calibration(cals / "mlp-p2-loopback.json", MLP.params, MLP.batch_size)
     _calibration(cals / "resnet20-p2-loopback.json", RESNET20.params, RESNET20.batch_size)
     settings = Settings(bench_dir=tmp_path / "bench", steps=2, skip=1, repeats=1, allreduce_repeats=3, quick=True,
-                        calibration_dir=cals, python=sys.executable, timeout_s=200,
+                        calibration_dir=cals, python=sys.executable, timeout_s=200, probe_s=0.05,
                         overrides=[f"data.root={shared_data}", f"data.cache_dir={CACHE}"])
     cells = [Cell("train", "pipe", 2, "loopback", "none", 2, "mlp"),
              Cell("allreduce", "ring", 2, "loopback", nbytes=4096)]
@@ -43,6 +43,8 @@ def test_one_tiny_cell_of_each_kind_end_to_end(tmp_path, shared_data):
         assert record["calibration"]["file"].startswith(str(cals))
     train, allreduce = records
     assert train["n"] == 2 and train["predicted_from"] == "calibration"
+    assert [sorted(h) for h in train["host_speed"]] == [["after", "before"]], "probed before and after its run"
+    assert train["host_speed"][0]["before"]["gflops"] > 0
     # pipe, comm far faster than compute: the model says compute + update, from the calibration.
     assert train["predicted_iter_ms"] == pytest.approx(2.5, rel=0.2)
     assert train["command"].startswith("python -m pipesgd.train ") and "trainer.max_steps=3" in train["command"]

@@ -50,3 +50,11 @@ def test_a_negative_probe_is_named(capsys):
         tta.parse(["--probe-s", "-1"])
     assert e.value.code == 2 and "argument --probe-s: must be >= 0 seconds" in capsys.readouterr().err
     assert tta.parse(["--probe-s", "0"]).probe_s == 0
+
+
+def test_a_negative_probe_is_named_by_the_bench_too(capsys):
+    from pipesgd.tools.bench.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--probe-s", "-0.5", "--list"])
+    assert e.value.code == 2 and "argument --probe-s: must be >= 0 seconds" in capsys.readouterr().err

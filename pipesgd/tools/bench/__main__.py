@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per command (default 1800)")
     p.add_argument("--mtu", type=int, default=DEFAULT_MTU,
                    help=f"MTU of the emulated links (default {DEFAULT_MTU}; 1500: the earlier, CPU-hungry link)")
+    p.add_argument("--probe-s", type=float, default=None,
+                   help="seconds of the host-speed probe just before and just after each training run (fixed "
+                        "matrix products on every core: whether the host held still; default 1, --quick 0; 0: none)")
     p.add_argument("--render-only", action="store_true", help="regenerate --md from --out and exit")
     return p
 
@@ -81,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     for name, low in (("steps", 1), ("skip", 0), ("repeats", 1), ("allreduce_repeats", 1)):
         _at_least(parser, name.replace("_", "-"), getattr(args, name), low)
+    if args.probe_s is not None and args.probe_s < 0:
+        parser.error(f"argument --probe-s: must be >= 0 seconds (0: no probe), got {args.probe_s}")
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         parser.error(f"unexpected argument(s) {bad}: positional arguments are Hydra overrides key=value")
@@ -103,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         repeats=args.repeats or (1 if q else 3 if crossover else 2), interleave=args.interleave or crossover,
         allreduce_repeats=args.allreduce_repeats or (5 if q else 20),
         quick=q, calibration_dir=args.calibrations, overrides=args.overrides, timeout_s=args.timeout_s,
-        mtu=args.mtu, calibrate_each_round=args.calibrate_each_round or crossover)
+        mtu=args.mtu, calibrate_each_round=args.calibrate_each_round or crossover,
+        probe_s=args.probe_s if args.probe_s is not None else (0.0 if q else 1.0))
     log.info("%d cells, run dirs under %s", len(cells), settings.bench_dir)
     started, latest = time.perf_counter(), {}
     order = [c.name for c in grid]

@@ -33,6 +33,7 @@ from pipesgd.hostinfo import fingerprint
 from pipesgd.runinfo import git_commit, write_json_atomic
 from pipesgd.timing import allreduce_time, load_calibration, parse_bandwidth
 
+from . import probe
 from .grid import WORKLOADS, Cell
 
 log = logging.getLogger("pipesgd.tools.bench")
@@ -61,6 +62,7 @@ class Settings:
     mtu: int = DEFAULT_MTU  # emulated links' MTU, passed to every pipesgd.tools.emulate command (so its record says it)
     interleave: bool = False  # repeats as rounds: every cell once per round (run_rounds)
     calibrate_each_round: bool = False  # with interleave: calibrate afresh at each round's first cell of a condition
+    probe_s: float = 0.0  # the host-speed probe before and after each training run (probe.py); 0: none
     commit: str = field(default_factory=git_commit)
     root: Path = field(default_factory=Path.cwd)  # where the records are read from (a clone's root)
 
@@ -304,8 +306,10 @@ def run_train_repeat(cell: Cell, cal: Path, s: Settings, r: int) -> dict:
     run_dir = (s.bench_dir / "cells" / _slug(cell.name) / f"r{r}").resolve()
     cmd = train_command(cell, run_dir, cal, s)
     load = list(os.getloadavg())
+    before = probe.speed(s.probe_s) if s.probe_s else None
     with CpuSampler() as sampler:
         run_logged(cmd, run_dir.parent / f"r{r}.log", s.timeout_s)
+    after = probe.speed(s.probe_s) if s.probe_s else None
     history = json.loads((run_dir / "history.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = len(history["iter_ms"])
@@ -316,7 +320,8 @@ def run_train_repeat(cell: Cell, cal: Path, s: Settings, r: int) -> dict:
             "median": statistics.median(history["iter_ms"][s.skip:]),
             "predicted": summary.get("predicted_iter_ms"), "summary": summary,
             "cpu": sampler.between(start, history["wall_time"][-1]), "run_dir": str(run_dir),
-            "command": recorded(cmd, s), "loadavg_before": load}
+            "command": recorded(cmd, s), "loadavg_before": load,
+            "host_speed": {"before": before, "after": after} if before else None}
 
 
 def train_record(cell: Cell, repeats: Sequence[dict]) -> dict:
@@ -343,6 +348,7 @@ def train_record(cell: Cell, repeats: Sequence[dict]) -> dict:
         "params": WORKLOADS[cell.workload].params, "batch_size": WORKLOADS[cell.workload].batch_size,
         "model": WORKLOADS[cell.workload].model, "cpu": cpu_split([rep["cpu"] for rep in repeats if rep["cpu"]]),
         "command": repeats[0]["command"], "run_dirs": [rep["run_dir"] for rep in repeats],
+        "host_speed": [rep.get("host_speed") for rep in repeats],
     }
 
 
