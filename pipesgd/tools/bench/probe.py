@@ -1,8 +1,8 @@
 """How fast this host is right now: a fixed CPU workload timed between two timing runs.
 
-A shared host's speed moves under a study (docs/time-to-accuracy.md: compute alone read 634 and
-809 ms a step twenty minutes apart, with no steal time reported), so a timing row that says only
-what it measured cannot tell a faster scheme from a faster minute. A probe before and after each
+A shared host's speed moves under a study (docs/convergence.md, the GPT timing: compute alone
+read 634 and 809 ms a step twenty minutes apart, with no steal time reported), so a timing row that
+says only what it measured cannot tell a faster scheme from a faster minute. A probe before and after each
 run says whether the host held still while it ran, and how fast it was compared with the other
 runs of the study. The workload is fp32 matrix products on every core, the kernels training spends
 its time in; the machine should be otherwise idle (the study's rule for a timing measurement).
@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Iterable
 
-SIZE = 256  # n of the n×n products: 2n³ flops each, a few hundred microseconds on one core
+SIZE = 256  # n of the n×n products: 2n³ flops each, about a millisecond on one core
 MOVED = 0.05
 """A run during which the probe changed by more than this fraction (after/before − 1) ran on a host
 that moved under it; so did one whose probes sit further than this from the link's median."""
