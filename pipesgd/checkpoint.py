@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .models import unwrap
+from .modes import get_mode, modes
 from .runinfo import file_digest, write_atomic
 from .staleness import rule_class
 
@@ -77,8 +78,6 @@ def drop_keys(config: dict, keys) -> dict:
 def mode_sections(keep=()) -> list[str]:
     """The sections of mode-owned settings (``trainer.<mode>``, e.g. ``trainer.live``) of every
     registered mode but those in ``keep``."""
-    from .modes import get_mode, modes  # reading a mode's facts imports the engines
-
     return [f"trainer.{m}" for m in modes() if get_mode(m).settings is not None and m not in keep]
 
 

@@ -205,3 +205,16 @@ def test_a_mode_owned_section_of_a_mode_no_run_ran_is_not_the_recipe():
              "config": {"seed": s, "trainer": {"mode": "live", "live": {"timeout_s": t}}}} for s, t in ((0, 30.0), (1, 2.0))]
     with pytest.raises(r.Refused, match=r"trainer.live.timeout_s: 30.0 -> 2.0"):
         r.usable_curves({("x", 0): live[0], ("x", 1): live[1]})
+
+
+def test_a_mode_owned_section_goes_with_an_arm_that_changes_the_mode():
+    """An arm that sets trainer.mode brings that mode's own section (trainer.live) with it: it is
+    no difference of recipe against an arm of another mode, which has none."""
+    live = {"arm": "x", "seed": 0, "complete": True, "arm_overrides": ["trainer.mode=live"], "world_size": 2,
+            "config": {"seed": 0, "trainer": {"mode": "live", "live": {"timeout_s": 30.0}}}}
+    sync = {"arm": "y", "seed": 0, "complete": True, "arm_overrides": [], "world_size": 2,
+            "config": {"seed": 0, "trainer": {"mode": "sync"}}}
+    assert len(r.usable_curves({("x", 0): live, ("y", 0): sync})[0]) == 2
+    sync["config"]["optimizer"] = {"lr": 0.2}
+    with pytest.raises(r.Refused, match="optimizer"):
+        r.usable_curves({("x", 0): live, ("y", 0): sync})

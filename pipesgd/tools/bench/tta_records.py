@@ -177,14 +177,6 @@ def record_path(records: Path, arm: str, seed: int, kind: str = "curve", suffix:
     return records / f"{name}.json"
 
 
-def other_modes_settings(*records: Mapping) -> list[str]:
-    """The sections of mode-owned settings (``trainer.<mode>``, e.g. ``trainer.live``) but those of
-    the mode every one of ``records`` ran: a section reaches only a run of its mode, and a record
-    from before such a section existed has none, so two recipes are compared without them."""
-    ran = [(r.get("config") or {}).get("trainer", {}).get("mode") for r in records]
-    return mode_sections(keep={m for m in ran if ran.count(m) == len(ran)})
-
-
 def usable_curves(records: Mapping[tuple[str, int], dict]) -> tuple[list[dict], list[dict]]:
     """``(used, unfinished)`` from the records of the requested (arm, seed) pairs. Raises
     :class:`Refused`, naming the two runs and their differences, if any two complete runs differ in
@@ -198,7 +190,8 @@ def usable_curves(records: Mapping[tuple[str, int], dict]) -> tuple[list[dict], 
             # a config keeping both spellings: an alias goes with its name, or with the group holding it
             drop |= {alias for alias, name in RESPELLED.items()
                      if any(name == key or name.startswith(f"{key}.") for key in drop)}
-            drop |= set(other_modes_settings(one, other))
+            if "trainer.mode" in drop:  # a mode's own section (trainer.live) goes with the mode
+                drop |= set(mode_sections())
             diff = config_diff(recipe_config(one["config"], drop, one.get("world_size")),
                                recipe_config(other["config"], drop, other.get("world_size")))
             if diff:
