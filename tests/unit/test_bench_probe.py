@@ -58,3 +58,12 @@ def test_a_negative_probe_is_named_by_the_bench_too(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--probe-s", "-0.5", "--list"])
     assert e.value.code == 2 and "argument --probe-s: must be >= 0 seconds" in capsys.readouterr().err
+
+
+def test_around_probes_before_and_after_its_block_or_not_at_all():
+    with probe.around(0.02) as got:
+        assert list(got) == ["before"], "the after probe waits for the block's end"
+    assert sorted(got) == ["after", "before"] and got["after"]["seconds"] == 0.02
+    with probe.around(0) as none:
+        pass
+    assert none == {}

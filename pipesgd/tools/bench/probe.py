@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 SIZE = 256  # n of the n×n products: 2n³ flops each, about a millisecond on one core
 MOVED = 0.05
@@ -48,6 +49,18 @@ def speed(seconds: float = 1.0, threads: int | None = None) -> dict:
         torch.set_num_threads(before)
     return {"gflops": statistics.median(rates), "range": [min(rates), max(rates)], "threads": threads,
             "seconds": seconds}
+
+
+@contextmanager
+def around(seconds: float) -> Iterator[dict]:
+    """Probe (:func:`speed`, ``seconds`` each) before and after the block, into the dict it yields
+    (``before``, ``after``); with ``seconds`` 0 it probes nothing and the dict stays empty."""
+    got: dict = {}
+    if seconds:
+        got["before"] = speed(seconds)
+    yield got
+    if seconds:
+        got["after"] = speed(seconds)
 
 
 def summary(rows: Iterable[dict]) -> dict | None:

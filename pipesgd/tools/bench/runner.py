@@ -306,10 +306,8 @@ def run_train_repeat(cell: Cell, cal: Path, s: Settings, r: int) -> dict:
     run_dir = (s.bench_dir / "cells" / _slug(cell.name) / f"r{r}").resolve()
     cmd = train_command(cell, run_dir, cal, s)
     load = list(os.getloadavg())
-    before = probe.speed(s.probe_s) if s.probe_s else None
-    with CpuSampler() as sampler:
+    with probe.around(s.probe_s) as host_speed, CpuSampler() as sampler:
         run_logged(cmd, run_dir.parent / f"r{r}.log", s.timeout_s)
-    after = probe.speed(s.probe_s) if s.probe_s else None
     history = json.loads((run_dir / "history.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = len(history["iter_ms"])
@@ -321,7 +319,7 @@ def run_train_repeat(cell: Cell, cal: Path, s: Settings, r: int) -> dict:
             "predicted": summary.get("predicted_iter_ms"), "summary": summary,
             "cpu": sampler.between(start, history["wall_time"][-1]), "run_dir": str(run_dir),
             "command": recorded(cmd, s), "loadavg_before": load,
-            "host_speed": {"before": before, "after": after} if before else None}
+            "host_speed": host_speed or None}
 
 
 def train_record(cell: Cell, repeats: Sequence[dict]) -> dict:

@@ -260,11 +260,9 @@ def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: i
     cmd = train_command(a, arm, link, run_dir, extra)
     load = list(os.getloadavg())
     start = records.now()
-    before = probe.speed(a.probe_s) if a.probe_s else None
-    with CpuSampler() as sampler:
+    with probe.around(a.probe_s) as host_speed, CpuSampler() as sampler:
         if not _run(cmd, run_dir.parent / f"{run_dir.name}.log", 3600.0):
             return None
-    after = probe.speed(a.probe_s) if a.probe_s else None
     history = json.loads((run_dir / "history.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
     first = plan["first"]
@@ -278,12 +276,14 @@ def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: i
            "median_compute_ms": statistics.median(history["compute_ms"][first:]),
            "median_exposed_comm_ms": statistics.median(history["exposed_comm_ms"][first:]),
            "cpu": cpu_split([sampler.between(t0, history["wall_time"][-1])]),
-           "loadavg_before": load, **({"host_speed": {"before": before, "after": after}} if before else {}),
+           "loadavg_before": load, "host_speed": host_speed or None,
            "command": recorded(cmd), "commit": git_commit(),
            "host": summary.get("host") or fingerprint(), "placement": summary.get("placement"),
            "recipe": a.recipe, "start": start, "date": records.now()}
+    probed = f"; host {host_speed['before']['gflops']:.1f} -> {host_speed['after']['gflops']:.1f} GFLOP/s" \
+        if host_speed else ""
     log.info("timing %s %s r%d: median %.1f ms/step, eval %.1f s%s", link, arm, rep, row["median_iter_ms"],
-             row["eval_s"], f"; host {before['gflops']:.1f} -> {after['gflops']:.1f} GFLOP/s" if before else "")
+             row["eval_s"], probed)
     return row
 
 
