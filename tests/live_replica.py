@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -73,6 +74,20 @@ def residual_sum(engine: LiveEngine) -> float | None:
     return None if residual is None else float(residual.abs().sum())
 
 
+def stop_in_reduction(engine: LiveEngine, n: int) -> None:
+    """SIGSTOP this process in the engine's ``n``-th reduction, on the communication thread, after
+    its quorum formed and before its first hop: its peers' hops to it are then in flight."""
+    allreduce, calls = engine._allreduce, [0]
+
+    def stopping(tensor, compressor, group):
+        calls[0] += 1
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return allreduce(tensor, compressor, group)
+
+    engine._allreduce = stopping
+
+
 def replica_arguments() -> argparse.ArgumentParser:
     """The options every test replica group takes: where its run is, which group it is, where it writes."""
     p = argparse.ArgumentParser()
@@ -98,6 +113,10 @@ def main() -> None:
     p.add_argument("--compressor", default="none", help="a per-chunk compressor (int8: the ring only), topk or powersgd")
     p.add_argument("--compressor-options", help="its options, as JSON (e.g. '{\"error_feedback\": true}')")
     p.add_argument("--check-every", type=int, default=None, help="committed updates between replica checks")
+    p.add_argument("--timeout-s", type=float, default=10, help="trainer.live.timeout_s: Gloo's, a hop's limit")
+    p.add_argument("--stop-in-reduction", type=int, default=None,
+                   help="SIGSTOP this whole process in its N-th reduction, before its first hop (a hang with "
+                        "a hop of its peers in flight)")
     p.add_argument("--perturb", help="once this file exists, perturb the weights after the next backward "
                                      "(PIPESGD_FAULT's perturb: silent drift of this group)")
     a = p.parse_args()
@@ -105,13 +124,15 @@ def main() -> None:
     torch.set_num_threads(1)
     model = make_model(0 if a.same_init else a.replica)  # by default different: a healer must take its donor's
     optimizer, scheduler = make_optimizer(model)
-    engine = LiveEngine(model, optimizer, LiveOptions(a.lighthouse, a.run_id, a.replica, timeout_s=10,
+    engine = LiveEngine(model, optimizer, LiveOptions(a.lighthouse, a.run_id, a.replica, timeout_s=a.timeout_s,
                                                       quorum_timeout_s=20, min_replicas=a.min_replicas,
                                                       init_sync=bool(a.init_sync)),
                         staleness=make_staleness(a.staleness, dc_adaptive=a.dc_adaptive),
                         compressor=compressor(a.compressor, a.compressor_options),
                         allreduce=a.comm, check_every=a.check_every)
     engine.register_state("scheduler", scheduler.state_dict, scheduler.load_state_dict)
+    if a.stop_in_reduction is not None:
+        stop_in_reduction(engine, a.stop_in_reduction)
     out = open(a.out, "a", buffering=1)
     perturbed = False
     try:

@@ -25,7 +25,8 @@ from ..compress import Compressor
 from ..flat import has_nonfinite, state_to_device
 from ..live import require_torchft
 from ..live import launch as live_launch
-from ..live.group import TorchftGroup
+from ..live import status, watch
+from ..live.group import QuorumGroup, TorchftGroup
 from ..live.options import LiveOptions
 from ..live.peers import QuorumPeers
 from ..live.reduction import forget_residual, reduce_apart, stateful
@@ -77,7 +78,9 @@ class LiveEngine(Engine):
     PowerSGD and error feedback (``self.reduction``, :mod:`pipesgd.live.reduction`) reduce the
     gradient alone, after that tail, through the same group, and keep their state per group (a
     heal carries none of it). A reduction that fails (a lost peer, a timeout) is reported to the
-    Manager, whose vote then drops the step.
+    Manager, whose vote then drops the step. One held by a group that hangs (its sockets open, its
+    heartbeats stopped) is given up once the lighthouse stops hearing that group, not at Gloo's
+    timeout (:mod:`pipesgd.live.watch`; not the stateful reductions, whose state a late hop would change).
 
     A replica that joins late heals: torchft fetches a peer's state (weights and buffers,
     optimizer, whatever :meth:`register_state` added, e.g. the scheduler, and this engine's step
@@ -255,7 +258,12 @@ class LiveEngine(Engine):
                     if self._due(agreed):
                         taking_part = not stale and agreed == update and manager.is_participating()
                         rider = Rider(agreed, step, mine if taking_part else None)
-                    stats = self._reduce(out)
+                    group = self.group.bound()  # this quorum's: a reduction given up never reaches the next
+                    if self._watched(group):
+                        stats = watch.watched(lambda: self._reduce(out, group), lambda: self._silent(group),
+                                              f"the reduction launched at step {step}")
+                    else:
+                        stats = self._reduce(out, group)
             except Exception as e:  # noqa: BLE001 (a dead peer surfaces as any of several errors)
                 log.warning("live reduction failed: %s", e)
                 manager.report_error(e)
@@ -263,8 +271,18 @@ class LiveEngine(Engine):
 
         self._pending = self._thread.submit(reduce)
 
-    def _reduce(self, buf: Tensor) -> CommStats:
-        """Sum ``buf`` over the quorum's group, at its rank and size now. The identity sends the
+    def _watched(self, group: QuorumGroup) -> bool:
+        """Whether a reduction over ``group`` runs watched (:mod:`pipesgd.live.watch`): one with a
+        peer to wait on, and no state of its own that a reduction given up could change late."""
+        return self.reduction is None and group.groups is not None and len(group.groups) > 1
+
+    def _silent(self, group: QuorumGroup) -> list[int]:
+        """The other groups of ``group``'s quorum the lighthouse no longer hears."""
+        o = self.options
+        return status.silent(o.lighthouse, o.run_id, [g for g in group.groups if g != o.replica])
+
+    def _reduce(self, buf: Tensor, group: QuorumGroup) -> CommStats:
+        """Sum ``buf`` over ``group``, the quorum's, at its rank and size. The identity sends the
         buffer whole. A lossy compressor carries the gradient and the flag, as PipeSGD's buffer
         (a 0 decodes as 0, an inf spoils its block, and a sum that overflowed sets the flag
         below), so the result is PipeSGD's bit for bit; the count goes apart, exact: in an int8
@@ -272,12 +290,12 @@ class LiveEngine(Engine):
         neighbours by itself. So do the losses' sum and a replica check's sums after it."""
         n = self.numel
         if self.reduction is not None:  # top-k, PowerSGD, error feedback: the tail first, the gradient apart
-            return reduce_apart(self.reduction, buf, n, self.group)
+            return reduce_apart(self.reduction, buf, n, group)
         if self.compressor.identity:
-            stats = self._allreduce(buf, self.compressor, self.group)
+            stats = self._allreduce(buf, self.compressor, group)
         else:
-            stats = self._allreduce(buf[:n + 1], self.compressor, self.group)
-            native_allreduce(buf[n + 1:], None, self.group)
+            stats = self._allreduce(buf[:n + 1], self.compressor, group)
+            native_allreduce(buf[n + 1:], None, group)
         # non-finite with every group's own gradient finite: a 16-bit hop's sum overflowed
         buf[n] = torch.where(has_nonfinite(buf[:n]), float("inf"), buf[n])
         return stats

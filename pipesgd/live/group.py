@@ -13,7 +13,37 @@ from ..comm.group import PeerGroup
 TAG = 0  # one tag for every message: Gloo matches the messages between one pair of ranks in order
 
 
-class TorchftGroup(PeerGroup):
+class _GlooGroup(PeerGroup):
+    """A PeerGroup over a c10d Gloo group, the one :meth:`_pg` returns at each call."""
+
+    def _pg(self):
+        raise NotImplementedError
+
+    def rank(self) -> int:
+        return self._pg().rank()
+
+    def size(self) -> int:
+        return self._pg().size()
+
+    def isend(self, tensor: Tensor, dst: int):
+        return self._pg().send([tensor], dst, TAG)
+
+    def irecv(self, tensor: Tensor, src: int):
+        return self._pg().recv([tensor], src, TAG)
+
+    def all_reduce(self, tensor: Tensor) -> None:
+        opts = AllreduceOptions()
+        opts.reduceOp = ReduceOp.SUM
+        self._pg().allreduce([tensor], opts).wait()
+
+    def all_gather(self, out: list[Tensor], tensor: Tensor) -> None:
+        self._pg().allgather([out], [tensor], AllgatherOptions()).wait()
+
+    def describe(self, rank: int) -> str:
+        return f"replica rank {rank} of the quorum"
+
+
+class TorchftGroup(_GlooGroup):
     """``pg``: a ``torchft.process_group.ProcessGroupGloo`` the Manager re-forms at each quorum
     (``configure``: a new Gloo group of the quorum's replica groups, this one at its replica rank).
     Rank and size are the group's as it is now: read them after the quorum a reduction waits for.
@@ -24,25 +54,30 @@ class TorchftGroup(PeerGroup):
     def __init__(self, pg):
         self.pg = pg
 
-    def rank(self) -> int:
-        return self.pg.parent.rank()
+    def _pg(self):
+        return self.pg.parent
 
-    def size(self) -> int:
-        return self.pg.parent.size()
+    def bound(self) -> QuorumGroup:
+        """The group of the current quorum, for one reduction: its hops stay on that quorum's Gloo
+        group even after the Manager re-forms this one (a reduction given up by
+        :func:`pipesgd.live.watch.watched` goes on in the background, and must never send on the
+        next quorum's group, whose messages Gloo would match to it)."""
+        return QuorumGroup(self.pg.parent, self.groups())
 
-    def isend(self, tensor: Tensor, dst: int):
-        return self.pg.send([tensor], dst, TAG)
+    def groups(self) -> list[int] | None:
+        """The replica groups of the current quorum (their numbers), as torchft 0.2.0's wrapper
+        keeps them from its last ``configure``; None where it keeps none (not formed by a Manager)."""
+        ranks = getattr(self.pg, "_global_ranks", None)
+        size, rank = getattr(self.pg, "_group_world_size", None) or 1, getattr(self.pg, "_group_rank", None) or 0
+        return None if ranks is None else [(r - rank) // size for r in ranks]
 
-    def irecv(self, tensor: Tensor, src: int):
-        return self.pg.recv([tensor], src, TAG)
 
-    def all_reduce(self, tensor: Tensor) -> None:
-        opts = AllreduceOptions()
-        opts.reduceOp = ReduceOp.SUM
-        self.pg.allreduce([tensor], opts).wait()
+class QuorumGroup(_GlooGroup):
+    """One quorum's Gloo group (torchft's wrapper's ``parent`` when a reduction started) for that
+    reduction; ``groups``: the replica groups in it (None: not known)."""
 
-    def all_gather(self, out: list[Tensor], tensor: Tensor) -> None:
-        self.pg.allgather([out], [tensor], AllgatherOptions()).wait()
+    def __init__(self, pg, groups: list[int] | None):
+        self.pg, self.groups = pg, groups
 
-    def describe(self, rank: int) -> str:
-        return f"replica rank {rank} of the quorum"
+    def _pg(self):
+        return self.pg

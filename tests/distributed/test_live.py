@@ -181,6 +181,57 @@ def test_a_killed_replica_costs_the_survivor_at_most_one_update_and_heals_bit_id
             last[b2]["committed"], why
 
 
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP: state T in /proc)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] in "Tt"
+
+
+# A hung group keeps its sockets open: a hop waiting on it would hold the survivor until Gloo's
+# timeout (60 s here). The victim stops in a reduction, after its quorum formed and before its first
+# hop, so the survivor's hop to it is in flight; the survivor must give that reduction up once the
+# lighthouse stops hearing the victim (1 s), lose that one update, and train on while the victim is
+# still stopped. Continued, the victim's reduction fails or completes on the old quorum's group, and
+# it heals from the survivor, bit-identical at the first update they apply together.
+@pytest.mark.parametrize("comm", ["ring", "native"])
+@pytest.mark.timeout(150)
+def test_a_hung_group_holds_the_survivor_only_until_the_lighthouse_stops_hearing_it(tmp_path, comm):
+    procs: list[subprocess.Popen] = []
+    lighthouse = Lighthouse(LighthouseOptions(heartbeat_timeout_ms=1000, join_timeout_ms=500))
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    common = ("--comm", comm, "--timeout-s", "60")
+    try:
+        survivor = _replica(lighthouse, 0, a, tmp_path, *common)
+        victim = _replica(lighthouse, 1, b, tmp_path, *common, "--stop-in-reduction", "40")
+        procs += [survivor, victim]
+        _wait_until(lambda: _stopped(victim.pid), 100, "the victim stopping in its 40th reduction", procs)
+        stopped_at = len(_records(a))
+        applied = lambda path: sum(r["applied"] for r in _records(path))  # noqa: E731
+        before = applied(a)
+        # 30 s: half of Gloo's timeout, so only a reduction given up early lets the survivor get there
+        _wait_until(lambda: applied(a) >= before + 20, 30, "the survivor training on while the victim is stopped",
+                    [survivor])
+        assert _stopped(victim.pid)
+        went_on_at = len(_records(a))
+        heals = _records(b)[-1]["healed"]  # torchft's init sync may have healed it once at the start
+        victim.send_signal(signal.SIGCONT)
+        healed_applied = lambda: sum(r["applied"] and r["healed"] > heals for r in _records(b))  # noqa: E731
+        _wait_until(lambda: healed_applied() >= 5, 60, "the continued victim healing and training", procs)
+        (tmp_path / "stop").touch()
+        _all_exit_0(procs, 30)
+    finally:
+        _kill_left(procs)
+        lighthouse.shutdown()
+
+    during = _records(a)[stopped_at:went_on_at]
+    assert sum(r["skipped"] for r in during) <= 1, f"the survivor lost more than one update: {during[:5]}"
+    assert all(r["healed"] == _records(a)[stopped_at - 1]["healed"] for r in _records(a)[stopped_at:])
+    donor = {r["committed"]: r for r in _records(a) if r["applied"]}
+    joint = [r for r in _records(b) if r["applied"] and r["healed"] > heals and r["committed"] in donor]
+    assert len(joint) >= 5 and all(r["digest"] == donor[r["committed"]]["digest"] for r in joint), \
+        "the healed victim's weights differ from its donor's"
+
+
 # dc (adaptive: its mean square too) corrects by the weights each gradient was computed at, so it
 # departs from pipe unless the rule sees each gradient before the update in flight lands; dga's
 # groups differ by their own pending local step, each group's weights against its own rank's.

@@ -16,7 +16,7 @@ from needs_torchft import require_torchft
 
 require_torchft()
 
-from pipesgd.live import barrier  # noqa: E402
+from pipesgd.live import barrier, status  # noqa: E402
 from pipesgd.live.lighthouse import Lighthouse  # noqa: E402
 
 
@@ -33,7 +33,7 @@ def test_the_barrier_counts_only_its_runs_groups_and_names_the_option_when_it_gi
     with Lighthouse() as lighthouse:
         for replica_id in ("exp7_0", "exp7_0", "other_1", "exp7x_1", "exp7_x"):  # group 0 twice: a restart
             _heartbeat(lighthouse, replica_id)
-        assert barrier.groups_of("exp7", barrier.heartbeating(lighthouse.address)) == {0}
+        assert status.groups_of("exp7", status.heartbeating(lighthouse.address)) == {0}
         with pytest.raises(TimeoutError) as err:
             barrier.wait_for_groups(lighthouse.address, "exp7", 2, 0.3)
         assert ("trainer.live.start_replicas=2: the lighthouse at " in str(err.value)
@@ -78,7 +78,7 @@ def test_a_status_page_of_another_shape_is_refused_naming_torchfts_version():
     try:
         with pytest.raises(RuntimeError, match=r"lists no heartbeats on its status page \(torchft .*"
                                                r"install torchft==0\.2\.0"):
-            barrier.heartbeating(f"http://127.0.0.1:{server.server_address[1]}")
+            status.heartbeating(f"http://127.0.0.1:{server.server_address[1]}")
     finally:
         server.shutdown()
         server.server_close()
