@@ -81,13 +81,29 @@ def mode_sections(keep=()) -> list[str]:
     return [f"trainer.{m}" for m in modes() if get_mode(m).settings is not None and m not in keep]
 
 
+def drop_unset(node):
+    """``node`` without the dict entries whose value is None, and without the dicts that leaves
+    empty (recursively; returned). A setting at None is no setting: a key added with None as its
+    default (the off switch, e.g. ``trainer.max_grad_norm``) is then no difference from a config
+    written before the key existed, where the run behaved as the None does."""
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        value = drop_unset(value)
+        if value is not None and value != {}:
+            out[key] = value
+    return out
+
+
 def hashed_config(config: dict) -> dict:
-    """``config`` (resolved, plain containers) without the :data:`NOT_HASHED` keys and without the
-    settings of the modes it does not run (:func:`mode_sections`): those never reach the run, and a
-    config from before such a section existed has none, so adding a mode changes no digest."""
+    """``config`` (resolved, plain containers) without the :data:`NOT_HASHED` keys, without the
+    settings of the modes it does not run (:func:`mode_sections`), and without settings at None
+    (:func:`drop_unset`): those never reach the run, and a config from before such a section or key
+    existed has none, so adding a mode or an option that is off by default changes no digest."""
     plain = json.loads(json.dumps(config, default=str))
     mode = (plain.get("trainer") or {}).get("mode")
-    return drop_keys(plain, [*NOT_HASHED, *mode_sections(keep={mode})])
+    return drop_unset(drop_keys(plain, [*NOT_HASHED, *mode_sections(keep={mode})]))
 
 
 def config_digest(config: dict) -> str:

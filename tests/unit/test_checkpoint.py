@@ -173,6 +173,20 @@ def test_a_mode_section_counts_only_for_its_own_mode():
     assert config_diff(ckpt.hashed_config(as_live), ckpt.hashed_config(other)) == ["trainer.live.max_failures: 1 -> 2"]
 
 
+def test_a_setting_at_none_is_no_setting():
+    """An option added with None as its default (trainer.max_grad_norm, scheduler.warmup_steps)
+    changes no digest, so a config from before it existed still matches; set, it is a difference."""
+    before = {"seed": 0, "trainer": {"mode": "sync"}, "scheduler": {"name": "cosine"}}
+    after = {"seed": 0, "trainer": {"mode": "sync", "max_grad_norm": None},
+             "scheduler": {"name": "cosine", "warmup_steps": None}, "extra": {"off": None}}
+    assert config_digest(before) == config_digest(after)
+    assert ckpt.hashed_config(after) == before
+    clipped = {**after, "trainer": {"mode": "sync", "max_grad_norm": 1.0}}
+    assert config_diff(ckpt.hashed_config(before), ckpt.hashed_config(clipped)) == \
+        ["trainer.max_grad_norm: '<unset>' -> 1.0"]
+    assert ckpt.hashed_config({"a": [None, 1], "b": 0, "c": False}) == {"a": [None, 1], "b": 0, "c": False}
+
+
 def _reliability(tmp_path, config: dict):
     from pipesgd.reliability import Reliability
 

@@ -218,3 +218,16 @@ def test_a_mode_owned_section_goes_with_an_arm_that_changes_the_mode():
     sync["config"]["optimizer"] = {"lr": 0.2}
     with pytest.raises(r.Refused, match="optimizer"):
         r.usable_curves({("x", 0): live, ("y", 0): sync})
+
+
+def test_a_curve_from_before_an_option_existed_composes_with_one_that_has_it_off():
+    """A record whose config predates an option (no trainer.max_grad_norm) and one whose config has
+    it at None, its off default, ran the same recipe; one with it set did not."""
+    old = {"arm": "x", "seed": 0, "complete": True, "arm_overrides": [], "world_size": 2,
+           "config": {"seed": 0, "trainer": {"mode": "sync"}}}
+    new = {"arm": "y", "seed": 0, "complete": True, "arm_overrides": [], "world_size": 2,
+           "config": {"seed": 0, "trainer": {"mode": "sync", "max_grad_norm": None}}}
+    assert len(r.usable_curves({("x", 0): old, ("y", 0): new})[0]) == 2
+    new["config"]["trainer"]["max_grad_norm"] = 1.0
+    with pytest.raises(r.Refused, match=r"trainer.max_grad_norm: '<unset>' -> 1.0"):
+        r.usable_curves({("x", 0): old, ("y", 0): new})
