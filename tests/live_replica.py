@@ -75,13 +75,14 @@ def residual_sum(engine: LiveEngine) -> float | None:
 
 
 def stop_in_reduction(engine: LiveEngine, n: int) -> None:
-    """SIGSTOP this process in the engine's ``n``-th reduction, on the communication thread, after
-    its quorum formed and before its first hop: its peers' hops to it are then in flight."""
+    """SIGSTOP this process in the engine's ``n``-th reduction with a peer (a quorum of more than
+    this group), on the communication thread, after the quorum formed and before its first hop:
+    its peers' hops to it are then in flight."""
     allreduce, calls = engine._allreduce, [0]
 
     def stopping(tensor, compressor, group):
-        calls[0] += 1
-        if calls[0] == n:
+        calls[0] += group.size() > 1
+        if calls[0] == n and group.size() > 1:
             os.kill(os.getpid(), signal.SIGSTOP)
         return allreduce(tensor, compressor, group)
 

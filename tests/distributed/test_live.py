@@ -194,17 +194,18 @@ def _stopped(pid: int) -> bool:
 # still stopped. Continued, the victim's reduction fails or completes on the old quorum's group, and
 # it heals from the survivor, bit-identical at the first update they apply together.
 @pytest.mark.parametrize("comm", ["ring", "native"])
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_a_hung_group_holds_the_survivor_only_until_the_lighthouse_stops_hearing_it(tmp_path, comm):
     procs: list[subprocess.Popen] = []
     lighthouse = Lighthouse(LighthouseOptions(heartbeat_timeout_ms=1000, join_timeout_ms=500))
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    common = ("--comm", comm, "--timeout-s", "60")
+    common = ("--comm", comm, "--timeout-s", "60", "--max-steps", "1000000")
     try:
         survivor = _replica(lighthouse, 0, a, tmp_path, *common)
-        victim = _replica(lighthouse, 1, b, tmp_path, *common, "--stop-in-reduction", "40")
+        victim = _replica(lighthouse, 1, b, tmp_path, *common, "--stop-in-reduction", "20")
         procs += [survivor, victim]
-        _wait_until(lambda: _stopped(victim.pid), 100, "the victim stopping in its 40th reduction", procs)
+        _wait_until(lambda: _stopped(victim.pid), 100, "the victim stopping in its 20th reduction with the survivor",
+                    procs)
         stopped_at = len(_records(a))
         applied = lambda path: sum(r["applied"] for r in _records(path))  # noqa: E731
         before = applied(a)
@@ -216,15 +217,16 @@ def test_a_hung_group_holds_the_survivor_only_until_the_lighthouse_stops_hearing
         heals = _records(b)[-1]["healed"]  # torchft's init sync may have healed it once at the start
         victim.send_signal(signal.SIGCONT)
         healed_applied = lambda: sum(r["applied"] and r["healed"] > heals for r in _records(b))  # noqa: E731
-        _wait_until(lambda: healed_applied() >= 5, 60, "the continued victim healing and training", procs)
+        # its own hop may wait for Gloo's timeout before it fails and the victim heals
+        _wait_until(lambda: healed_applied() >= 5, 90, "the continued victim healing and training", procs)
         (tmp_path / "stop").touch()
         _all_exit_0(procs, 30)
     finally:
         _kill_left(procs)
         lighthouse.shutdown()
 
-    during = _records(a)[stopped_at:went_on_at]
-    assert sum(r["skipped"] for r in during) <= 1, f"the survivor lost more than one update: {during[:5]}"
+    during = _records(a)[stopped_at - 1:went_on_at]  # from the step whose reduction the victim stopped in
+    assert sum(r["skipped"] for r in during) == 1, f"the survivor lost other than the one update: {during[:5]}"
     assert all(r["healed"] == _records(a)[stopped_at - 1]["healed"] for r in _records(a)[stopped_at:])
     donor = {r["committed"]: r for r in _records(a) if r["applied"]}
     joint = [r for r in _records(b) if r["applied"] and r["healed"] > heals and r["committed"] in donor]
