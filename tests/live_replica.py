@@ -78,15 +78,15 @@ def stop_in_reduction(engine: LiveEngine, n: int) -> None:
     """SIGSTOP this process in the engine's ``n``-th reduction with a peer (a quorum of more than
     this group), on the communication thread, after the quorum formed and before its first hop:
     its peers' hops to it are then in flight."""
-    allreduce, calls = engine._allreduce, [0]
+    reduce, calls = engine._reduce, [0]
 
-    def stopping(tensor, compressor, group):
+    def stopping(buf, group, *args):
         calls[0] += group.size() > 1
         if calls[0] == n and group.size() > 1:
             os.kill(os.getpid(), signal.SIGSTOP)
-        return allreduce(tensor, compressor, group)
+        return reduce(buf, group, *args)
 
-    engine._allreduce = stopping
+    engine._reduce = stopping
 
 
 def replica_arguments() -> argparse.ArgumentParser:

@@ -80,7 +80,7 @@ class LiveEngine(Engine):
     heal carries none of it). A reduction that fails (a lost peer, a timeout) is reported to the
     Manager, whose vote then drops the step. One held by a group that hangs (its sockets open, its
     heartbeats stopped) is given up once the lighthouse stops hearing that group, not at Gloo's
-    timeout (:mod:`pipesgd.live.watch`; not the stateful reductions, whose state a late hop would change).
+    timeout (:mod:`pipesgd.live.watch`; a stateful reduction runs on a copy of its state, kept when it ends).
 
     A replica that joins late heals: torchft fetches a peer's state (weights and buffers,
     optimizer, whatever :meth:`register_state` added, e.g. the scheduler, and this engine's step
@@ -260,8 +260,7 @@ class LiveEngine(Engine):
                         rider = Rider(agreed, step, mine if taking_part else None)
                     group = self.group.bound()  # this quorum's: a reduction given up never reaches the next
                     if self._watched(group):
-                        stats = watch.watched(lambda: self._reduce(out, group), lambda: self._silent(group),
-                                              f"the reduction launched at step {step}")
+                        stats = self._reduce_watched(out, group, step)
                     else:
                         stats = self._reduce(out, group)
             except Exception as e:  # noqa: BLE001 (a dead peer surfaces as any of several errors)
@@ -271,17 +270,29 @@ class LiveEngine(Engine):
 
         self._pending = self._thread.submit(reduce)
 
-    def _watched(self, group: QuorumGroup) -> bool:
+    @staticmethod
+    def _watched(group: QuorumGroup) -> bool:
         """Whether a reduction over ``group`` runs watched (:mod:`pipesgd.live.watch`): one with a
-        peer to wait on, and no state of its own that a reduction given up could change late."""
-        return self.reduction is None and group.groups is not None and len(group.groups) > 1
+        peer to wait on."""
+        return group.groups is not None and len(group.groups) > 1
+
+    def _reduce_watched(self, buf: Tensor, group: QuorumGroup, step: int) -> CommStats:
+        """:meth:`_reduce`, given up once a peer of ``group`` stops heartbeating. A reduction with
+        state of its own (top-k, PowerSGD, error feedback) runs on a copy of it, kept when it ends:
+        one given up goes on in the background on that copy, never on the state the next reads."""
+        reduction = None if self.reduction is None else copy.deepcopy(self.reduction)
+        stats = watch.watched(lambda: self._reduce(buf, group, reduction), lambda: self._silent(group),
+                              f"the reduction launched at step {step}")
+        if reduction is not None:
+            self.reduction = reduction
+        return stats
 
     def _silent(self, group: QuorumGroup) -> list[int]:
         """The other groups of ``group``'s quorum the lighthouse no longer hears."""
         o = self.options
         return status.silent(o.lighthouse, o.run_id, [g for g in group.groups if g != o.replica])
 
-    def _reduce(self, buf: Tensor, group: QuorumGroup) -> CommStats:
+    def _reduce(self, buf: Tensor, group: QuorumGroup, reduction: Reduction | None = None) -> CommStats:
         """Sum ``buf`` over ``group``, the quorum's, at its rank and size. The identity sends the
         buffer whole. A lossy compressor carries the gradient and the flag, as PipeSGD's buffer
         (a 0 decodes as 0, an inf spoils its block, and a sum that overflowed sets the flag
@@ -289,8 +300,9 @@ class LiveEngine(Engine):
         block it would round (1.0 beside a largest value of 5 decodes as 0.984) and scale its
         neighbours by itself. So do the losses' sum and a replica check's sums after it."""
         n = self.numel
-        if self.reduction is not None:  # top-k, PowerSGD, error feedback: the tail first, the gradient apart
-            return reduce_apart(self.reduction, buf, n, group)
+        reduction = self.reduction if reduction is None else reduction
+        if reduction is not None:  # top-k, PowerSGD, error feedback: the tail first, the gradient apart
+            return reduce_apart(reduction, buf, n, group)
         if self.compressor.identity:
             stats = self._allreduce(buf, self.compressor, group)
         else:

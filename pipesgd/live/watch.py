@@ -15,8 +15,9 @@ The thread given up is left behind, blocked in the hop until the silent group an
 timeout ends it. It can do no harm: its hops go to the process group of the quorum it started in
 (:meth:`pipesgd.live.group.TorchftGroup.bound`), never to the next one's; what it writes lands in
 the buffer of the update the vote dropped; and a reduction with state of its own (top-k,
-PowerSGD, error feedback), whose residual a late hop would change under the next reduction, is
-not watched (it waits for Gloo's timeout, as before). docs/reliability.md, "What a hang costs".
+PowerSGD, error feedback) runs on a copy of that state, which the engine keeps only when the
+reduction ends (``LiveEngine._reduce_watched``), so a late hop changes a copy nobody reads.
+docs/reliability.md, "What a hang costs".
 """
 
 from __future__ import annotations
