@@ -67,9 +67,11 @@ class TorchftGroup(_GlooGroup):
     def groups(self) -> list[int] | None:
         """The replica groups of the current quorum (their numbers), as torchft 0.2.0's wrapper
         keeps them from its last ``configure``; None where it keeps none (not formed by a Manager)."""
-        ranks = getattr(self.pg, "_global_ranks", None)
-        size, rank = getattr(self.pg, "_group_world_size", None) or 1, getattr(self.pg, "_group_rank", None) or 0
-        return None if ranks is None else [(r - rank) // size for r in ranks]
+        ranks = self.pg._global_ranks
+        if ranks is None:
+            return None
+        size, rank = self.pg._group_world_size or 1, self.pg._group_rank or 0
+        return [(r - rank) // size for r in ranks]
 
 
 class QuorumGroup(_GlooGroup):

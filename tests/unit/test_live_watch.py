@@ -119,4 +119,4 @@ def test_a_reduction_binds_the_quorum_it_started_in():
     pg.parent, pg._global_ranks = second, [0]  # the Manager re-forms the group for the next quorum
     assert bound.pg is first and bound.groups == [0, 2]
     assert group.bound().pg is second and group.groups() == [0]
-    assert TorchftGroup(_Wrapper(None, first)).groups() is None
+    assert TorchftGroup(_Wrapper(None, first)).groups() is None  # not configured yet
