@@ -162,6 +162,7 @@ class LiveEngine(Engine):
         self._extra: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {}
         self._snapshot = _Snapshot()
         self._heal_event: str | None = None  # healed, or served a healer: log the weights' digest at the next update
+        self._left: list[threading.Thread] = []  # reductions given up on a silent peer (pipesgd.live.watch)
         timeout = timedelta(seconds=options.timeout_s)
         self._store = listen.store_master(options.host, timeout)
         self._transport = RunTransport(options.run_id, options.host, timeout)
@@ -282,7 +283,7 @@ class LiveEngine(Engine):
         one given up goes on in the background on that copy, never on the state the next reads."""
         reduction = None if self.reduction is None else copy.deepcopy(self.reduction)
         stats = watch.watched(lambda: self._reduce(buf, group, reduction), lambda: self._silent(group),
-                              f"the reduction launched at step {step}")
+                              f"the reduction launched at step {step}", self._left)
         if reduction is not None:
             self.reduction = reduction
         return stats
@@ -471,6 +472,7 @@ class LiveEngine(Engine):
     def close(self) -> None:
         self._snapshot.cancel()
         self._thread.close()
+        watch.join_left(self._left, self.options.timeout_s + 5)  # each ends by Gloo's timeout_s
         self.manager.shutdown(wait=False)
         self._transport.shutdown()
         if self.lighthouse is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -39,12 +40,13 @@ class PeerSilent(RuntimeError):
     """A reduction given up because a group of its quorum stopped heartbeating to the lighthouse."""
 
 
-def watched(fn: Callable[[], T], silent: Callable[[], list[int]], what: str,
+def watched(fn: Callable[[], T], silent: Callable[[], list[int]], what: str, left: list[threading.Thread],
             grace_s: float = GRACE_S, poll_s: float = POLL_S) -> T:
     """``fn()`` on a thread of its own: its result, or its exception. Once it has run ``grace_s``,
     ``silent()`` (the quorum's groups the lighthouse no longer hears) is asked every ``poll_s``;
-    when it names a group, ``fn`` is given up: :class:`PeerSilent` naming the groups and ``what``.
-    A ``silent()`` that raises (the lighthouse out of reach) counts as nothing silent: logged once."""
+    when it names a group, ``fn`` is given up: :class:`PeerSilent` naming the groups and ``what``,
+    its thread appended to ``left`` (for :func:`join_left`). A ``silent()`` that raises (the
+    lighthouse out of reach) counts as nothing silent: logged once."""
     done = threading.Event()
     outcome: dict[str, object] = {}
 
@@ -56,7 +58,8 @@ def watched(fn: Callable[[], T], silent: Callable[[], list[int]], what: str,
         finally:
             done.set()
 
-    threading.Thread(target=run, name="pipesgd-live-reduction", daemon=True).start()
+    thread = threading.Thread(target=run, name="pipesgd-live-reduction", daemon=True)
+    thread.start()
     if not done.wait(grace_s):
         unreachable = False
         while not done.wait(poll_s):
@@ -69,9 +72,27 @@ def watched(fn: Callable[[], T], silent: Callable[[], list[int]], what: str,
                 unreachable = True
                 continue
             if gone and not done.is_set():
+                left[:] = [t for t in left if t.is_alive()] + [thread]
                 names = ", ".join(str(g) for g in gone)
                 raise PeerSilent(f"{what} given up: replica group {names} stopped heartbeating to the lighthouse "
                                  "(hung or cut off); the quorum drops this update and forms again without it")
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     return outcome["value"]  # type: ignore[return-value]
+
+
+def join_left(left: list[threading.Thread], timeout_s: float) -> list[threading.Thread]:
+    """Wait, ``timeout_s`` in all, for the reductions given up to end (Gloo's timeout ends each at
+    the latest): a daemon thread still inside Gloo when the interpreter finalizes is ended by
+    ``pthread_exit`` with C++ frames on its stack, and the process dies of SIGABRT after its work
+    is done. The threads still running are returned, and logged."""
+    if any(t.is_alive() for t in left):
+        log.info("waiting up to %.0f s for reductions given up on a silent peer to end in Gloo", timeout_s)
+    deadline = time.monotonic() + timeout_s
+    for thread in left:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    running = [t for t in left if t.is_alive()]
+    if running:
+        log.warning("%d reduction(s) given up on a silent peer still wait in Gloo after %.0f s; the process may "
+                    "end with them", len(running), timeout_s)
+    return running

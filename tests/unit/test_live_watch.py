@@ -28,13 +28,15 @@ def _never(*_):
 
 @pytest.mark.timeout(30)
 def test_a_reduction_that_ends_returns_its_value_or_raises_its_error_without_asking_the_lighthouse():
-    assert watch.watched(lambda: 42, _never, "r", grace_s=10) == 42
+    left = []
+    assert watch.watched(lambda: 42, _never, "r", left, grace_s=10) == 42
 
     def failing():
         raise ConnectionResetError("hop 1/2: Connection reset by peer")
 
     with pytest.raises(ConnectionResetError, match="Connection reset by peer"):
-        watch.watched(failing, _never, "r", grace_s=10)
+        watch.watched(failing, _never, "r", left, grace_s=10)
+    assert left == []
 
 
 @pytest.mark.timeout(30)
@@ -50,13 +52,29 @@ def test_a_reduction_held_by_a_silent_peer_is_given_up_and_its_thread_left_behin
         asked.append(1)
         return [1] if len(asked) >= 3 else []
 
+    left = []
     with pytest.raises(watch.PeerSilent) as err:
-        watch.watched(hop, silent, "the reduction launched at step 40", grace_s=0, poll_s=0.01)
-    assert len(asked) == 3 and not finished.is_set()
+        watch.watched(hop, silent, "the reduction launched at step 40", left, grace_s=0, poll_s=0.01)
+    assert len(asked) == 3 and not finished.is_set() and len(left) == 1 and left[0].is_alive()
     assert str(err.value).startswith("the reduction launched at step 40 given up: replica group 1 stopped "
                                      "heartbeating to the lighthouse")
     release.set()  # the peer answers later: the thread ends on its own, its result goes nowhere
-    assert finished.wait(10)
+    assert watch.join_left(left, 10) == [] and finished.is_set()
+
+
+@pytest.mark.timeout(30)
+def test_closing_waits_for_a_reduction_given_up_and_names_one_that_outlives_the_wait(caplog):
+    """A thread left inside Gloo when the interpreter finalizes aborts the process: close() waits
+    for the reductions given up (Gloo's timeout ends them), and says so when one outlives the wait."""
+    never = threading.Event()
+    left = []
+    with pytest.raises(watch.PeerSilent):
+        watch.watched(never.wait, lambda: [2], "r", left, grace_s=0, poll_s=0.01)
+    with caplog.at_level(logging.WARNING, logger="pipesgd.live.watch"):
+        assert watch.join_left(left, 0.05) == left
+    assert "1 reduction(s) given up on a silent peer still wait in Gloo after 0 s" in caplog.text
+    never.set()
+    assert watch.join_left(left, 10) == []
 
 
 @pytest.mark.timeout(30)
@@ -69,7 +87,8 @@ def test_a_lighthouse_out_of_reach_is_logged_once_and_the_reduction_waited_for(c
         raise ConnectionRefusedError("[Errno 111] Connection refused")
 
     with caplog.at_level(logging.WARNING, logger="pipesgd.live.watch"):
-        assert watch.watched(lambda: release.wait() and "done", unreachable, "r", grace_s=0, poll_s=0.01) == "done"
+        assert watch.watched(lambda: release.wait() and "done", unreachable, "r", [], grace_s=0,
+                             poll_s=0.01) == "done"
     assert [r.getMessage() for r in caplog.records] == [
         "cannot ask the lighthouse which groups still heartbeat ([Errno 111] Connection refused): r waits for its "
         "peers or trainer.live.timeout_s"]
