@@ -260,8 +260,9 @@ class LiveEngine(Engine):
                         taking_part = not stale and agreed == update and manager.is_participating()
                         rider = Rider(agreed, step, mine if taking_part else None)
                     group = self.group.bound()  # this quorum's: a reduction given up never reaches the next
-                    if self._watched(group):
-                        stats = self._reduce_watched(out, group, step)
+                    peers = group.peers(self.options.replica)
+                    if peers:
+                        stats = self._reduce_watched(out, group, peers, step)
                     else:
                         stats = self._reduce(out, group)
             except Exception as e:  # noqa: BLE001 (a dead peer surfaces as any of several errors)
@@ -271,27 +272,19 @@ class LiveEngine(Engine):
 
         self._pending = self._thread.submit(reduce)
 
-    @staticmethod
-    def _watched(group: QuorumGroup) -> bool:
-        """Whether a reduction over ``group`` runs watched (:mod:`pipesgd.live.watch`): one with a
-        peer to wait on."""
-        return group.groups is not None and len(group.groups) > 1
-
-    def _reduce_watched(self, buf: Tensor, group: QuorumGroup, step: int) -> CommStats:
-        """:meth:`_reduce`, given up once a peer of ``group`` stops heartbeating. A reduction with
-        state of its own (top-k, PowerSGD, error feedback) runs on a copy of it, kept when it ends:
-        one given up goes on in the background on that copy, never on the state the next reads."""
+    def _reduce_watched(self, buf: Tensor, group: QuorumGroup, peers: list[int], step: int) -> CommStats:
+        """:meth:`_reduce`, given up once one of ``peers`` (groups of ``group``'s quorum) stops
+        heartbeating (:mod:`pipesgd.live.watch`). A reduction with state of its own (top-k,
+        PowerSGD, error feedback) runs on a copy of it, kept when it ends: one given up goes on in
+        the background on that copy, never on the state the next reads."""
+        o = self.options
         reduction = None if self.reduction is None else copy.deepcopy(self.reduction)
-        stats = watch.watched(lambda: self._reduce(buf, group, reduction), lambda: self._silent(group),
+        stats = watch.watched(lambda: self._reduce(buf, group, reduction),
+                              lambda: status.silent(o.lighthouse, o.run_id, peers),
                               f"the reduction launched at step {step}", self._left)
         if reduction is not None:
             self.reduction = reduction
         return stats
-
-    def _silent(self, group: QuorumGroup) -> list[int]:
-        """The other groups of ``group``'s quorum the lighthouse no longer hears."""
-        o = self.options
-        return status.silent(o.lighthouse, o.run_id, [g for g in group.groups if g != o.replica])
 
     def _reduce(self, buf: Tensor, group: QuorumGroup, reduction: Reduction | None = None) -> CommStats:
         """Sum ``buf`` over ``group``, the quorum's, at its rank and size. The identity sends the

@@ -5,6 +5,8 @@ hops, the backend's all_reduce and top-k's all_gather go through the group's own
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 from torch import Tensor
 from torch.distributed.distributed_c10d import AllgatherOptions, AllreduceOptions, ReduceOp
 
@@ -16,8 +18,8 @@ TAG = 0  # one tag for every message: Gloo matches the messages between one pair
 class _GlooGroup(PeerGroup):
     """A PeerGroup over a c10d Gloo group, the one :meth:`_pg` returns at each call."""
 
-    def _pg(self):
-        raise NotImplementedError
+    @abstractmethod
+    def _pg(self): ...
 
     def rank(self) -> int:
         return self._pg().rank()
@@ -62,24 +64,24 @@ class TorchftGroup(_GlooGroup):
         group even after the Manager re-forms this one (a reduction given up by
         :func:`pipesgd.live.watch.watched` goes on in the background, and must never send on the
         next quorum's group, whose messages Gloo would match to it)."""
-        return QuorumGroup(self.pg.parent, self.groups())
-
-    def groups(self) -> list[int] | None:
-        """The replica groups of the current quorum (their numbers), as torchft 0.2.0's wrapper
-        keeps them from its last ``configure``; None where it keeps none (not formed by a Manager)."""
-        ranks = self.pg._global_ranks
-        if ranks is None:
-            return None
-        size, rank = self.pg._group_world_size or 1, self.pg._group_rank or 0
-        return [(r - rank) // size for r in ranks]
+        ranks, groups = self.pg._global_ranks, None  # as torchft 0.2.0's wrapper keeps them from configure
+        if ranks is not None:
+            size, rank = self.pg._group_world_size or 1, self.pg._group_rank or 0
+            groups = [(r - rank) // size for r in ranks]
+        return QuorumGroup(self.pg.parent, groups)
 
 
 class QuorumGroup(_GlooGroup):
     """One quorum's Gloo group (torchft's wrapper's ``parent`` when a reduction started) for that
-    reduction; ``groups``: the replica groups in it (None: not known)."""
+    reduction; ``groups``: the replica groups in it, by number (None: not known, a group no
+    Manager configured)."""
 
     def __init__(self, pg, groups: list[int] | None):
         self.pg, self.groups = pg, groups
 
     def _pg(self):
         return self.pg
+
+    def peers(self, me: int) -> list[int]:
+        """The quorum's replica groups other than ``me`` (none where the groups are not known)."""
+        return [g for g in self.groups or () if g != me]

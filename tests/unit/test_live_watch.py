@@ -12,6 +12,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+import torch
 
 from needs_torchft import require_torchft
 
@@ -136,6 +137,46 @@ def test_a_reduction_binds_the_quorum_it_started_in():
     group = TorchftGroup(pg)
     bound = group.bound()
     pg.parent, pg._global_ranks = second, [0]  # the Manager re-forms the group for the next quorum
-    assert bound.pg is first and bound.groups == [0, 2]
-    assert group.bound().pg is second and group.groups() == [0]
-    assert TorchftGroup(_Wrapper(None, first)).groups() is None  # not configured yet
+    assert bound.pg is first and bound.groups == [0, 2] and bound.peers(0) == [2]
+    assert group.bound().pg is second and group.bound().groups == [0] and group.bound().peers(0) == []
+    unformed = TorchftGroup(_Wrapper(None, first)).bound()  # not configured by a Manager yet
+    assert unformed.groups is None and unformed.peers(0) == []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("silent", [False, True])
+def test_a_watched_stateful_reduction_works_on_a_copy_kept_only_when_it_ends(monkeypatch, silent):
+    """A reduction with state (a residual) given up goes on in the background: it must change a
+    copy, never the state the engine's next reduction reads; one that ends hands its copy over."""
+    from pipesgd.engine import live
+    from pipesgd.live.group import QuorumGroup
+    from pipesgd.live.options import LiveOptions
+
+    class Stateful:  # what top-k, PowerSGD and error feedback keep from step to step
+        def __init__(self):
+            self.residual = torch.zeros(3)
+
+    release = threading.Event()
+    engine = live.LiveEngine.__new__(live.LiveEngine)  # the parts _reduce_watched reads, no torchft
+    engine.options, engine.reduction, engine._left = LiveOptions("http://lighthouse", "run", 0), Stateful(), []
+    before = engine.reduction
+
+    def reduce(buf, group, reduction):
+        if silent:
+            release.wait()  # the hop to the silent group: it returns only when that group answers
+        reduction.residual += 1
+        return live.CommStats()
+
+    engine._reduce = reduce
+    monkeypatch.setattr(live.status, "silent", lambda *_: [1] if silent else [])
+    group = QuorumGroup(None, [0, 1])
+    if not silent:
+        engine._reduce_watched(torch.zeros(3), group, [1], 7)
+        assert engine.reduction is not before and engine.reduction.residual.tolist() == [1, 1, 1]
+        assert before.residual.tolist() == [0, 0, 0]
+        return
+    with pytest.raises(watch.PeerSilent, match="the reduction launched at step 7 given up: replica group 1"):
+        engine._reduce_watched(torch.zeros(3), group, [1], 7)
+    release.set()  # the silent group answers late: the thread given up finishes its reduction
+    assert watch.join_left(engine._left, 10) == []
+    assert engine.reduction is before and before.residual.tolist() == [0, 0, 0]
