@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -93,7 +94,10 @@ class PipelinedState:
                  staleness: str = "none"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        self.ddp = model if isinstance(model, DDP) else None
+        # Weakly: DDP's reducer holds this state, so a strong reference back would be a cycle through
+        # C++ that Python's collector cannot see, keeping the model, its buckets and every process
+        # group it uses (ours too) alive until interpreter exit (tests/distributed/test_teardown.py).
+        self._ddp = weakref.ref(model) if isinstance(model, DDP) else None
         module = model.module if self.ddp is not None else model
         if self.ddp is not None:
             _check_ddp(self.ddp)
@@ -118,6 +122,12 @@ class PipelinedState:
         self._returned = False  # the last round handed DDP an earlier step's average
         self._local: Tensor | None = None  # lookahead: this rank's gradient of the round
         self._joined = False
+
+    @property
+    def ddp(self) -> nn.Module | None:
+        """The ``DistributedDataParallel`` model this state serves (None: a plain module, or the model
+        is gone)."""
+        return None if self._ddp is None else self._ddp()
 
     def _setup(self) -> None:
         """The two process groups and the inner hook's state per slot: at construction once the

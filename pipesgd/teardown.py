@@ -7,7 +7,7 @@ then leaves its Gloo worker threads running into interpreter exit, and a worker 
 finished collective's tensors once Python is finalizing cannot take the GIL and aborts the process
 (SIGABRT, "terminate called without an active exception"), after the script has finished. It
 struck one run in eight of a two-rank job on a loaded host. Imported here, before any group exists
-(``import pipesgd.comm``, which every engine and hook imports), its defaults are ``None``, and
+(by ``pipesgd.comm``, which every engine imports, and ``pipesgd.hooks``), its defaults are ``None``, and
 ``destroy_process_group()`` joins the workers while Python is still whole. A script that creates
 its group before importing pipesgd is not covered (nothing short of patching torch would be).
 """
