@@ -96,7 +96,7 @@ class PipelinedState:
 
         # Weakly: DDP's reducer holds this state, so a strong reference back would be a cycle through
         # C++ that Python's collector cannot see, keeping the model, its buckets and every process
-        # group it uses (ours too) alive until interpreter exit (tests/distributed/test_teardown.py).
+        # group it uses (ours too) alive until interpreter exit (tests/distributed/test_gloo_teardown.py).
         self._ddp = weakref.ref(model) if isinstance(model, DDP) else None
         module = model.module if self.ddp is not None else model
         if self.ddp is not None:

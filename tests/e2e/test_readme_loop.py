@@ -31,6 +31,7 @@ again = PipeSGD(optimizer, model.parameters(), width=2, module=model, staleness=
 again.load_state_dict(saved["engine"])
 again.close()
 print(f"rank {dist.get_rank()}: {engine.steps} steps, {engine.shadowed} shadowed, resumed at {again.steps}", flush=True)
+dist.destroy_process_group()  # as the README's last line says: a group left to interpreter exit can abort it
 """
 
 
