@@ -13,10 +13,10 @@ step and leaves this step's reduction in flight (docs/ddp-hook.md).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -97,10 +97,11 @@ class PipelinedState:
         # Weakly: DDP's reducer holds this state, so a strong reference back would be a cycle through
         # C++ that Python's collector cannot see, keeping the model, its buckets and every process
         # group it uses (ours too) alive until interpreter exit (tests/distributed/test_gloo_teardown.py).
-        self._ddp = weakref.ref(model) if isinstance(model, DDP) else None
-        module = model.module if self.ddp is not None else model
-        if self.ddp is not None:
-            _check_ddp(self.ddp)
+        is_ddp = isinstance(model, DDP)
+        self._ddp = weakref.ref(model) if is_ddp else None
+        module = model.module if is_ddp else model
+        if is_ddp:
+            _check_ddp(model)
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.names = {id(p): n for n, p in module.named_parameters() if p.requires_grad}
         offsets = torch.tensor([0] + [p.numel() for p in self.params]).cumsum(0).tolist()
