@@ -64,7 +64,9 @@ log = logging.getLogger(__name__)
 # The packaged configs (pipesgd/conf: the clone's conf/ itself, or the copy a wheel installed).
 CONF_DIR = Path(str(resources.files("pipesgd") / "conf"))
 DEFAULT_SIZES = (4, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20)
-QUICK_SIZES = (4, 1 << 20, 32 << 20)  # 32 MiB: ~10 ms on loopback, far above a loaded moment's latency noise (4 MiB once timed below 4 B)
+# --quick: 32 MiB takes ~10 ms on loopback, far above a loaded moment's latency noise (4 MiB once
+# timed below 4 B, and the fitted slope came out negative).
+QUICK_SIZES = (4, 1 << 20, 32 << 20)
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
                "mib": 1 << 20}
 
