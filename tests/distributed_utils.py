@@ -30,6 +30,12 @@ def _entry(fn, rank, world_size, port, args, results, backend):
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # the torchrun env contract
+    # No rank leaves init_process_group before every rank has finished Gloo's full-mesh connect.
+    # Without it a rank whose fn does no collective (one that only checks an error) can return and
+    # close its sockets while a slower peer is still handshaking, and that peer fails in
+    # init_process_group with "Gloo connectFullMesh failed ... Connection closed by peer" (seen once
+    # in CI on a loaded runner; the same race as pytorch/pytorch#53270).
+    os.environ["TORCH_DIST_INIT_BARRIER"] = "1"
     try:
         device = None
         if backend == "nccl":
