@@ -221,6 +221,13 @@ def test_accuracy_and_validation_goals_say_what_they_lack():
     rows = {g["goal"]: g for g in c.goals(validated, {"100mbit": 1.15})}
     assert rows["validation sync"]["met"] is True
     assert rows["validation pipe+lookahead-int8"]["met"] is False, "the headline arm is the speed goal's arm"
+    # another validated arm (the best DDP arm, the ratios' divisor) is judged too; sync, unvalidated, says so
+    validated = _goal_result(ms, [{"arm": "ddp-powersgd", "rel_error": -0.027}, {"arm": "pipe+lookahead-int8",
+                                                                                 "rel_error": -0.004}])
+    rows = {g["goal"]: g for g in c.goals(validated, {"100mbit": 1.15})}
+    assert rows["validation ddp-powersgd"]["met"] is True and rows["validation ddp-powersgd"]["value"] == -0.027
+    assert rows["validation sync"]["met"] is None and rows["validation pipe+lookahead-int8"]["met"] is True
+    assert list(rows)[-3:] == ["validation sync", "validation pipe+lookahead-int8", "validation ddp-powersgd"]
 
 
 def test_the_validation_goal_judges_steady_window_runs_where_there_are_any():

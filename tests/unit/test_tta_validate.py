@@ -138,3 +138,25 @@ def test_the_report_says_which_steps_each_arms_timing_runs_timed():
     new = _timing() | {"repeat": 1, "window": {"first": 100, "steps": 100, "warmup": None}}
     block = tta_report.timing_by_link([old, new])["100mbit"]
     assert block["windows"] == {"sync": [{"first": 10, "steps": 40}, {"first": 100, "steps": 100}]}
+
+
+def test_the_report_judges_the_validations_of_the_folder_it_is_given(tmp_path):
+    """--validations: a dated folder of validations beside its timing file, not the records' own."""
+    def timed(ms, side):
+        return _timing() | {"iter_ms": [ms], "median_iter_ms": ms, "eval_s": 2.0, "side": side}
+    records = _validation_record(tmp_path, {"before": [timed(50.0, "before")], "after": [timed(70.0, "after")]})
+    dated = tmp_path / "validation-day2"
+    dated.mkdir()
+    record = json.loads((records / "validate-sync-100mbit-300steps.json").read_text())
+    record["bracket"]["before"] = [timed(30.0, "before")]
+    (dated / "validate-sync-100mbit-300steps.json").write_text(json.dumps(record))
+    [mine] = tta_report._validation(_args(tmp_path, records=records, validations=dated), {}, 90.0, {}, [])
+    [theirs] = tta_report._validation(_args(tmp_path, records=records), {}, 90.0, {}, [])
+    assert mine["step_ms_before_after"] == [30.0, 70.0] and theirs["step_ms_before_after"] == [50.0, 70.0]
+    assert tta_report._validation(_args(tmp_path, records=records, validations=tmp_path / "d"), {}, 90.0, {}, []) == []
+
+
+def test_a_validations_folder_that_is_not_there_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        tta.parse(["--validations", str(tmp_path / "nope")])
+    assert e.value.code == 2 and f"--validations: {tmp_path / 'nope'} is not a folder" in capsys.readouterr().err

@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--records", type=Path, default=RECORDS,
                    help="one small JSON per finished curve and validation run, which the report reads "
                         f"(default {RECORDS}: commit them)")
+    p.add_argument("--validations", type=Path, default=None,
+                   help="the folder whose validate-*.json records the report judges (default: --records); "
+                        "a dated folder, e.g. docs/tta-runs/validation-2026-11-29, keeps a timing file's own "
+                        "validations beside it")
     p.add_argument("--seeds", default="0", help="comma-separated seeds of the full-length runs (default 0)")
     p.add_argument("--links", default="100mbit,50mbit", help="comma-separated tc rates, or loopback")
     p.add_argument("--validate-arms", default="sync,pipe+lookahead", help="arms timed end to end per link")
@@ -128,6 +132,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     if a.stamp_host - known:
         parser.error(f"argument --stamp-host: {','.join(sorted(a.stamp_host - known))} is not a run of --arms and "
                      f"--seeds (<arm>-s<seed>, e.g. {next(iter(sorted(known)))})")
+    if a.validations is not None and not a.validations.is_dir():
+        parser.error(f"argument --validations: {a.validations} is not a folder (one that holds validate-*.json records)")
     if a.validate_steps is not None and a.validate_steps < 1:
         parser.error(f"argument --validate-steps: must be an integer >= 1, got {a.validate_steps}")
     if a.validate_bracket < 0:

@@ -525,9 +525,10 @@ def goals(result: dict, speed_goals: dict[str, float] | None = None) -> list[dic
     within :data:`SAME_ACCURACY_PP` of ``sync``, the best one's speedup over the best DDP arm at
     every slack target, worst case over the sweep; or the per-step share of compute alone's gain
     where the ceiling is below the threshold. Accuracy: each compressed pipe arm's mean final
-    accuracy against ``sync``'s. Validation: every validation row of ``sync`` and the headline arm
-    (the speed goal's arm on the first link) within :data:`VALIDATION_GOAL`; only its steady-window
-    rows (:func:`steady_window`) where it has any, the others listed under ``left_out``."""
+    accuracy against ``sync``'s. Validation: every validation row of ``sync``, of the headline arm
+    (the speed goal's arm on the first link) and of any other validated arm within
+    :data:`VALIDATION_GOAL`; only an arm's steady-window rows (:func:`steady_window`) where it has
+    any, the others listed under ``left_out``."""
     metric = metric_of(result)
     if speed_goals is None:
         speed_goals = LOSS_SPEED_GOALS if metric.lower_is_better else SPEED_GOALS
@@ -550,7 +551,11 @@ def goals(result: dict, speed_goals: dict[str, float] | None = None) -> list[dic
         out.append(row | ({"threshold_rel": metric.same} if metric.lower_is_better else {"threshold_pp": metric.same}))
     headline = next((_goal_arm(g, metric) for g in out if g["goal"].startswith("speed") and _goal_arm(g, metric)),
                     None)
-    for arm in ("sync", headline):
+    # sync and the headline arm always (a missing one says so); any other validated arm too (the
+    # best DDP arm, whose step times divide the headline's ratios)
+    validated = sorted({v["arm"] for v in result.get("validation", []) if v.get("rel_error") is not None}
+                       - {"sync", headline})
+    for arm in ("sync", headline, *validated):
         rows = [v for v in result.get("validation", []) if arm is not None and v["arm"] == arm
                 and v.get("rel_error") is not None]
         steady = [v for v in rows if steady_window(v)]
