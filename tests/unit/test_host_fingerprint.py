@@ -84,7 +84,8 @@ def test_an_arm_whose_seeds_ran_on_two_kinds_of_host_is_refused_unless_asked():
 
 def test_the_report_lists_the_host_kinds_and_says_when_it_mixed_them(tmp_path):
     a = SimpleNamespace(arms=["sync"], seeds=[0, 1], dir=tmp_path / "d", records=tmp_path / "records",
-                        recipe="resnet_cifar_tta", overrides=[], timing=None, workers=2, mixed_hosts=False)
+                        recipe="resnet_cifar_tta", overrides=[], timing=None, workers=2, mixed_hosts=False,
+                        validations=None)
     used = [_seed(0, HOST_A), _seed(1, HOST_B)]
     with pytest.raises(r.Refused):
         tta_report.build_result(a, used, [], {})

@@ -141,7 +141,7 @@ def test_the_report_uses_records_and_lists_what_it_did_not_use(tmp_path):
         (records / f"{arm}-s0.json").write_text(json.dumps(_record(arm, summary)))
     a = SimpleNamespace(arms=["sync", "pipe+lookahead", "pipe"], seeds=[0], dir=tmp_path / "d", records=records,
                         recipe="resnet_cifar_tta", overrides=[], timing=None, validate_arms=[], steps=1, skip=0,
-                        repeats=1, workers=2, stamp_host=set(), mixed_hosts=False)
+                        repeats=1, workers=2, stamp_host=set(), mixed_hosts=False, validations=None)
     used, unfinished = tta_report.load_runs(a)
     assert [u["arm"] for u in used] == ["sync"]
     assert {(u["arm"], u["why_incomplete"]) for u in unfinished} == {("pipe+lookahead", "150 of 300 steps"),

@@ -44,7 +44,8 @@ def test_a_powersgd_timing_run_times_its_plain_steps_then_its_compressed_ones(tm
 
 def test_the_report_composes_both_accountings_and_says_which_is_the_headline(tmp_path):
     a = SimpleNamespace(arms=["sync", "pipe+lookahead"], seeds=[0], dir=tmp_path, records=tmp_path / "records",
-                        recipe="resnet_cifar_tta", overrides=[], timing=None, workers=2, mixed_hosts=False)
+                        recipe="resnet_cifar_tta", overrides=[], timing=None, workers=2, mixed_hosts=False,
+                        validations=None)
     pipe = _summary(mode="pipe", width=2, staleness="lookahead", warmup_sync_steps=100)
     used = [_record("sync", _summary()), _record("pipe+lookahead", pipe)]
     timing = {"100mbit": {"step_ms": {"sync": 200.0, "pipe+lookahead": 100.0}, "warmup_ms": {}, "eval_s": 0.0,

@@ -525,10 +525,9 @@ def goals(result: dict, speed_goals: dict[str, float] | None = None) -> list[dic
     within :data:`SAME_ACCURACY_PP` of ``sync``, the best one's speedup over the best DDP arm at
     every slack target, worst case over the sweep; or the per-step share of compute alone's gain
     where the ceiling is below the threshold. Accuracy: each compressed pipe arm's mean final
-    accuracy against ``sync``'s. Validation: every validation row of ``sync``, of the headline arm
-    (the speed goal's arm on the first link) and of any other validated arm within
-    :data:`VALIDATION_GOAL`; only an arm's steady-window rows (:func:`steady_window`) where it has
-    any, the others listed under ``left_out``."""
+    accuracy against ``sync``'s. Validation: each row of ``sync``, the headline arm (the speed goal's
+    arm on the first link) and any other validated arm within :data:`VALIDATION_GOAL`; only an arm's
+    steady-window rows (:func:`steady_window`) where it has any, the others under ``left_out``."""
     metric = metric_of(result)
     if speed_goals is None:
         speed_goals = LOSS_SPEED_GOALS if metric.lower_is_better else SPEED_GOALS
@@ -551,10 +550,8 @@ def goals(result: dict, speed_goals: dict[str, float] | None = None) -> list[dic
         out.append(row | ({"threshold_rel": metric.same} if metric.lower_is_better else {"threshold_pp": metric.same}))
     headline = next((_goal_arm(g, metric) for g in out if g["goal"].startswith("speed") and _goal_arm(g, metric)),
                     None)
-    # sync and the headline arm always (a missing one says so); any other validated arm too (the
-    # best DDP arm, whose step times divide the headline's ratios)
     validated = sorted({v["arm"] for v in result.get("validation", []) if v.get("rel_error") is not None}
-                       - {"sync", headline})
+                       - {"sync", headline})  # e.g. the best DDP arm, the ratios' divisor
     for arm in ("sync", headline, *validated):
         rows = [v for v in result.get("validation", []) if arm is not None and v["arm"] == arm
                 and v.get("rel_error") is not None]

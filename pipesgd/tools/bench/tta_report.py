@@ -173,7 +173,7 @@ def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[
     the report's timing (``timing``: which)."""
     warmup_at = warmup_at or {}
     rows = []
-    folder = getattr(a, "validations", None) or a.records
+    folder = a.validations or a.records
     for path in sorted(folder.glob("validate-*.json")) if folder.is_dir() else []:
         v = json.loads(path.read_text())
         link, arm = v["link"], v["arm"]
@@ -259,7 +259,7 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
                 "metric": {"key": metric.key, "lower_is_better": metric.lower_is_better, "unit": metric.unit},
         "arms": [_run_row(r, targets, metric) for r in used] + [_run_row(r, targets, metric) for r in unfinished],
         "links": links, "validation": _validation(a, links, targets["target"], warmup, used, warmup_at),
-        "validation_folder": str(getattr(a, "validations", None) or a.records),
+        "validation_folder": str(a.validations or a.records),
         # what the timing runs did is in their rows (links: timing_windows, repeat_median_ms), not in
         # this invocation's --steps/--skip
         "timing_config": {"workers": a.workers},
