@@ -165,6 +165,11 @@ def _own_timing(v: dict, rows: list[dict], warmup_at: dict[str, str]) -> dict | 
     return {"step_ms": block["step_ms"][v["arm"]], "eval_s": block["eval_s"], "warmup_ms": warm}
 
 
+def _validation_folder(a: argparse.Namespace) -> Path:
+    """Where the validation records are read: ``--validations``, else ``--records``."""
+    return a.validations or a.records
+
+
 def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[str, int],
                 used: list[dict], warmup_at: dict[str, str] | None = None) -> list[dict]:
     """Composed against measured, from the validation records of the arms and links timed. A record
@@ -173,7 +178,7 @@ def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[
     the report's timing (``timing``: which)."""
     warmup_at = warmup_at or {}
     rows = []
-    folder = a.validations or a.records
+    folder = _validation_folder(a)
     for path in sorted(folder.glob("validate-*.json")) if folder.is_dir() else []:
         v = json.loads(path.read_text())
         link, arm = v["link"], v["arm"]
@@ -256,10 +261,10 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
         "warmup_accounting": {"headline": compose.HEADLINE_ACCOUNTING, "also": list(OTHER_ACCOUNTINGS),
                               "meaning": dict(compose.ACCOUNTINGS)},
         "hosts": hosts, "mixed_hosts_allowed": bool(a.mixed_hosts),
-                "metric": {"key": metric.key, "lower_is_better": metric.lower_is_better, "unit": metric.unit},
+        "metric": {"key": metric.key, "lower_is_better": metric.lower_is_better, "unit": metric.unit},
         "arms": [_run_row(r, targets, metric) for r in used] + [_run_row(r, targets, metric) for r in unfinished],
         "links": links, "validation": _validation(a, links, targets["target"], warmup, used, warmup_at),
-        "validation_folder": str(a.validations or a.records),
+        "validation_folder": str(_validation_folder(a)),
         # what the timing runs did is in their rows (links: timing_windows, repeat_median_ms), not in
         # this invocation's --steps/--skip
         "timing_config": {"workers": a.workers},
