@@ -99,7 +99,9 @@ def test_a_lighthouse_out_of_reach_is_logged_once_and_the_reduction_waited_for(c
 def test_the_status_page_tells_a_silent_group_from_one_that_heartbeats_and_a_restarted_one():
     from torchft.coordination import LighthouseClient
 
-    with Lighthouse(LighthouseOptions(heartbeat_timeout_ms=200)) as lighthouse:
+    # 2 s, not less: each "heard" assertion below needs its heartbeats younger than the timeout when
+    # the page is read, and a loaded 2-core runner once paused this test longer than 200 ms between them
+    with Lighthouse(LighthouseOptions(heartbeat_timeout_ms=2000)) as lighthouse:
         client = LighthouseClient(lighthouse.address, connect_timeout=timedelta(seconds=10))
         alive, hung, old, restarted = (f"run7_{g}:{uuid.uuid4()}" for g in (0, 1, 2, 2))
         for replica_id in (alive, hung, old, "other_1:x"):
