@@ -150,6 +150,7 @@ def worker(container: dict, run_dir: str) -> None:
                           eval_every_steps=cfg.trainer.eval_every_steps, hooks=reliability,
                           objective=run.objective)
         _share_position(run.engine, run.scheduler, trainer)
+        _warn_if_never_pipelined(cfg, run.engine.width, trainer.total_steps, ctx.is_main)
         with reliability.guard():
             result = trainer.fit()
         if tracer.enabled:
@@ -171,6 +172,16 @@ def worker(container: dict, run_dir: str) -> None:
         if run is not None:
             run.engine.close()
         pdist.destroy(abort=failed)  # after an error a collective may hang: never wait for it
+
+
+def _warn_if_never_pipelined(cfg: DictConfig, width: int, total_steps: int, is_main: bool) -> None:
+    """A shortened run of a recipe with a synchronous warm-up (gpt_shakespeare: 300 steps) that the
+    warm-up covers is synchronous throughout: said, not silent."""
+    warmup = cfg.trainer.warmup_sync_steps
+    if is_main and width > 1 and get_mode(cfg.trainer.mode).width is None and warmup >= total_steps:
+        log.warning("trainer.warmup_sync_steps=%d covers all %d steps of this run: it trains synchronously "
+                    "throughout and never pipelines; set trainer.warmup_sync_steps below %d to run the pipeline",
+                    warmup, total_steps, total_steps)
 
 
 def _share_position(engine: Engine, scheduler, trainer: Trainer) -> None:

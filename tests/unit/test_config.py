@@ -183,3 +183,18 @@ def test_stopping_after_a_step_is_not_part_of_the_recipe():
     assert stopped["trainer"]["stop_after_step"] == 390
     older = {**whole, "trainer": {k: v for k, v in whole["trainer"].items() if k != "stop_after_step"}}
     assert config_digest(stopped) == config_digest(whole) == config_digest(older)
+
+
+@pytest.mark.parametrize("mode, width, warmup, total, warned", [
+    ("pipe", 2, 300, 300, True),    # the GPT recipe cut to 300 steps: synchronous throughout
+    ("pipe", 2, 300, 301, False),   # one pipelined step
+    ("pipe", 1, 300, 10, False),    # width 1 never pipelines anyway
+    ("ddp", 2, 300, 10, False),     # the pipelined DDP hook does not read the warm-up
+])
+def test_a_warm_up_covering_the_whole_run_is_said(mode, width, warmup, total, warned, caplog):
+    from pipesgd.train import _warn_if_never_pipelined
+
+    cfg = OmegaConf.create({"trainer": {"mode": mode, "warmup_sync_steps": warmup}})
+    with caplog.at_level("WARNING", logger="pipesgd.train"):
+        _warn_if_never_pipelined(cfg, width, total, is_main=True)
+    assert ("trainer.warmup_sync_steps=300 covers all" in caplog.text) == warned
