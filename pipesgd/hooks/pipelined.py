@@ -13,6 +13,7 @@ step and leaves this step's reduction in flight (docs/ddp-hook.md).
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -60,6 +61,10 @@ class _Round:
     def __init__(self, scale: float = 1.0):
         self.where: dict[int, tuple[torch.futures.Future, int, int]] = {}
         self.scale = scale  # the GradScaler's scale the gradients were taken at
+        # find_unused_parameters=True: the ids of the parameters DDP gave a gradient at this step
+        # (read once its backward is over; None: unknown, not compared)
+        self.used: frozenset[int] | None = None
+        self.read = False
 
     def values(self) -> dict[int, Tensor]:
         """Wait for every reduction; the flat average of each parameter, by ``id``."""
@@ -71,7 +76,10 @@ class PipelinedState:
 
     ``model``: the ``DistributedDataParallel`` model (its options are checked here, and ``Join`` at
     the first step), or the plain module it wraps (Lightning builds the DDP later; then nothing is
-    checked). The reductions run on two process groups of their own (one per in-flight step, over
+    checked). With DDP's ``find_unused_parameters=True`` the set of parameters that get gradients
+    must stay the same from step to step: DDP writes this step's set with the previous step's
+    averages, so a step whose set differs is refused (:meth:`ready`, or the next step's backward),
+    naming the parameters. The reductions run on two process groups of their own (one per in-flight step, over
     ``process_group``'s ranks, default DDP's or the world; created here, collectively: construct
     the state at the same point on every rank), so they never queue on DDP's group, nor on the one
     ``broadcast_buffers`` or SyncBatchNorm use, and a stateful inner hook never shares a group
@@ -100,8 +108,8 @@ class PipelinedState:
         is_ddp = isinstance(model, DDP)
         self._ddp = weakref.ref(model) if is_ddp else None
         module = model.module if is_ddp else model
-        if is_ddp:
-            _check_ddp(model)
+        # DDP's reducer order (its used map's indices), where the set of used parameters may change
+        self._reducer_params = _reducer_params(model) if is_ddp and _finds_unused(model) else None
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.names = {id(p): n for n, p in module.named_parameters() if p.requires_grad}
         offsets = torch.tensor([0] + [p.numel() for p in self.params]).cumsum(0).tolist()
@@ -123,6 +131,13 @@ class PipelinedState:
         self._returned = False  # the last round handed DDP an earlier step's average
         self._local: Tensor | None = None  # lookahead: this rank's gradient of the round
         self._joined = False
+        self._handed_used: frozenset[int] | None = None  # the used set of the round the last backward handed DDP
+        self._zeros_handed = False  # the last backward handed DDP zeros (nothing had arrived): do not step
+        self._warned = False
+        self._param_ids = frozenset(id(p) for p in self.params)
+        _watch(self)
+        if self._reducer_params is not None:  # the map is read outside backward: the hook runs under DDP's lock
+            model.register_forward_pre_hook(_read_used_before(weakref.ref(self)))
 
     @property
     def ddp(self) -> nn.Module | None:
@@ -179,9 +194,12 @@ class PipelinedState:
     def _begin_round(self) -> None:
         if self.ddp is not None and self.ddp._join_config.enable:
             self._joined = True
+        self._check_used(read=False)  # the loop may not have asked ready(); the forward read the map
         scale = self.scaler.get_scale() if self.scaler is not None and self.scaler.is_enabled() else 1.0
         self._current = _Round(scale)
         self._returned = self._inflight is not None
+        self._zeros_handed = not self._returned
+        self._handed_used = None if self._inflight is None else self._inflight.used
         if self.rule is not None:
             self._local = torch.zeros(self.numel, dtype=self.params[0].dtype, device=self.params[0].device)
 
@@ -235,10 +253,56 @@ class PipelinedState:
             return futures[0].then(assemble)
         return torch.futures.collect_all(futures).then(assemble)
 
+    def _read_used(self, round_: _Round | None) -> None:
+        """``round_``'s used set from DDP's used map (find_unused_parameters=True), once its backward
+        is over and before the next step's backward ends, where DDP overwrites the map, and never
+        inside a backward (DDP holds its reducer's lock while it runs the hook). The map's
+        counts are summed over the ranks: DDP writes a gradient wherever any rank used the parameter.
+        On CUDA a device-to-host copy of one int per parameter: a sync point, once per step."""
+        if self._reducer_params is None or round_ is None or round_.read:
+            return
+        round_.read = True
+        ddp = self.ddp
+        if ddp is None:
+            return
+        counts = ddp.reducer._get_local_used_map()
+        if counts.numel() != len(self._reducer_params):
+            raise RuntimeError(f"DDP's used map has {counts.numel()} entries for {len(self._reducer_params)} "
+                               "parameters: the pipelined hook cannot follow this DDP's parameters")
+        flags = (counts > 0).tolist()
+        round_.used = frozenset(id(p) for p, used in zip(self._reducer_params, flags) if used)
+
+    def _check_used(self, read: bool = True) -> None:
+        """Refuse a step whose set of parameters with a gradient differs from the step before: DDP
+        wrote this step's set with the previous step's averages, which belong to the old set."""
+        if self._current is not None:
+            return
+        if read:
+            self._read_used(self._inflight)
+        now, handed = None if self._inflight is None else self._inflight.used, self._handed_used
+        if not self._returned or now is None or handed is None or now == handed:
+            return
+        gained = sorted(self.names.get(i, "?") for i in now - handed)
+        lost = sorted(self.names.get(i, "?") for i in handed - now)
+        said = "; ".join(part for part in (
+            f"now with a gradient: {', '.join(gained[:5])}" if gained else "",
+            f"no longer with one: {', '.join(lost[:5])}" if lost else "") if part)
+        raise RuntimeError(
+            f"step {self.steps - 1}: the parameters that get gradients changed from the step before ({said}). "
+            "With find_unused_parameters=True the pipelined hook needs the same set at every step: DDP writes "
+            "this step's set with the previous step's averages, which belong to the old set, so a parameter "
+            "would lose or gain an update. Keep the set fixed (requires_grad=False on parameters a step does "
+            "not use, or static_graph=True), or use the engine (pipesgd.PipeSGD, find_unused_parameters=True), "
+            "which follows a changing set")
+
     # -- the loop's side ------------------------------------------------------------------------
     def ready(self) -> bool:
         """True when the last backward handed DDP an earlier step's average: step the optimizer.
-        False at the first step (nothing has arrived yet), so the loop skips ``optimizer.step()``."""
+        False at the first step (nothing has arrived yet), so the loop skips ``optimizer.step()``;
+        an optimizer that steps this state's parameters then anyway is warned about, once.
+        RuntimeError where, with find_unused_parameters=True, the parameters that got gradients
+        differ from the step before (naming them)."""
+        self._check_used()
         return self._returned
 
     def forward_context(self) -> AbstractContextManager:
@@ -253,16 +317,21 @@ class PipelinedState:
         average and ``optimizer.step()`` runs (``scaler.step`` and ``scaler.update`` with a
         scaler). After ``Join``, every rank then takes the last joiner's weights, as DDP does at
         the end of ``Join``. False when nothing was in flight."""
+        self._check_used()
         prev, self._inflight = self._inflight, None
+        self._zeros_handed = False
         if prev is None:
             self._returned = False
             return False
         self._returned = True  # an optimizer whose step() asks ready() (the HF Trainer recipe) steps
+        self._handed_used = prev.used
         scaler = scaler or self.scaler
         now = scaler.get_scale() if scaler is not None and scaler.is_enabled() else 1.0
         values = prev.values()
         with torch.no_grad():
             for p in self.params:
+                if prev.used is not None and id(p) not in prev.used:
+                    continue  # no rank used it at that step: DDP leaves its grad alone, and so does the flush
                 avg = values[id(p)].view_as(p) * (now / prev.scale)
                 if p.grad is None:
                     p.grad = avg.clone()
@@ -295,8 +364,11 @@ class PipelinedState:
         states per slot (PowerSGD: residuals, warm-start factors, iteration, generator) and the
         lookahead rule's."""
         prev = self._inflight
+        self._read_used(prev)
         pending = {} if prev is None else {self.names[i]: v.clone() for i, v in prev.values().items()}
+        used = None if prev is None or prev.used is None else sorted(self.names[i] for i in prev.used)
         return {"steps": self.steps, "pending": pending, "pending_scale": 1.0 if prev is None else prev.scale,
+                "pending_used": used,
                 "inner": [s.state_dict() if isinstance(s, HookState) else {} for s in self.inner_states],
                 "staleness": {} if self.rule is None else self.rule.state_dict()}
 
@@ -317,6 +389,11 @@ class PipelinedState:
             done.set_result(flat)
             self._inflight = _Round(float(state.get("pending_scale", 1.0)))
             self._inflight.where = {id(p): (done, *self._flat_at[id(p)]) for p in self.params}
+            self._inflight.read = True  # DDP's used map belongs to no step of this process yet
+            used = state.get("pending_used")
+            if used is not None:
+                by_name = {n: i for i, n in self.names.items()}
+                self._inflight.used = frozenset(by_name[n] for n in used if n in by_name)
         self.steps = int(state["steps"])
         if self.inner_states:
             self._load_inner(state["inner"])
@@ -361,15 +438,54 @@ def register(ddp_model: nn.Module, inner: Callable | None = None, inner_state: A
     return state
 
 
-def _check_ddp(ddp: nn.Module) -> None:
-    """Refuse what cannot be pipelined, naming the option."""
-    if ddp.find_unused_parameters and not ddp.static_graph:
-        raise ValueError(
-            "find_unused_parameters=True is refused by the pipelined hook: DDP decides which parameters to "
-            "write from the current step's graph, while the gradients it writes are the previous step's, so a "
-            "parameter unused in one step but not the next would lose or gain an update. Use static_graph=True "
-            "(the set of unused parameters is then fixed), or set requires_grad=False on parameters that are "
-            "never used")
+def _finds_unused(ddp: nn.Module) -> bool:
+    """DDP decides at every step which parameters get a gradient (``static_graph`` fixes the set)."""
+    return bool(ddp.find_unused_parameters) and not ddp.static_graph
+
+
+def _reducer_params(ddp: nn.Module) -> list[Tensor]:
+    """The parameters in the order of DDP's reducer (``DistributedDataParallel._build_params_for_reducer``:
+    trainable, not ignored, each once), which indexes its used map."""
+    ignored = ddp.parameters_to_ignore
+    return [p for n, p in ddp.module.named_parameters() if p.requires_grad and n not in ignored]
+
+
+def _read_used_before(state: weakref.ref) -> Callable:
+    """A forward pre-hook for DDP: the step in flight's used set, read before this step's backward."""
+
+    def hook(module, args):
+        me = state()
+        if me is not None and me._current is None:
+            me._read_used(me._inflight)
+
+    return hook
+
+
+_watched: weakref.WeakSet = weakref.WeakSet()  # the live states, for the one optimizer step pre-hook
+_step_hook = None
+
+
+def _watch(state: PipelinedState) -> None:
+    """Tell a loop that steps an optimizer on the zeros of the first step (``if state.ready():``
+    forgotten): one global optimizer step pre-hook for every state, a flag test per step."""
+    global _step_hook
+    _watched.add(state)
+    if _step_hook is None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        _step_hook = register_optimizer_step_pre_hook(_before_step)
+
+
+def _before_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    for state in list(_watched):
+        if not state._zeros_handed or state._warned or (state.rule is not None and state.rule.stepping):
+            continue
+        if any(id(p) in state._param_ids for group in optimizer.param_groups for p in group["params"]):
+            state._warned = True
+            warnings.warn(
+                "optimizer.step() ran after a backward whose pipelined DDP hook had nothing to hand DDP yet (the "
+                "first step: every gradient is zeros), so momentum and weight decay moved the weights on no "
+                "gradient; step the optimizer only if state.ready() (docs/ddp-hook.md)", stacklevel=3)
 
 
 def _slot_state(inner_state: Any, group, params: list[Tensor], check_only: bool = False):

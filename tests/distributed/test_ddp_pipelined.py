@@ -9,6 +9,11 @@ width-2 update rule exactly, whatever DDP does with its buckets.
   called synchronously outside DDP on the same buckets), replicas identical at every step, also
   with a callback slowed down;
 - a resume into a fresh DDP (a new bucket layout) continues exactly; GradScaler and Join;
+- ``find_unused_parameters=True``: with a fixed set of parameters that get gradients, the run of
+  ``find_unused_parameters=False`` (bit for bit) and ``PipeSGD(width=2)`` (a never-used layer left
+  alone, as the engine's ``find_unused_parameters=True`` does); a set that changes is refused at
+  that step, naming the parameters;
+- a loop that steps the optimizer at the first step (``if state.ready()`` forgotten) is told, once;
 - every refused option is refused naming it."""
 
 from __future__ import annotations
@@ -107,14 +112,16 @@ def _fp16_as_ddp(tensor, compressor=None, group=None):
     return CommStats()
 
 
-def _engine(rank, compressor="none", accumulate=1, staleness="none"):
-    """The same steps with ``PipeSGD(width=2)`` (the backend's all_reduce, as DDP's)."""
+def _engine(rank, compressor="none", accumulate=1, staleness="none", model=None, find_unused=False):
+    """The same steps with ``PipeSGD(width=2)`` (the backend's all_reduce, as DDP's); ``find_unused``:
+    its ``find_unused_parameters=True``, a parameter without a gradient on every rank left alone."""
     from pipesgd import PipeSGD
 
-    model = _model()
+    model = model or _model()
     opt = _opt(model)
     engine = PipeSGD(opt, model.parameters(), width=2, compressor=compressor,
-                     allreduce=_fp16_as_ddp if compressor == "fp16" else "native", staleness=staleness)
+                     allreduce=_fp16_as_ddp if compressor == "fp16" else "native", staleness=staleness,
+                     module=model if find_unused else None, find_unused_parameters=find_unused)
     out = []
     for t in range(STEPS):
         opt.zero_grad()
@@ -370,7 +377,6 @@ def _refusals(rank, world):
 
     model = _model()
     found = {
-        "find_unused_parameters": error(lambda: register(DDP(_model(), find_unused_parameters=True))),
         "inner": error(lambda: pipelined(5)),
         "inner_state": error(lambda: register(DDP(_model()), inner_state=object())),
         "staleness": error(lambda: register(DDP(_model()), staleness="dc", optimizer=_opt(model))),
@@ -390,8 +396,6 @@ def _refusals(rank, world):
 @pytest.mark.timeout(200)
 def test_every_refused_option_is_refused_naming_it():
     for found in run_workers(_refusals, 2, timeout=180):
-        assert "find_unused_parameters=True is refused" in found["find_unused_parameters"]
-        assert "static_graph=True" in found["find_unused_parameters"]
         assert "pipelined(inner): inner must be a DDP comm hook" in found["inner"]
         assert "inner_state=object cannot be shared" in found["inner_state"]
         assert "staleness='dc' is not available" in found["staleness"]
@@ -399,3 +403,125 @@ def test_every_refused_option_is_refused_naming_it():
         assert "must be a PipelinedState" in found["state"]
         assert "batched_powerSGD_hook" in found["batched"]
         assert found["static_graph"] == "accepted", "a fixed set of unused parameters is fine"
+
+
+class _Gated(nn.Module):
+    """``_model()`` beside a layer ``extra`` that a step uses only where ``use_extra(t)`` says."""
+
+    def __init__(self, use_extra=lambda t: False):
+        super().__init__()
+        self.body = _model()
+        torch.manual_seed(1)
+        self.extra = nn.Linear(10, 3)
+        self.use_extra, self.t = use_extra, 0
+
+    def forward(self, x):
+        out = self.body(x)
+        if self.use_extra(self.t):
+            out = out + self.extra(x)
+        self.t += 1
+        return out
+
+
+def _find_unused(rank, world):
+    unused = {"find_unused_parameters": True}
+    found = {"all used": (_hooked(rank, ddp_options=unused), _hooked(rank), _engine(rank)),
+             "one never used": (_hooked(rank, model=_Gated(), ddp_options=unused),
+                                _engine(rank, model=_Gated(), find_unused=True))}
+
+    def changing(ask_ready: bool):
+        """``extra`` used from step 3 on; ``ask_ready``: the loop asks ready(), else it always steps."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from pipesgd.hooks import register
+
+        model = _Gated(lambda t: t >= 3)
+        opt = _opt(model)
+        ddp = DDP(model, bucket_cap_mb=0.01, **unused)
+        state = register(ddp)
+        done = []
+        try:
+            for t in range(STEPS):
+                opt.zero_grad()
+                _loss(ddp, rank, t).backward()
+                if not ask_ready or state.ready():
+                    opt.step()
+                done.append(t)
+        except RuntimeError as e:
+            return done, str(e)
+        return done, "accepted"
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the loop that always steps is told so at its first step
+        found["changing, ready()"], found["changing, no ready()"] = changing(True), changing(False)
+    return found
+
+
+@pytest.mark.timeout(200)
+def test_find_unused_parameters_with_a_fixed_set_and_a_changing_set_refused():
+    initial = _flat(_Gated())
+    for found in run_workers(_find_unused, 2, timeout=180):
+        found_unused, plain, engine = found["all used"]
+        assert len(found_unused) == len(plain) == STEPS + 1
+        for t, (a, b, c) in enumerate(zip(found_unused, plain, engine)):
+            assert torch.equal(a, b), f"step {t}: find_unused_parameters=True differs from False"
+            assert (a - c).abs().max() <= 1e-6, f"step {t}: differs from PipeSGD(width=2)"
+        mine, ref = found["one never used"]
+        for t, (a, b) in enumerate(zip(mine, ref)):
+            assert (a - b).abs().max() <= 1e-6, f"step {t}: differs from PipeSGD(width=2, find_unused_parameters=True)"
+        n = _model_numel()
+        assert torch.equal(mine[-1][n:], initial[n:]), "the never-used layer is left alone (no momentum, no decay)"
+        assert (mine[-1][:n] - initial[:n]).abs().max() > 1e-3, "the rest trained"
+        done, message = found["changing, ready()"]
+        assert done == [0, 1, 2], "refused at the step whose set changed, before its optimizer step"
+        assert "step 3: the parameters that get gradients changed from the step before" in message, message
+        assert "now with a gradient: extra.bias, extra.weight" in message, message
+        done, message = found["changing, no ready()"]
+        assert done == [0, 1, 2, 3], "a loop that never asks ready() is refused at the next backward"
+        assert "step 3: the parameters that get gradients changed" in message and "extra.weight" in message, message
+
+
+def _model_numel() -> int:
+    return sum(p.numel() for p in _model().parameters())
+
+
+def _first_step(rank, world):
+    """SGD with momentum and weight decay: a loop that always steps (``if state.ready()``
+    forgotten), one that asks, and one step then flush."""
+    import warnings
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from pipesgd.hooks import register
+
+    def run(steps: int, ask_ready: bool):
+        model = _model()
+        opt = _opt(model)
+        ddp = DDP(model, bucket_cap_mb=0.01)
+        state = register(ddp)
+        weights = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for t in range(steps):
+                opt.zero_grad()
+                _loss(ddp, rank, t).backward()
+                if not ask_ready or state.ready():
+                    opt.step()
+                weights.append(_flat(model))
+            state.flush(opt)
+        return [str(w.message) for w in caught], weights
+
+    return run(4, ask_ready=False), run(4, ask_ready=True), run(1, ask_ready=True)
+
+
+@pytest.mark.timeout(200)
+def test_stepping_the_optimizer_at_the_first_step_is_told_once():
+    for forgot, asked, one in run_workers(_first_step, 2, timeout=180):
+        messages, weights = forgot
+        assert len(messages) == 1, messages
+        assert "state.ready()" in messages[0] and "first step" in messages[0], messages
+        assert not torch.equal(weights[0], _flat(_model())), "the zeros moved the weights: hence the warning"
+        assert asked[0] == [] and one[0] == [], "a loop that asks ready(), and the flush, are not warned"
+        assert torch.equal(asked[1][0], _flat(_model())), "asked, the first step applies nothing"
