@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Collection, Iterable
+import inspect
+import sys
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from hydra.errors import InstantiationException
+from hydra.experimental.callback import Callback
+from hydra.utils import get_object, instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .dist import BACKENDS
 from .launch import under_torchrun
@@ -87,11 +91,13 @@ def staleness_rule(cfg: DictConfig) -> str:
                       f"choose one with staleness=NAME, NAME in {', '.join(stalenesses())}")
 
 
-def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
+def validate(cfg: DictConfig, explicit: Collection[str] = (), origin: Callable[[str], str | None] | None = None) -> None:
     """Raise :class:`ConfigError` naming the first bad key. ``explicit``: the keys set on the command
     line (:func:`command_line_keys`), where a setting the mode does not use is a conflict rather
-    than a config file's default for another mode."""
+    than a config file's default for another mode. ``origin``: where a key was set
+    (:class:`KeyOrigin`), for :func:`check_targets`' message."""
     _known_keys(cfg)
+    check_targets(cfg, origin)
     staleness_rule(cfg)
     try:
         get_mode(cfg.trainer.mode)
@@ -137,6 +143,134 @@ def validate(cfg: DictConfig, explicit: Collection[str] = ()) -> None:
     _check_mode_settings(cfg, explicit)
     _check_scheme_options(cfg)
     _check_staleness_optimizer(cfg)
+
+
+_RESERVED = frozenset({"_target_", "_partial_", "_recursive_", "_convert_", "_args_"})
+CONF = Path(__file__).resolve().parent / "conf"
+
+
+def check_targets(cfg: DictConfig, origin: Callable[[str], str | None] | None = None) -> None:
+    """Every option of an instantiated group (optimizer, scheduler, model, data, compressor,
+    staleness, comm, timing, and any ``_target_`` inside them) is a parameter its ``_target_``
+    takes: an experiment's ``optimizer.momentum`` outlives ``optimizer=adamw`` otherwise, and the
+    workers die on the TypeError. A target that takes ``**kwargs`` accepts anything."""
+    for group in cfg:
+        node = cfg._get_node(group)
+        if isinstance(node, DictConfig) and "_target_" in node:
+            _check_target(str(group), node, origin or (lambda key: None))
+
+
+def _check_target(path: str, node: DictConfig, origin: Callable[[str], str | None]) -> None:
+    target = str(node._target_)
+    try:
+        params = inspect.signature(get_object(target)).parameters.values()
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"{path}._target_={target!r} cannot be found: {e}") from None
+    except TypeError:
+        return  # no signature to read (a builtin): its own call checks
+    takes = sorted(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in params)
+    for key in node:
+        key = str(key)
+        if key in _RESERVED:
+            continue
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and "_target_" in child:
+            _check_target(f"{path}.{key}", child, origin)
+        if open_ended or key in takes:
+            continue
+        where = origin(f"{path}.{key}")
+        came = f"; it was set by {where}" if where else ""
+        group = path.split(".", 1)[0]
+        choice = getattr(origin, "choices", {}).get(group)
+        chosen = f"{group}={choice} ({target})" if choice and path == group else target
+        value = OmegaConf.to_container(node, resolve=False).get(key)
+        if where and where.startswith("the command line"):
+            out = f"drop {key} from the command line"
+        else:
+            out = (f"drop it with ~{path}.{key} on the command line, or let the experiment choose {group} options of "
+                   f"its own (a conf/{group}/NAME.yaml holding them, in its defaults), so that swapping the {group} "
+                   "replaces them too")
+        raise ConfigError(
+            f"{path}.{key}={value!r} is not an option of {chosen}, which takes {', '.join(takes) or 'no options'}"
+            f"{came}. An option written for another {group} outlives a swap to this one: {out}")
+
+
+class KeyOrigin:
+    """Where a key of the composed config was set, as far as the files can say: the command line
+    (``overrides``), else the last config file among Hydra's group ``choices`` (the defaults
+    list's order: an experiment after the groups it overrides) that sets it."""
+
+    def __init__(self, choices: Mapping[str, str | None], overrides: Iterable[str] = ()):
+        self.choices, self.overrides = dict(choices), list(overrides)
+
+    def __call__(self, key: str) -> str | None:
+        choices, overrides = self.choices, self.overrides
+        for o in overrides:
+            if o.split("=", 1)[0].lstrip("+~") == key:
+                return f"the command line ({o})"
+        found = None
+        for group, option in choices.items():
+            path = CONF / group / f"{option}.yaml"
+            if option is None or group.startswith("hydra") or not path.is_file():
+                continue
+            text = path.read_text()
+            globally = any(line.strip() == "# @package _global_" for line in text.splitlines()[:3])
+            sub = key if globally else key[len(group) + 1:] if key.startswith(f"{group.replace('/', '.')}.") else None
+            if sub and _sets(OmegaConf.create(text), sub):
+                found = f"conf/{group}/{option}.yaml"
+        return found
+
+
+def _sets(node: object, dotted: str) -> bool:
+    for part in dotted.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return False
+        node = node._get_node(part)
+    return True
+
+
+class Precheck(Callback):
+    """Hydra callback (conf/config.yaml ``hydra.callbacks``): :func:`validate` before Hydra makes a
+    run directory, for every job of a sweep before the first one runs. A bad config exits with
+    status 2 and its one-paragraph message on stderr, and leaves nothing on disk."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        _precheck([config])
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        _precheck(_sweep_jobs(config))
+
+
+def _sweep_jobs(config: DictConfig) -> Iterable[DictConfig]:
+    """Each job's config, composed as Hydra's basic sweeper will (another sweeper: the primary's)."""
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return [config]
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+    loader = GlobalHydra.instance().config_loader()
+    return (loader.load_sweep_config(config, list(job)) for batch in BasicSweeper.split_arguments(parsed, None)
+            for job in batch)
+
+
+def _precheck(configs: Iterable[DictConfig]) -> None:
+    for config in configs:
+        overrides = list(config.hydra.overrides.task)
+        origin = KeyOrigin(config.hydra.runtime.choices, overrides)
+        cfg = config.copy()
+        with open_dict(cfg):
+            cfg.pop("hydra")
+        try:
+            validate(cfg, command_line_keys(overrides), origin)
+        except (ConfigError, ValueError) as e:
+            sys.stderr.write(f"{e}\n")
+            sys.exit(2)
+        except InstantiationException as e:
+            sys.stderr.write(f"{e.__cause__ if e.__cause__ is not None else str(e).strip().splitlines()[0]}\n")
+            sys.exit(2)
 
 
 def _check_comm(cfg: DictConfig) -> None:

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import dist as pdist
 from . import launch, schema, trace  # noqa: F401  (schema: registers the structured config with Hydra)
 from .comm import bind, get_allreduce
-from .config import ConfigError, check_batch, check_removed, command_line_keys, staleness_rule, validate
+from .config import ConfigError, KeyOrigin, check_batch, check_removed, command_line_keys, staleness_rule, validate
 from .data import DatasetError
 from .engine import Engine, ModeArgs
 from .engine.pipe import clip_applied_gradient
@@ -52,8 +52,10 @@ log = logging.getLogger("pipesgd.train")
 def main(cfg: DictConfig) -> float | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        explicit = command_line_keys(HydraConfig.get().overrides.task)
-        validate(cfg, explicit)
+        hydra_cfg = HydraConfig.get()
+        explicit = command_line_keys(hydra_cfg.overrides.task)
+        # the second time: conf/config.yaml's Precheck callback ran it before Hydra made the run dir
+        validate(cfg, explicit, KeyOrigin(hydra_cfg.runtime.choices, hydra_cfg.overrides.task))
         _check_buildable(cfg)
         if not launch.under_torchrun() or pdist.env_int("LOCAL_RANK", 0) == 0:
             instantiate(cfg.data).prepare()

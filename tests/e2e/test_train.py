@@ -178,3 +178,23 @@ def test_same_entry_under_torchrun_shares_one_run_dir(tmp_path, shared_data):
     s = json.loads(summaries[0].read_text())
     assert s["world_size"] == 2 and s["steps"] == 3
     assert {p.name for p in tmp_path.iterdir()} <= {"c", "outputs"}, "no stray files from other ranks"
+
+
+SWAPPED = "optimizer.momentum=0.9 is not an option of optimizer=adamw (pipesgd.optim.adamw)"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_swapped_optimizer_is_refused_before_hydra_makes_a_run_dir(sweep, tmp_path, shared_data):
+    """``optimizer=adamw`` under mnist_mlp (whose optimizer.momentum was SGD's): one paragraph naming
+    the key, the optimizer, the experiment and the way out; status 2; no traceback; nothing on
+    disk. In a sweep (``optimizer=sgd,adamw``) no job runs, not even the good one."""
+    out = tmp_path / "out"
+    where = ["optimizer=sgd,adamw", f"hydra.sweep.dir={out}"] if sweep else ["optimizer=adamw", f"hydra.run.dir={out}"]
+    r = train(*(["-m"] if sweep else []), "+experiment=mnist_mlp", *fast(tmp_path, shared_data), "trainer.max_steps=2",
+              *where)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert SWAPPED in r.stderr and "set by conf/experiment/mnist_mlp.yaml" in r.stderr, r.stderr[-2000:]
+    assert "~optimizer.momentum" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert not out.exists(), "nothing written: the check runs before Hydra makes the run dir"

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 import pipesgd.schema  # noqa: F401  (registers the structured config)
-from pipesgd.config import ConfigError, check_removed, command_line_keys, staleness_rule, validate
+from pipesgd.config import ConfigError, check_removed, check_targets, command_line_keys, staleness_rule, validate
 from runs import ROOT
 
 
@@ -198,3 +198,57 @@ def test_a_warm_up_covering_the_whole_run_is_said(mode, width, warmup, total, wa
     with caplog.at_level("WARNING", logger="pipesgd.train"):
         _warn_if_never_pipelined(cfg, width, total, is_main=True)
     assert ("trainer.warmup_sync_steps=300 covers all" in caplog.text) == warned
+
+
+def _with_origin(*overrides: str):
+    """The composed job config without its hydra node, and where its keys came from."""
+    from pipesgd.config import KeyOrigin
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+    origin = KeyOrigin(cfg.hydra.runtime.choices, overrides)
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.pop("hydra")
+    return cfg, origin
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["+experiment=mnist_mlp", "optimizer=adamw"],
+     "optimizer.momentum=0.9 is not an option of optimizer=adamw (pipesgd.optim.adamw), which takes betas, eps, "
+     "exclude_1d, lr, params, weight_decay; it was set by conf/experiment/mnist_mlp.yaml. An option written for "
+     "another optimizer outlives a swap to this one: drop it with ~optimizer.momentum on the command line"),
+    (["+experiment=resnet_cifar", "optimizer=adam"], "optimizer.momentum=0.9 is not an option of optimizer=adam "
+                                                     "(torch.optim.Adam)"),
+    (["scheduler=constant", "+scheduler.gamma=1"], "scheduler.gamma=1 is not an option of "
+                                                           "scheduler=constant"),
+    (["+model.depth=3"], "model.depth=3 is not an option of model=resnet20"),
+    (["+data.shuffle=false"], "data.shuffle=False is not an option of data=cifar10 (pipesgd.data.CIFAR10)"),
+    (["compressor=int8", "+compressor.rank=2"], "compressor.rank=2 is not an option of compressor=int8 "
+                                                "(pipesgd.compress.int8.Int8), which takes block_size, error_feedback"),
+    (["staleness=dc", "+staleness.lr=1"], "staleness.lr=1 is not an option of staleness=dc"),
+])
+def test_an_option_the_target_does_not_take_is_refused_naming_key_target_and_origin(overrides, message):
+    cfg, origin = _with_origin(*overrides)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, command_line_keys(overrides), origin)
+    assert message in str(err.value), str(err.value)
+    if any(o.startswith("+") and "." in o for o in overrides):
+        assert "it was set by the command line (+" in str(err.value)
+
+
+def test_the_way_out_of_a_swapped_optimizer_passes():
+    cfg, origin = _with_origin("+experiment=mnist_mlp", "optimizer=adamw", "~optimizer.momentum")
+    check_targets(cfg, origin)
+
+
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+VARIANTS = sorted(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_and_variant_passes_the_target_check(experiment):
+    """examples/sweep.sh's default sweep is mnist_mlp x trainer.mode x compressor: options only of
+    groups that keep their targets; the variants are the study's deltas."""
+    for extra in [[], *([f"+variant={v}"] for v in VARIANTS), ["compressor=int8"]]:
+        check_targets(_with_origin(f"+experiment={experiment}", *extra)[0])
