@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev,plot,live]"
+	$(PY) -m pip install -q -e ".[dev,plot,live,trainers]"
 	touch $@
 
 # Debian packages that tests need, installed when this runs as root with apt-get and skipped
