@@ -3,6 +3,7 @@ starts. Each failure is one line that names the key, the bad value and what is a
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import inspect
@@ -91,7 +92,8 @@ def staleness_rule(cfg: DictConfig) -> str:
                       f"choose one with staleness=NAME, NAME in {', '.join(stalenesses())}")
 
 
-def validate(cfg: DictConfig, explicit: Collection[str] = (), origin: Callable[[str], str | None] | None = None) -> None:
+def validate(cfg: DictConfig, explicit: Collection[str] = (),
+             origin: Callable[[str], str | None] | None = None) -> None:
     """Raise :class:`ConfigError` naming the first bad key. ``explicit``: the keys set on the command
     line (:func:`command_line_keys`), where a setting the mode does not use is a conflict rather
     than a config file's default for another mode. ``origin``: where a key was set
@@ -260,7 +262,7 @@ def _precheck(configs: Iterable[DictConfig]) -> None:
     for config in configs:
         overrides = list(config.hydra.overrides.task)
         origin = KeyOrigin(config.hydra.runtime.choices, overrides)
-        cfg = config.copy()
+        cfg = copy.deepcopy(config)  # validate() settles some keys; the job config stays as Hydra made it
         with open_dict(cfg):
             cfg.pop("hydra")
         try:

@@ -74,12 +74,12 @@ class _Round:
 class PipelinedState:
     """The state registered with :func:`pipelined`: what is in flight, matched by parameter.
 
-    ``model``: the ``DistributedDataParallel`` model (its options are checked here, and ``Join`` at
-    the first step), or the plain module it wraps (Lightning builds the DDP later; then nothing is
-    checked). With DDP's ``find_unused_parameters=True`` the set of parameters that get gradients
-    must stay the same from step to step: DDP writes this step's set with the previous step's
-    averages, so a step whose set differs is refused (:meth:`ready`, or the next step's backward),
-    naming the parameters. The reductions run on two process groups of their own (one per in-flight step, over
+    ``model``: the ``DistributedDataParallel`` model (``Join`` is followed from the first step), or
+    the plain module it wraps (Lightning builds the DDP later; then nothing of DDP's is checked).
+    With DDP's ``find_unused_parameters=True`` the set of parameters that get gradients must stay
+    the same from step to step: DDP writes this step's set with the previous step's averages, so a
+    step whose set differs is refused (:meth:`ready`, or the next step's backward), naming the
+    parameters. The reductions run on two process groups of their own (one per in-flight step, over
     ``process_group``'s ranks, default DDP's or the world; created here, collectively: construct
     the state at the same point on every rank), so they never queue on DDP's group, nor on the one
     ``broadcast_buffers`` or SyncBatchNorm use, and a stateful inner hook never shares a group

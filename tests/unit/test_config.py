@@ -1,8 +1,12 @@
 """Config validation, no workers: the schema rejects unknown keys and wrong types with Hydra's
 message; forced keys, ranges, settings a mode does not use, and the removed trainer.* staleness
-aliases are one-line errors naming the key (and the aliases' new spelling)."""
+aliases are one-line errors naming the key (and the aliases' new spelling); an option its group's
+``_target_`` does not take (an experiment's optimizer.momentum under optimizer=adamw) names the
+key, the target, the file that set it and the way out."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -207,7 +211,7 @@ def _with_origin(*overrides: str):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
     origin = KeyOrigin(cfg.hydra.runtime.choices, overrides)
-    cfg = cfg.copy()
+    cfg = copy.deepcopy(cfg)
     with open_dict(cfg):
         cfg.pop("hydra")
     return cfg, origin
