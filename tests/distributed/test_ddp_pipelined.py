@@ -428,6 +428,12 @@ def _find_unused(rank, world):
     found = {"all used": (_hooked(rank, ddp_options=unused), _hooked(rank), _engine(rank)),
              "one never used": (_hooked(rank, model=_Gated(), ddp_options=unused),
                                 _engine(rank, model=_Gated(), find_unused=True))}
+    saved: dict = {}  # saved after half the steps, resumed into a fresh DDP: the same weights
+    _hooked(rank, steps=range(STEPS // 2), model=_Gated(), ddp_options=unused, keep=saved)
+    model = _Gated()
+    model.load_state_dict(saved["model"])
+    found["resumed"] = (_hooked(rank, steps=range(STEPS // 2, STEPS), model=model, resume=saved, ddp_options=unused),
+                        saved["hook"]["pending_used"])
 
     def changing(ask_ready: bool):
         """``extra`` used from step 3 on; ``ask_ready``: the loop asks ready(), else it always steps."""
@@ -471,6 +477,10 @@ def test_find_unused_parameters_with_a_fixed_set_and_a_changing_set_refused():
         mine, ref = found["one never used"]
         for t, (a, b) in enumerate(zip(mine, ref)):
             assert (a - b).abs().max() <= 1e-6, f"step {t}: differs from PipeSGD(width=2, find_unused_parameters=True)"
+        resumed, pending_used = found["resumed"]
+        assert pending_used == sorted(f"body.{k}" for k, _ in _model().named_parameters()), "saved with its used set"
+        for t, (a, b) in enumerate(zip(mine[STEPS // 2:], resumed)):
+            assert torch.equal(a, b), f"step {t} after the resume differs"
         n = _model_numel()
         assert torch.equal(mine[-1][n:], initial[n:]), "the never-used layer is left alone (no momentum, no decay)"
         assert (mine[-1][:n] - initial[:n]).abs().max() > 1e-3, "the rest trained"
