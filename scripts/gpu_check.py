@@ -145,7 +145,7 @@ def selected(only: list[str] | None) -> list[Check]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=None,
-                   help="results folder (default: docs/gpu-runs/<date>-<gpu>/, where a run is committed)")
+                   help="results folder (default: results/gpu/<date>-<gpu>/, where a run is committed)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="run only these checks")
     p.add_argument("--dry-run", action="store_true", help="list the checks and their budgets; run nothing")
     args = p.parse_args(argv)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
               "see docs/gpu.md, 'The GPU check'", file=sys.stderr)
         return 2
     gpu = "".join(ch if ch.isalnum() else "-" for ch in env["gpu"].lower()).strip("-")
-    out = args.out or ROOT / "docs" / "gpu-runs" / f"{env['date'][:10]}-{gpu}"
+    out = args.out or ROOT / "results" / "gpu" / f"{env['date'][:10]}-{gpu}"
     out.mkdir(parents=True, exist_ok=True)
     outcomes = []
     with open(out / "gpu-check.log", "w") as log:

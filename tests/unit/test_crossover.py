@@ -426,14 +426,14 @@ def test_the_documented_commands_select_the_sweep_and_parse(capsys):
     from pipesgd.tools.bench.crossover import build_parser
 
     text = (Path(__file__).resolve().parents[2] / "docs/crossover.md").read_text()
-    commands = [shlex.split(line) for line in text.splitlines() if line.startswith("python -m pipesgd.tools.bench")]
-    bench = [c[3:] for c in commands if c[2] == "pipesgd.tools.bench"]
+    commands = [shlex.split(line) for line in text.splitlines() if line.startswith("python -m pipesgd_lab.bench")]
+    bench = [c[3:] for c in commands if c[2] == "pipesgd_lab.bench"]
     assert len(bench) == 2
     for argv, p in zip(bench, (2, 4)):
         assert bench_main([*argv, "--list"]) == 0
         names = capsys.readouterr().out.split()
         assert len(names) == 66 and all(n.startswith(f"resnet20/p{p}/") for n in names)
-    (analysis,) = [c[3:] for c in commands if c[2] == "pipesgd.tools.bench.crossover"]
+    (analysis,) = [c[3:] for c in commands if c[2] == "pipesgd_lab.bench.crossover"]
     args = build_parser().parse_args(analysis)
     assert args.strict and args.plot == Path("docs/img/crossover.png") and args.md == Path("docs/crossover.md")
 

@@ -29,9 +29,10 @@ _ARM_OF = {(mode, width, comp): arm for arm, (mode, width, comp) in ARMS.items()
 
 
 def _measured_cells() -> list[dict]:
-    """docs/benchmarks.json's ResNet-20 cells that are map arms, with the calibration they predicted from."""
+    """results/benchmarks/benchmarks.json's ResNet-20 cells that are map arms, with the calibration they
+    predicted from."""
     cells = []
-    for r in json.loads((ROOT / "docs/benchmarks.json").read_text()):
+    for r in json.loads((ROOT / "results/benchmarks/benchmarks.json").read_text()):
         key = (r.get("mode"), r.get("width"), r.get("compressor"))
         if r.get("kind") == "train" and r.get("model") == "resnet20" and r.get("comm") == "ring" \
                 and key in _ARM_OF and r.get("predicted_from") == "calibration":
@@ -214,7 +215,7 @@ def test_map_cli_table_names_inputs_and_winner(capsys):
 
 
 def test_scale_map_doc_table_is_the_maps_own_numbers():
-    """docs/scale-map.md's measured-against-map table is docs/benchmarks.json and the map, not a copy."""
+    """docs/scale-map.md's measured-against-map table is results/benchmarks/benchmarks.json and the map, not a copy."""
     cells = {c["name"]: c for c in _measured_cells()}
     rows = [line.split("|")[1:-1] for line in (ROOT / "docs/scale-map.md").read_text().splitlines()
             if line.startswith("| resnet20/")]

@@ -23,7 +23,7 @@ def test_default_paths_are_the_current_directorys(tool, argv, options, tmp_path,
     for option in options:
         path = getattr(args, option).resolve()
         assert path.is_relative_to(tmp_path), f"{tool.__name__} --{option} defaults to {path}"
-        assert path.relative_to(tmp_path).parts[0] in ("docs", "outputs")
+        assert path.relative_to(tmp_path).parts[0] in ("results", "docs", "outputs")
 
 
 def test_the_bench_renders_into_the_current_directorys_docs(tmp_path, monkeypatch):

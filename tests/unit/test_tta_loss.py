@@ -65,14 +65,14 @@ def test_another_recipes_study_writes_its_own_result_never_the_resnet_studys():
 
 
 def test_a_report_without_timing_plots_the_loss_against_the_step(tmp_path):
-    """The committed GPT curves (docs/gpt-runs/) before any timing exists: the report still writes
-    its JSON (target: sync's final + 1 %) and a plot against the step."""
+    """The committed GPT curves (results/gpt-shakespeare/runs/) before any timing exists: the report
+    still writes its JSON (target: sync's final + 1 %) and a plot against the step."""
     import json
     from pathlib import Path
 
     from pipesgd.tools.bench.tta import main
 
-    runs = Path(__file__).resolve().parents[2] / "docs" / "gpt-runs"
+    runs = Path(__file__).resolve().parents[2] / "results" / "gpt-shakespeare" / "runs"
     out, png = tmp_path / "gpt.json", tmp_path / "img" / "gpt.png"
     assert main(["--recipe", "gpt_shakespeare", "--phase", "report", "--records", str(runs), "--seeds", "0",
                  "--arms", "sync,pipe+lookahead", "--dir", str(tmp_path / "none"), "--json", str(out),

@@ -4,5 +4,5 @@ allreduce bus bandwidth, and the timing model's prediction next to each measurem
 grid.py    which cells exist (names, subsets)
 runner.py  how a cell runs (calibrate once per condition, repeats, warm-up skip, CPU accounting)
 allreduce.py  the bus-bandwidth worker (``python -m pipesgd.tools.bench.allreduce``)
-render.py  docs/benchmarks.json -> the generated tables of docs/benchmarks.md
+render.py  results/benchmarks/benchmarks.json -> the generated tables of docs/benchmarks.md
 """

@@ -1,8 +1,8 @@
 """``python -m pipesgd.tools.bench [options] [Hydra overrides for every training run]``.
 
-Writes docs/benchmarks.json (a list of cells; a subset run replaces only its own cells) and
-regenerates the tables of docs/benchmarks.md (``--grid ring-scaling``: docs/ring-scaling.json and
-.md). Emulated-link cells need root (pipesgd.tools.emulate); without it they are skipped with a warning.
+Writes results/benchmarks/benchmarks.json (a list of cells; a subset run replaces only its own cells) and
+regenerates the tables of docs/benchmarks.md (``--grid ring-scaling``: results/ring-scaling/ring-scaling.json and
+docs/ring-scaling.md). Emulated-link cells need root (pipesgd.tools.emulate); without it they are skipped with a warning.
 Exit status 1 if any cell failed.
 """
 
@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with interleaved rounds: calibrate every condition afresh in each round, so the "
                    "model's compute comes from the rounds it predicts (always on with --grid crossover)")
     p.add_argument("--allreduce-repeats", type=int, help="timed collectives per allreduce cell (default 20; quick 5)")
-    p.add_argument("--out", type=Path, help="JSON list of cells (default docs/benchmarks.json; another --grid: "
-                   "docs/<grid>.json)")
+    p.add_argument("--out", type=Path, help="JSON list of cells (default results/benchmarks/benchmarks.json; "
+                   "another --grid: results/<grid>/<grid>.json)")
     p.add_argument("--md", type=Path, help="markdown to regenerate (default docs/benchmarks.md, or docs/<grid>.md)")
     p.add_argument("--fresh", action="store_true", help="start a new JSON instead of merging into --out")
     p.add_argument("--dir", type=Path, help="run dirs, logs, calibrations (default outputs/bench/<time>)")
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     stem = "benchmarks" if args.grid == "full" else args.grid
-    args.out, args.md = args.out or ROOT / "docs" / f"{stem}.json", args.md or ROOT / "docs" / f"{stem}.md"
+    args.out, args.md = args.out or ROOT / "results" / stem / f"{stem}.json", args.md or ROOT / "docs" / f"{stem}.md"
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     existing = json.loads(args.out.read_text()) if args.out.exists() and not args.fresh else []
     if args.render_only:

@@ -1,6 +1,6 @@
 """Where Pipe-SGD starts to beat DDP's best hook, measured and predicted (docs/crossover.md).
 
-``python -m pipesgd.tools.bench.crossover --in docs/crossover.json --plot docs/img/crossover.png --md
+``python -m pipesgd.tools.bench.crossover --in results/crossover/crossover.json --plot docs/img/crossover.png --md
 docs/crossover.md [--json FILE] [--strict]`` reads what ``python -m pipesgd.tools.bench --grid crossover``
 measured and computes, for every (p, link rate):
 

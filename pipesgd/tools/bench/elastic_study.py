@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, from {', '.join(WORKLOADS)}")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--dir", type=Path, default=ROOT / "outputs" / "elastic_study", help="run directories")
-    p.add_argument("--json", type=Path, default=ROOT / "docs" / "elastic-accuracy.json", help="the result")
+    p.add_argument("--json", type=Path, default=ROOT / "results" / "elastic" / "elastic-accuracy.json", help="the result")
     p.add_argument("--timeout-s", type=float, default=4 * 3600.0, help="per run (default 4 h)")
     return p
 

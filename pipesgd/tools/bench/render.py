@@ -1,4 +1,4 @@
-"""docs/benchmarks.json -> the generated part of docs/benchmarks.md.
+"""results/benchmarks/benchmarks.json -> the generated part of docs/benchmarks.md.
 
 Only the text between the two markers below is replaced, so the narrative around the tables (what
 the numbers mean, why a target is missed) survives a regeneration. Every number in the tables and

@@ -1,7 +1,8 @@
 """``python -m pipesgd.tools.bench.ring_fit``: the link's α and β fitted to the measured cells of the
 ring-scaling grid, and how well the timing model predicts each cell (docs/ring-scaling.md)::
 
-    python -m pipesgd.tools.bench.ring_fit --in docs/ring-scaling.json --out docs/ring-scaling-fit.json \\
+    python -m pipesgd.tools.bench.ring_fit --in results/ring-scaling/ring-scaling.json \\
+        --out results/ring-scaling/ring-scaling-fit.json \\
         --md docs/ring-scaling.md --plot docs/img/ring-scaling.png
 
 Every registered allreduce declares its cost as phases (pipesgd/comm/), so its predicted time is
@@ -368,11 +369,11 @@ def plot(report: Mapping, path: Path) -> Path:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pipesgd.tools.bench.ring_fit", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--in", dest="inp", type=Path, default=ROOT / "docs" / "ring-scaling.json",
+    ap.add_argument("--in", dest="inp", type=Path, default=ROOT / "results" / "ring-scaling" / "ring-scaling.json",
                     help="cells written by `python -m pipesgd.tools.bench --grid ring-scaling` "
-                    "(default docs/ring-scaling.json)")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "ring-scaling-fit.json",
-                    help="the fit and every cell's predictions (default docs/ring-scaling-fit.json)")
+                    "(default results/ring-scaling/ring-scaling.json)")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "ring-scaling" / "ring-scaling-fit.json",
+                    help="the fit and every cell's predictions (default results/ring-scaling/ring-scaling-fit.json)")
     ap.add_argument("--md", type=Path, default=ROOT / "docs" / "ring-scaling.md",
                     help="markdown whose generated ring_fit section is replaced (default docs/ring-scaling.md)")
     ap.add_argument("--plot", type=Path, help="PNG of measured and predicted times (needs matplotlib)")

@@ -40,7 +40,7 @@ from .runner import CellFailed, CpuSampler, Stopped, cpu_split, recorded, run_lo
 log = logging.getLogger("pipesgd.tools.bench.tta")
 ROOT = Path()  # paths below are the current directory's (a clone's root keeps its records in place)
 
-RECORDS = ROOT / "docs" / "tta-runs"
+RECORDS = ROOT / "results" / "time-to-accuracy" / "runs"
 PHASES = ("curves", "timing", "validate", "report")
 
 
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {RECORDS}: commit them)")
     p.add_argument("--validations", type=Path, default=None,
                    help="the folder whose validate-*.json records the report judges (default: --records); "
-                        "a dated folder, e.g. docs/tta-runs/validation-2026-11-29, keeps a timing file's own "
+                        "a dated folder, e.g. results/time-to-accuracy/runs/validation-2026-11-29, keeps a timing file's own "
                         "validations beside it")
     p.add_argument("--seeds", default="0", help="comma-separated seeds of the full-length runs (default 0)")
     p.add_argument("--links", default="100mbit,50mbit", help="comma-separated tc rates, or loopback")
@@ -78,8 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", default=RECIPE, help=f"conf/experiment name (default {RECIPE})")
     p.add_argument("--dir", type=Path, default=ROOT / "outputs" / "tta", help="run dirs and timing.json")
     p.add_argument("--json", type=Path, default=None,
-                   help="the result (default docs/time-to-accuracy.json; another --recipe: "
-                        "docs/time-to-target-<recipe>.json, so a study never overwrites another's)")
+                   help="the result (default results/time-to-accuracy/time-to-accuracy.json; another --recipe: "
+                        "results/<recipe>/time-to-target-<recipe>.json, '_' read '-' in the folder, "
+                        "so a study never overwrites another's)")
     p.add_argument("--plot", type=Path, default=None,
                    help="the metric against wall-clock seconds on the first link, or against the step where "
                         "no timing exists ('' for none; default docs/img/time-to-accuracy.png, another --recipe: "
@@ -114,7 +115,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     a.phases = list(PHASES) if a.phase == "all" else _csv(a.phase)
     a.arms, a.links, a.validate_arms = _csv(a.arms), _csv(a.links), _csv(a.validate_arms)
     stem = "time-to-accuracy" if a.recipe == RECIPE else f"time-to-target-{a.recipe}"
-    a.json = ROOT / "docs" / f"{stem}.json" if a.json is None else a.json
+    folder = "time-to-accuracy" if a.recipe == RECIPE else a.recipe.replace("_", "-")  # results/gpt-shakespeare
+    a.json = ROOT / "results" / folder / f"{stem}.json" if a.json is None else a.json
     a.plot = ROOT / "docs" / "img" / f"{stem}.png" if a.plot is None else a.plot
     for name, values, allowed in (("--phase", a.phases, PHASES), ("--arms", a.arms, ARMS),
                                   ("--validate-arms", a.validate_arms, ARMS)):

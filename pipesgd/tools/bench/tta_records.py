@@ -1,7 +1,7 @@
 """What the time-to-accuracy report may use, and the checks that keep it from mixing or dropping runs.
 
-Every finished curve and validation run becomes a small JSON **record** (``docs/tta-runs/`` by
-default, committed: the run directories are hours of work on a disk that may not be there next
+Every finished curve and validation run becomes a small JSON **record**
+(``results/time-to-accuracy/runs/`` by default, committed: the run directories are hours of work on a disk that may not be there next
 time). A record keeps the run's curve, its final accuracy, its resolved config and that config's
 digest (the one checkpoints use), the arm facts that summary.json states, and one row per process
 that worked on it (commit, start, end). The report reads records only, and:

@@ -111,7 +111,7 @@ def reproduce(record: Mapping, work: Path, overrides: Sequence[str] = (), here: 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipesgd.tools.bench.tta_reproduce", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("record", type=Path, help="a curve record, e.g. docs/tta-runs/sync-s0.json")
+    p.add_argument("record", type=Path, help="a curve record, e.g. results/time-to-accuracy/runs/sync-s0.json")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for this machine, e.g. data.root=PATH")
     p.add_argument("--dir", type=Path, default=None, help="where the rerun runs (default: a temporary directory)")
     a = p.parse_intermixed_args(argv)
