@@ -124,6 +124,11 @@ class PipeSGD(Engine):
     def in_flight(self) -> int:
         return len(self._pending)
 
+    @property
+    def world_size(self) -> int:
+        """Ranks of the engine's group (1 without a process group)."""
+        return self._reducer.world_size
+
     def step(self) -> StepStats:
         """Launch this step's reduction; apply the one from K-1 steps ago if there is one."""
         self._check_forward_context()
@@ -383,9 +388,17 @@ class PipeSGD(Engine):
 
 
 # Decorators apply bottom-up: sync registers first, the order every listing shows.
-@register("pipe", width=None, staleness=True, reductions=True, allreduce=True)
-@register("sync", width=1, staleness=True, reductions=True, allreduce=True)
-def build(a: ModeArgs) -> tuple[torch.nn.Module, PipeSGD]:
+@register("pipe", width=None, staleness=True, reductions=True, allreduce=True, sync_every=True)
+@register("sync", width=1, staleness=True, reductions=True, allreduce=True, sync_every=True)
+def build(a: ModeArgs) -> tuple[torch.nn.Module, Engine]:
+    """PipeSGD; at ``sync_every`` > 1 the same schedule one level up (:mod:`pipesgd.engine.diloco`)."""
+    if a.sync_every > 1:
+        from .diloco import PipeDiLoCo
+
+        return a.model, PipeDiLoCo(a.optimizer, a.model.parameters(), a.sync_every, width=a.width,
+                                   outer_optimizer=a.outer_optimizer, staleness=a.staleness,
+                                   compressor=a.compressor, allreduce=a.allreduce, group=a.group,
+                                   nonfinite=a.nonfinite, timeout_s=a.timeout_s)
     return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=a.width, compressor=a.compressor,
                             allreduce=a.allreduce, group=a.group, warmup_sync_steps=a.warmup_sync_steps,
                             staleness=a.staleness, nonfinite=a.nonfinite, timeout_s=a.timeout_s)

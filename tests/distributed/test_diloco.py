@@ -1,0 +1,166 @@
+"""The period-H engine (PipeDiLoCo) against single-process references of its rules: blocking DiLoCo,
+the pipelined outer step under ``none`` and ``eager``, H = 1 against synchronous SGD and Pipe-SGD,
+int8 in the ring within its rounding, and resume mid-round and mid-flight bit for bit."""
+
+from functools import partial
+
+import pytest
+import torch
+
+from diloco_reference import INNER, OUTER, diloco_reference
+from distributed_utils import run_workers
+from engine_reference import STEPS, flat_params, loss_of, make_model, reference
+from pipesgd.engine.diloco import PipeDiLoCo
+
+H = 3  # 20 steps: six whole rounds and a partial one that flush() ends
+
+
+def _run(rank, p, sync_every, width, rule, compressor="none", outer=OUTER, steps=STEPS):
+    model = make_model()
+    opt = INNER(model.parameters())
+    with PipeDiLoCo(opt, model.parameters(), sync_every, width=width, outer_optimizer=outer, staleness=rule,
+                    compressor=compressor, allreduce="ring") as engine:
+        comm = []
+        for t in range(steps):
+            opt.zero_grad()
+            loss_of(model, rank, t).backward()
+            stats = engine.step()
+            assert stats.applied
+            comm.append(stats.comm.wire_bytes > 0)
+        engine.flush()
+        assert engine.in_flight == 0
+    return flat_params(model), comm
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("width,rule", [(1, "none"), (2, "none"), (2, "eager"), (3, "none")])
+def test_period_h_equals_reference(width, rule):
+    expected = diloco_reference(2, H, width, STEPS, rule)
+    results = run_workers(_run, 2, H, width, rule)
+    for rank, (params, comm) in enumerate(results):
+        assert (params - expected[rank]).abs().max() <= 1e-6, f"rank {rank}"
+        # bytes move once per round only: at the ends of rounds whose average was applied then
+        assert not any(c for t, c in enumerate(comm) if (t + 1) % H), "an exchange outside a round's end"
+    if rule == "none":
+        assert torch.equal(results[0][0], results[1][0]), "replicas differ under staleness=none"
+    else:  # each eager replica's own fresh terms went through its outer momentum: replicas differ
+        assert not torch.equal(results[0][0], results[1][0])
+    # the rules really differ from each other and from blocking DiLoCo (the comparisons can fail)
+    blocking = diloco_reference(2, H, 1, STEPS, "none")[0]
+    if width > 1:
+        assert (blocking - expected[0]).abs().max() > 1e-4
+
+
+def test_eager_differs_from_none():
+    assert (diloco_reference(2, H, 2, STEPS, "eager")[0] - diloco_reference(2, H, 2, STEPS, "none")[0]).abs().max() > 1e-4
+
+
+@pytest.mark.timeout(180)
+def test_h1_with_plain_outer_step_is_synchronous_sgd_and_pipe_sgd():
+    """An outer SGD step of lr 1 without momentum on one inner SGD-momentum step per round: at
+    width 1 the average of the inner steps is synchronous SGD's step (momentum and weight decay
+    are linear), at width 2 under ``none`` it is Pipe-SGD's width-2 rule with staleness=none."""
+    plain = partial(torch.optim.SGD, lr=1.0)
+    for width in (1, 2):
+        results = run_workers(_run, 2, 1, width, "none", "none", plain)
+        for params, _ in results:
+            assert (params - reference(2, width)).abs().max() <= 1e-6, f"width {width}"
+
+
+def _int8_round(rank, p):
+    """One round at width 1 with a plain outer step: the anchor moves by the averaged pseudo-gradient."""
+    model = make_model()
+    opt = INNER(model.parameters())
+    start = flat_params(model)
+    with PipeDiLoCo(opt, model.parameters(), H, width=1, outer_optimizer=partial(torch.optim.SGD, lr=1.0),
+                    compressor="int8", allreduce="ring") as engine:
+        for t in range(H):
+            opt.zero_grad()
+            loss_of(model, rank, t).backward()
+            engine.step()
+        stats = engine.last
+    return start - flat_params(model), stats.comm.wire_bytes, stats.comm.raw_bytes
+
+
+@pytest.mark.timeout(120)
+def test_int8_in_the_ring_on_pseudo_gradients_within_its_rounding():
+    """int8 rounds each value to within max|block|/254 per encoding; a p=2 ring encodes a chunk on
+    the reduce-scatter hop and its sum on the all-gather hop: within 2 x max|Δ| / 254 of the exact average."""
+    models = [make_model() for _ in range(2)]
+    deltas = []
+    for m, model in enumerate(models):
+        opt = INNER(model.parameters())
+        start = flat_params(model)
+        for t in range(H):
+            opt.zero_grad()
+            loss_of(model, m, t).backward()
+            opt.step()
+        deltas.append(start - flat_params(model))
+    exact = sum(deltas) / 2
+    bound = 2 * max(d.abs().max() for d in deltas).item() / 254
+    for moved, wire, raw in run_workers(_int8_round, 2):
+        err = (moved - exact).abs().max().item()
+        assert err <= bound, f"int8 average off by {err:.3g} > {bound:.3g}"
+        assert err > 0, "int8 carried the pseudo-gradient exactly: was it compressed at all?"
+        assert wire < raw / 3, "int8 should send about a quarter of fp32's bytes"
+
+
+def _resume(rank, p, width, rule, stop):
+    """Train to ``stop``, save every part of the state, rebuild everything and continue to STEPS."""
+    def build():
+        model = make_model()
+        opt = INNER(model.parameters())
+        return model, opt, PipeDiLoCo(opt, model.parameters(), H, width=width, staleness=rule, allreduce="ring")
+
+    model, opt, engine = build()
+    for t in range(STEPS):
+        if t == stop:
+            saved = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "engine": engine.state_dict()}
+            engine.close()
+            model, opt, engine = build()
+            model.load_state_dict(saved["model"])
+            engine.load_state_dict(saved["engine"])
+        opt.zero_grad()
+        loss_of(model, rank, t).backward()
+        engine.step()
+    engine.flush()
+    engine.close()
+    return flat_params(model)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("width,rule,stop", [(2, "eager", 7), (2, "none", 10), (1, "none", 4)])
+def test_resume_mid_round_and_mid_flight_is_bit_exact(width, rule, stop):
+    """stop=7 and 4: inside a round (in_round 1) with, at width 2, a round in flight; 10: also."""
+    resumed = run_workers(_resume, 2, width, rule, stop)
+    uninterrupted = run_workers(_resume, 2, width, rule, STEPS + 1)
+    for a, b in zip(resumed, uninterrupted):
+        assert torch.equal(a, b)
+
+
+def test_refusals_name_their_option():
+    model = make_model()
+    opt = INNER(model.parameters())
+    with pytest.raises(ValueError, match="staleness=eager .* width=2, got width=1"):
+        PipeDiLoCo(opt, model.parameters(), H, width=1, staleness="eager")
+    with pytest.raises(ValueError, match="staleness=lookahead is a rule for per-step gradients"):
+        PipeDiLoCo(opt, model.parameters(), H, width=2, staleness="lookahead")
+    with pytest.raises(ValueError, match="sync_every must be an integer >= 1"):
+        PipeDiLoCo(opt, model.parameters(), 0)
+
+
+def test_inner_optimizer_is_the_engines():
+    model = make_model()
+    opt = INNER(model.parameters())
+    engine = PipeDiLoCo(opt, model.parameters(), H)
+    loss_of(model, 0, 0).backward()
+    with pytest.raises(RuntimeError, match="call engine.step"):
+        opt.step()
+    engine.close()
+    opt.step()  # released
+
+
+def test_lone_process_runs_the_same_rule():
+    for width, rule in ((1, "none"), (2, "eager")):
+        params, _ = _run(0, 1, H, width, rule)
+        assert (params - diloco_reference(1, H, width, STEPS, rule)[0]).abs().max() <= 1e-6
