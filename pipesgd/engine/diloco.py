@@ -14,6 +14,7 @@ one outer step in flight behind a whole round of compute.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -86,7 +87,8 @@ class PipeDiLoCo(Engine):
         self.anchor = [p.detach().clone().requires_grad_(True) for p in self.params]
         self.outer = (outer_optimizer or DEFAULT_OUTER)(self.anchor)
         self.pipe = PipeSGD(self.outer, self.anchor, width=width, compressor=compressor, allreduce=allreduce,
-                            group=group, staleness=rule, nonfinite=nonfinite, timeout_s=timeout_s)
+                            group=group, staleness=rule, nonfinite=nonfinite, timeout_s=timeout_s,
+                            pseudo_gradients=True)
         self.rule = self.pipe.staleness
         self.rule.replicas = self.pipe.world_size
         self.width = width
@@ -216,10 +218,12 @@ class PipeDiLoCo(Engine):
         self.pipe.load_state_dict({**state["pipe"], "pending": state["pending"],
                                    "pending_nonfinite": state["pending_nonfinite"]})
         assign_params(self.anchor, state["anchor"])
-        self.outer.load_state_dict(state["outer_optimizer"])
+        # copies: torch's load_state_dict keeps the caller's tensors as the momentum buffers it
+        # then steps in place, so a state loaded twice (or shared) would be changed under the caller
+        self.outer.load_state_dict(copy.deepcopy(state["outer_optimizer"]))
         assign_params(self.params, state["local"])
         if state.get("inner_optimizer") is not None:
-            self.optimizer.load_state_dict(state["inner_optimizer"])
+            self.optimizer.load_state_dict(copy.deepcopy(state["inner_optimizer"]))
         self.steps, self.in_round = int(state["steps"]), int(state["in_round"])
 
     def state_for_new_rank(self, state: dict) -> dict:

@@ -164,3 +164,68 @@ def test_lone_process_runs_the_same_rule():
     for width, rule in ((1, "none"), (2, "eager")):
         params, _ = _run(0, 1, H, width, rule)
         assert (params - diloco_reference(1, H, width, STEPS, rule)[0]).abs().max() <= 1e-6
+
+
+def test_sync_every_1_is_todays_engine_and_config():
+    """The default builds today's PipeSGD with no outer optimizer, and the config digest a run had
+    before sync_every existed (its keys are dropped at 1), so old checkpoints still resume."""
+    from pipesgd.checkpoint import hashed_config
+    from pipesgd.engine import ModeArgs
+    from pipesgd.engine.build import build
+    from pipesgd.engine.pipe import PipeSGD
+
+    model = make_model()
+    args = dict(model=model, optimizer=INNER(model.parameters()), width=2, compressor="none", allreduce="ring",
+                group=None, world_size=1, warmup_sync_steps=0, device=torch.device("cpu"))
+    _, engine = build("pipe", ModeArgs(**args))
+    assert type(engine) is PipeSGD
+    engine.close()
+    _, engine = build("pipe", ModeArgs(**args, sync_every=4, outer_optimizer=OUTER))
+    assert type(engine) is PipeDiLoCo and engine.sync_every == 4
+    engine.close()
+    old = {"trainer": {"mode": "pipe", "width": 2}, "optimizer": {"lr": 0.1}}
+    new = {"trainer": {"mode": "pipe", "width": 2, "sync_every": 1}, "optimizer": {"lr": 0.1},
+           "outer_optimizer": {"_target_": "torch.optim.SGD", "lr": 0.7}}
+    assert hashed_config(new) == hashed_config(old)
+    assert hashed_config({**new, "trainer": {**new["trainer"], "sync_every": 4}}) != hashed_config(old)
+
+
+def _elastic(rank, world, saved):
+    """Ranks of a 3-rank world load a 2-rank run's step-7 state as an elastic resume does (a new
+    rank takes a surviving rank's per-rank state through state_for_new_rank) and train on."""
+    from pipesgd.elastic import rank_state
+
+    model = make_model()
+    opt = INNER(model.parameters())
+    engine = PipeDiLoCo(opt, model.parameters(), H, width=2, allreduce="ring")
+    shared = {k: saved[0][k] for k in engine.shared_state}
+    ranks = [{"engine": {k: v for k, v in s.items() if k not in engine.shared_state}} for s in saved]
+    mine = rank_state(ranks, rank, engine.state_for_new_rank)
+    engine.load_state_dict({**mine["engine"], **shared})
+    for t in range(7, STEPS):
+        opt.zero_grad()
+        loss_of(model, rank, t).backward()
+        engine.step()
+    engine.flush()
+    engine.check_replicas()  # the anchors agree on the new world (none)
+    engine.close()
+    return flat_params(model), mine.get("new_rank", False)
+
+
+def _saved_states(rank, world):
+    model = make_model()
+    opt = INNER(model.parameters())
+    with PipeDiLoCo(opt, model.parameters(), H, width=2, allreduce="ring") as engine:
+        for t in range(7):
+            opt.zero_grad()
+            loss_of(model, rank, t).backward()
+            engine.step()
+        return engine.state_dict()
+
+
+@pytest.mark.timeout(180)
+def test_elastic_resume_onto_more_ranks():
+    saved = run_workers(_saved_states, 2)
+    out = run_workers(_elastic, 3, saved)
+    assert [new for _, new in out] == [False, False, True]
+    assert torch.equal(out[0][0], out[2][0]) and torch.equal(out[0][0], out[1][0])
