@@ -105,7 +105,7 @@ def hashed_config(config: dict) -> dict:
     mode = (plain.get("trainer") or {}).get("mode")
     # an exchange every step has no outer step: its settings are no setting (configs before them had none)
     per_step = (plain.get("trainer") or {}).get("sync_every", 1) == 1
-    unused = ["trainer.sync_every", "outer_optimizer"] if per_step else []
+    unused = ["trainer.sync_every", "trainer.fragments", "outer_optimizer"] if per_step else []
     return drop_unset(drop_keys(plain, [*NOT_HASHED, *mode_sections(keep={mode}), *unused]))
 
 

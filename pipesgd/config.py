@@ -230,11 +230,15 @@ def _check_sync_every(cfg: DictConfig, explicit: Collection[str]) -> None:
     cannot run: modes without rounds, per-step staleness rules, eager off width 2, a synchronous
     warm-up, replica checks asked of eager replicas (which differ by design)."""
     _int_at_least(cfg, "trainer.sync_every", 1, "inner steps per round; 1 = an exchange every step")
-    h, name = cfg.trainer.sync_every, cfg.trainer.mode
+    _int_at_least(cfg, "trainer.fragments", 1, "streaming fragments of the model at trainer.sync_every > 1")
+    h, name, fragments = cfg.trainer.sync_every, cfg.trainer.mode, cfg.trainer.fragments
     mode, rule = get_mode(name), staleness_rule(cfg)
     period = registry("staleness").facts(rule)["sync_period"]
     outer = sorted(k for k in explicit if k == "outer_optimizer" or k.startswith("outer_optimizer."))
     if h == 1:
+        if fragments != 1:
+            raise ConfigError(f"trainer.fragments={fragments} is not used at trainer.sync_every=1: fragments stream "
+                              "a round's exchange; set trainer.sync_every=H (a multiple of the fragments) or drop it")
         if outer:
             raise ConfigError(f"{outer[0]} is not used at trainer.sync_every=1, which exchanges gradients every "
                               "step and has no outer step; set trainer.sync_every to the inner steps per round "
@@ -252,6 +256,9 @@ def _check_sync_every(cfg: DictConfig, explicit: Collection[str]) -> None:
         outer_rules = "|".join(n for n in stalenesses() if registry("staleness").facts(n)["sync_period"] != "step")
         raise ConfigError(f"staleness={rule} is a rule for per-step gradients and cannot apply a round's "
                           f"pseudo-gradient at trainer.sync_every={h}; use staleness={outer_rules}")
+    if h % fragments:
+        raise ConfigError(f"trainer.fragments={fragments} does not divide trainer.sync_every={h}: the fragments' "
+                          f"rounds end H/F steps apart; use a divisor of {h}")
     width = mode.runs_at(cfg.trainer.width)
     if rule == "eager" and width != 2:
         raise ConfigError(f"staleness=eager keeps exactly one outer step in flight and needs width 2; "

@@ -53,6 +53,7 @@ class TrainerConfig:
     width: int = 2
     warmup_sync_steps: int = 0
     sync_every: int = 1
+    fragments: int = 1
     epochs: int = 1
     max_steps: Optional[int] = None
     stop_after_step: Optional[int] = None

@@ -15,8 +15,9 @@ from .sync_pipe import build as _sync_pipe  # noqa: F401  (sync and pipe first: 
 for _m in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_m.name}")
 
+from .diloco import PipeDiLoCo  # noqa: E402
 from .direct import DirectEngine  # noqa: E402
 from .ps import ParameterServerEngine  # noqa: E402
 
 __all__ = ["REGISTRY", "DirectEngine", "Engine", "ModeArgs", "NonFiniteGradient", "NonFinitePolicy",
-           "ParameterServerEngine", "PipeSGD", "ReductionError", "StepStats"]
+           "ParameterServerEngine", "PipeDiLoCo", "PipeSGD", "ReductionError", "StepStats"]

@@ -211,3 +211,4 @@ class ModeArgs:
     check_every: int | None = None  # trainer.check_every where the mode's reductions carry the check, else None
     sync_every: int = 1  # trainer.sync_every: inner steps per round (modes with the sync_every fact)
     outer_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None  # at sync_every > 1
+    fragments: int = 1  # trainer.fragments: streaming fragments at sync_every > 1

@@ -8,7 +8,11 @@ the communication thread through the same reduction, allreduce and compressor a 
 (int8 in the ring, error feedback, the non-finite flag), and applied by the outer rule (``none``:
 the plain delayed outer step; ``eager``) K-1 rounds later, when the pipe's schedule says so.
 Then the weights start the next round from the anchor. Width 1 is blocking DiLoCo; width 2 keeps
-one outer step in flight behind a whole round of compute.
+one outer step in flight behind a whole round of compute. With ``fragments=F`` (streaming DiLoCo)
+the parameters are F contiguous fragments, each with its own anchor, outer optimizer and pipe, whose
+rounds end at staggered steps (fragment f at steps ≡ (f+1)·H/F mod H), so an exchange carries 1/F
+of the model every H/F steps; the pipes share one communication thread, which keeps their
+collectives in one order on every rank.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .. import trace
-from ..comm import CommStats
+from ..comm import CommStats, CommThread
 from ..compress import Compressor
 from ..flat import assign_params, flat_params, state_to_device
 from ..reduction import Reduction
@@ -36,6 +40,60 @@ OuterFactory = Callable[[list[Tensor]], torch.optim.Optimizer]
 
 DEFAULT_OUTER = functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)
 """The DiLoCo papers' outer optimizer: SGD with Nesterov momentum, lr 0.7, momentum 0.9."""
+
+
+class _Fragment:
+    """One contiguous slice of the parameters: its anchor, outer optimizer and pipe, and the
+    inner step (1..H) its rounds end at."""
+
+    def __init__(self, params: list[Tensor], offset: int, outer: OuterFactory, pipe_args: dict):
+        self.params, self.offset = params, offset
+        # The anchor: leaf tensors the outer optimizer steps; requires_grad only so the exchange
+        # takes them as parameters (no autograd graph ever reaches them).
+        self.anchor = [p.detach().clone().requires_grad_(True) for p in params]
+        self.outer = outer(self.anchor)
+        self.pipe = PipeSGD(self.outer, self.anchor, pseudo_gradients=True, **pipe_args)
+        self.rule = self.pipe.staleness
+        self.rule.replicas = self.pipe.world_size
+        self.numel = sum(p.numel() for p in params)
+
+    def end_round(self) -> StepStats:
+        """Launch the round's pseudo-gradient, let the pipe apply what is due, restart from the anchor."""
+        with torch.no_grad():
+            for a, p in zip(self.anchor, self.params):
+                # into the gradient the last outer step left (a buffer the exchange lent and got
+                # back): the pipe's flatten then lends that very buffer again, copying nothing
+                if a.grad is None:
+                    a.grad = torch.empty_like(a)
+                torch.sub(a, p, out=a.grad)
+        own_bad = not torch.isfinite(torch.stack([a.grad.sum() for a in self.anchor]).sum()).item()
+        stats = self.pipe.step()
+        if not stats.applied and not stats.skipped:
+            self.rule.filled()
+        stats.metrics = {"own_nonfinite": float(own_bad)}
+        self.restart()
+        return stats
+
+    def restart(self) -> None:
+        assign_params(self.params, flat_params(self.anchor))
+
+
+def split(params: list[Tensor], fragments: int) -> list[list[Tensor]]:
+    """``params`` in order, cut into ``fragments`` contiguous runs of about equal numel (each at
+    least one tensor); ValueError if there are fewer tensors than fragments."""
+    if fragments > len(params):
+        raise ValueError(f"fragments={fragments} is more than the model's {len(params)} parameter tensors")
+    total = sum(p.numel() for p in params)
+    out: list[list[Tensor]] = [[]]
+    seen = 0
+    for i, p in enumerate(params):
+        left = len(params) - i  # tensors still to place, this one included
+        cut = seen >= total * len(out) / fragments or fragments - len(out) >= left
+        if out[-1] and cut and len(out) < fragments:
+            out.append([])
+        out[-1].append(p)
+        seen += p.numel()
+    return out
 
 
 class PipeDiLoCo(Engine):
@@ -52,7 +110,8 @@ class PipeDiLoCo(Engine):
     ``allreduce``, ``group``, ``nonfinite`` and ``timeout_s`` are PipeSGD's, applied to the
     pseudo-gradient: a round whose pseudo-gradient is non-finite on any rank is dropped on every
     rank (``nonfinite="skip"``), and the rank whose own was non-finite also clears its inner
-    optimizer's state, which the non-finite steps wrote.
+    optimizer's state, which the non-finite steps wrote. ``fragments=F`` (a divisor of
+    ``sync_every``) streams the model in F staggered fragments (the module docstring).
 
     The anchor is the model every replica trains towards: :meth:`consistent_weights` (evaluation,
     replica checks) puts it into ``params``. With ``"none"`` it is identical on every rank; with
@@ -66,9 +125,12 @@ class PipeDiLoCo(Engine):
                  width: int = 2, outer_optimizer: OuterFactory | None = None,
                  staleness: str | Staleness = "none", compressor: str | Compressor | Reduction | None = "none",
                  allreduce: str | Callable[..., CommStats] = "auto", group=None, nonfinite: str = "abort",
-                 timeout_s: float | None = None, module: torch.nn.Module | None = None):
+                 timeout_s: float | None = None, module: torch.nn.Module | None = None, fragments: int = 1):
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
             raise ValueError(f"sync_every must be an integer >= 1 (inner steps per round), got {sync_every!r}")
+        if isinstance(fragments, bool) or not isinstance(fragments, int) or fragments < 1 or sync_every % fragments:
+            raise ValueError(f"fragments must be an integer >= 1 that divides sync_every={sync_every} (the "
+                             f"fragments' rounds end sync_every/fragments steps apart), got {fragments!r}")
         rule = make_staleness(staleness)
         if rule.sync_period == "step":
             raise ValueError(f"staleness={rule.name} is a rule for per-step gradients and cannot apply a round's "
@@ -80,38 +142,49 @@ class PipeDiLoCo(Engine):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params has no tensor with requires_grad=True: nothing to train")
-        self.sync_every = sync_every
+        self.sync_every, self.width = sync_every, width
         _broadcast_from_first_rank([*self.params, *(module.buffers() if module is not None else ())], group)
-        # The anchor: leaf tensors the outer optimizer steps; requires_grad only so the exchange
-        # takes them as parameters (no autograd graph ever reaches them).
-        self.anchor = [p.detach().clone().requires_grad_(True) for p in self.params]
-        self.outer = (outer_optimizer or DEFAULT_OUTER)(self.anchor)
-        self.pipe = PipeSGD(self.outer, self.anchor, width=width, compressor=compressor, allreduce=allreduce,
-                            group=group, staleness=rule, nonfinite=nonfinite, timeout_s=timeout_s,
-                            pseudo_gradients=True)
-        self.rule = self.pipe.staleness
-        self.rule.replicas = self.pipe.world_size
-        self.width = width
-        self.nonfinite = self.pipe.nonfinite
-        self.compressor = self.pipe.compressor
+        # fragments share one communication thread: one FIFO keeps their collectives in one order
+        self._thread = CommThread() if fragments > 1 else None
+        step = sync_every // fragments
+        # one rule and one compressor per fragment (their state is the fragment's), copied unbound
+        rules = [rule, *(copy.deepcopy(rule) for _ in range(fragments - 1))]
+        compressors = [compressor, *(copy.deepcopy(compressor) for _ in range(fragments - 1))]
+        self.fragments = [
+            _Fragment(part, (f + 1) * step, outer_optimizer or DEFAULT_OUTER,
+                      dict(width=width, compressor=compressors[f], allreduce=allreduce, group=group,
+                           staleness=rules[f], nonfinite=nonfinite, timeout_s=timeout_s, comm_thread=self._thread))
+            for f, part in enumerate(split(self.params, fragments))]
+        first = self.fragments[0]
+        self.rule = first.rule
+        self.nonfinite = first.pipe.nonfinite if fragments == 1 else _Policies([f.pipe for f in self.fragments])
+        self.compressor = first.pipe.compressor
         self.replicas_agree = rule.sync_period != "round"
         self.steps = 0
-        self.in_round = 0  # inner steps of the round in progress
         self.last = StepStats()
         self._stepping = False
         self._guard = optimizer.register_step_pre_hook(self._check_stepping)
 
     @property
+    def anchor(self) -> list[Tensor]:
+        return [a for f in self.fragments for a in f.anchor]
+
+    @property
     def rounds(self) -> int:
-        """Rounds launched so far (the pipe's steps)."""
-        return self.pipe.steps
+        """Rounds launched so far (by the last fragment, the whole model's when unfragmented)."""
+        return self.fragments[-1].pipe.steps
+
+    @property
+    def in_round(self) -> int:
+        """Inner steps since the last fragment's round ended."""
+        return self.steps % self.sync_every
 
     @property
     def in_flight(self) -> int:
-        return self.pipe.in_flight
+        return sum(f.pipe.in_flight for f in self.fragments)
 
     def step(self) -> StepStats:
-        """One inner step with this rank's gradient; at the end of a round, the outer exchange."""
+        """One inner step with this rank's gradient; the outer exchange of each fragment whose round ends here."""
         t0 = time.perf_counter()
         with trace.current().span("update", "update", self.steps):
             self._stepping = True
@@ -120,47 +193,42 @@ class PipeDiLoCo(Engine):
             finally:
                 self._stepping = False
         self.steps += 1
-        self.in_round += 1
-        if self.in_round < self.sync_every:
-            self.last = StepStats(update_s=time.perf_counter() - t0, applied=True)
-            return self.last
-        stats = self._end_round()
+        due = [f for f in self.fragments if (self.steps - f.offset) % self.sync_every == 0]
+        stats = self._end_rounds(due) if due else StepStats()
         stats.update_s += time.perf_counter() - t0
         stats.applied = True  # the inner step applied, whatever the outer one did
         self.last = stats
         return stats
 
-    def _end_round(self) -> StepStats:
-        """Launch the round's pseudo-gradient, let the pipe apply what is due, restart from the anchor."""
-        self.in_round = 0
-        with torch.no_grad():
-            for a, p in zip(self.anchor, self.params):
-                # into the gradient the last outer step left (a buffer the exchange lent and got
-                # back): the pipe's flatten then lends that very buffer again, copying nothing
-                if a.grad is None:
-                    a.grad = torch.empty_like(a)
-                torch.sub(a, p, out=a.grad)
-        own_bad = not torch.isfinite(torch.stack([a.grad.sum() for a in self.anchor]).sum()).item()
-        stats = self.pipe.step()
-        if not stats.applied and not stats.skipped:
-            self.rule.filled()
+    def _end_rounds(self, fragments: list[_Fragment]) -> StepStats:
+        stats = StepStats()
+        own_bad = False
+        for f in fragments:
+            s = f.end_round()
+            own_bad |= bool(s.metrics.pop("own_nonfinite"))
+            stats.pack_s += s.pack_s
+            stats.wait_s += s.wait_s
+            stats.update_s += s.update_s
+            stats.comm += s.comm
+            stats.wait_spans += s.wait_spans
+            stats.skipped |= s.skipped
+            stats.staleness = max(stats.staleness, s.staleness)
         if own_bad:
             self.optimizer.state.clear()  # the non-finite inner steps wrote it; the round is dropped
-        assign_params(self.params, flat_params(self.anchor))
-        stats.metrics = {**stats.metrics, "outer/round": float(self.rounds),
-                         "outer/bytes_per_step": stats.comm.wire_bytes / self.sync_every}
+        stats.metrics = {"outer/round": float(self.rounds),
+                         "outer/bytes_per_step": stats.comm.wire_bytes * len(self.fragments) / self.sync_every}
         return stats
 
     def flush(self) -> StepStats:
-        """End a partial round early, apply every round in flight; params = the anchor after."""
-        stats = StepStats()
-        if self.in_round:
-            stats = self._end_round()
-        flushed = self.pipe.flush()
-        stats.wait_s += flushed.wait_s
-        stats.comm += flushed.comm
-        stats.applied = stats.applied or flushed.applied
-        assign_params(self.params, flat_params(self.anchor))
+        """End partial rounds early, apply every round in flight; params = the anchor after."""
+        partial = [f for f in self.fragments if (self.steps - f.offset) % self.sync_every and self.steps]
+        stats = self._end_rounds(partial) if partial else StepStats()
+        for f in self.fragments:
+            flushed = f.pipe.flush()
+            stats.wait_s += flushed.wait_s
+            stats.comm += flushed.comm
+            stats.applied = stats.applied or flushed.applied
+            f.restart()
         return stats
 
     def _check_stepping(self, optimizer, args, kwargs) -> None:
@@ -183,30 +251,33 @@ class PipeDiLoCo(Engine):
             assign_params(self.params, local)
 
     def collective(self, fn: Callable[[], T], what: str = "a collective") -> T:
-        return self.pipe.collective(fn, what)
+        return self.fragments[0].pipe.collective(fn, what)
 
     def check_replicas(self) -> None:
-        """PipeSGD's check on the anchors (``staleness=none``: identical on every rank)."""
+        """PipeSGD's check on each fragment's anchor (``staleness=none``: identical on every rank)."""
         if not self.replicas_agree:
             raise RuntimeError("staleness=eager replicas differ by their own fresh pseudo-gradient by design; "
                                "there is nothing every replica must agree on to check")
-        self.pipe.check_replicas()
+        for f in self.fragments:
+            f.pipe.check_replicas()
 
     shared_state = ("pending", "pending_nonfinite")
 
     def state_dict(self) -> dict:
-        """The pipe's state (rounds in flight, waited for; the outer rule's and the reduction's
-        state), the anchor, the outer optimizer, the step within the round, and this rank's own
+        """Per fragment, the pipe's state (rounds in flight, waited for; the outer rule's and the
+        reduction's state), the anchor and the outer optimizer; the step; and this rank's own
         weights and inner optimizer state, which differ from rank 0's mid-round (a checkpoint saves
-        the model and the optimizer from rank 0 only)."""
-        pipe = self.pipe.state_dict()
-        return {"width": self.width, "steps": self.steps, "sync_every": self.sync_every, "in_round": self.in_round,
-                "pending": pipe.pop("pending"), "pending_nonfinite": pipe.pop("pending_nonfinite"), "pipe": pipe,
-                "anchor": flat_params(self.anchor), "outer_optimizer": self.outer.state_dict(),
+        the model and the optimizer from rank 0 only). ``pending``: one list per fragment."""
+        pipes = [f.pipe.state_dict() for f in self.fragments]
+        return {"width": self.width, "steps": self.steps, "sync_every": self.sync_every,
+                "fragments": len(self.fragments),
+                "pending": [p.pop("pending") for p in pipes],
+                "pending_nonfinite": [p.pop("pending_nonfinite") for p in pipes], "pipes": pipes,
+                "anchor": flat_params(self.anchor), "outer_optimizers": [f.outer.state_dict() for f in self.fragments],
                 "local": flat_params(self.params), "inner_optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        for key, mine in (("width", self.width), ("sync_every", self.sync_every)):
+        for key, mine in (("width", self.width), ("sync_every", self.sync_every), ("fragments", len(self.fragments))):
             if state.get(key) != mine:
                 raise ValueError(f"checkpoint has {key}={state.get(key)}, engine has {key}={mine}")
         device = self.params[0].device
@@ -215,30 +286,51 @@ class PipeDiLoCo(Engine):
         for key in ("anchor", "local"):
             if state[key].numel() != numel:
                 raise ValueError(f"checkpoint's {key} has {state[key].numel()} values, model has {numel}")
-        self.pipe.load_state_dict({**state["pipe"], "pending": state["pending"],
-                                   "pending_nonfinite": state["pending_nonfinite"]})
-        assign_params(self.anchor, state["anchor"])
-        # copies: torch's load_state_dict keeps the caller's tensors as the momentum buffers it
-        # then steps in place, so a state loaded twice (or shared) would be changed under the caller
-        self.outer.load_state_dict(copy.deepcopy(state["outer_optimizer"]))
+        anchors = state["anchor"].split([f.numel for f in self.fragments])
+        for f, pipe, pending, flags, anchor, outer in zip(self.fragments, state["pipes"], state["pending"],
+                                                          state["pending_nonfinite"], anchors,
+                                                          state["outer_optimizers"]):
+            f.pipe.load_state_dict({**pipe, "pending": pending, "pending_nonfinite": flags})
+            assign_params(f.anchor, anchor)
+            # a copy: torch's load_state_dict keeps the caller's tensors as the momentum buffers it
+            # then steps in place, so a state loaded twice (or shared) would change under the caller
+            f.outer.load_state_dict(copy.deepcopy(outer))
         assign_params(self.params, state["local"])
         if state.get("inner_optimizer") is not None:
             self.optimizer.load_state_dict(copy.deepcopy(state["inner_optimizer"]))
-        self.steps, self.in_round = int(state["steps"]), int(state["in_round"])
+        self.steps = int(state["steps"])
 
     def state_for_new_rank(self, state: dict) -> dict:
         """A rank that did not exist before an elastic resume starts its round from the donor's
         anchor with a fresh inner optimizer, owns no pseudo-gradient in flight (eager: zeros) and
         none of the donor's error-feedback residual."""
-        pipe = self.pipe.state_for_new_rank(state["pipe"])
-        if "own" in pipe.get("staleness", {}):
-            pipe = {**pipe, "staleness": {**pipe["staleness"],
-                                          "own": [torch.zeros_like(t) for t in pipe["staleness"]["own"]]}}
-        return {**state, "pipe": pipe, "local": state["anchor"].clone(), "inner_optimizer": None}
+        pipes = []
+        for f, pipe in zip(self.fragments, state["pipes"]):
+            pipe = f.pipe.state_for_new_rank(pipe)
+            if "own" in pipe.get("staleness", {}):
+                pipe = {**pipe, "staleness": {**pipe["staleness"],
+                                              "own": [torch.zeros_like(t) for t in pipe["staleness"]["own"]]}}
+            pipes.append(pipe)
+        return {**state, "pipes": pipes, "local": state["anchor"].clone(), "inner_optimizer": None}
 
     def summary(self) -> dict:
-        return {"sync_every": self.sync_every, "rounds": self.rounds, "outer_rule": self.rule.name}
+        return {"sync_every": self.sync_every, "fragments": len(self.fragments), "rounds": self.rounds,
+                "outer_rule": self.rule.name}
 
     def close(self) -> None:
         self._guard.remove()
-        self.pipe.close()
+        for f in self.fragments:
+            f.pipe.close()
+        if self._thread is not None:
+            self._thread.close()
+
+
+class _Policies:
+    """The fragments' non-finite policies as one (what the trainer and the summary read)."""
+
+    def __init__(self, pipes: list[PipeSGD]):
+        self._policies = [p.nonfinite for p in pipes]
+
+    @property
+    def skipped(self) -> list[int]:
+        return sorted(s for p in self._policies for s in p.skipped)

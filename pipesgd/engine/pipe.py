@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .. import trace
-from ..comm import CommError, CommStats, CompletedHandle, Handle, get_allreduce, note
+from ..comm import CommError, CommStats, CommThread, CompletedHandle, Handle, get_allreduce, note
 from ..compress import Compressor
 from ..flat import set_grads, state_to_device
 from .exchange import GradientExchange, Reduced
@@ -68,7 +68,8 @@ class PipeSGD(Engine):
     each rank's buffers its own.
     ``pseudo_gradients``: the parameters are an anchor and their gradients a round's pseudo-gradient
     (:class:`~pipesgd.engine.diloco.PipeDiLoCo`'s pipe): rules for the outer step (``eager``) apply,
-    rules for per-step gradients do not.
+    rules for per-step gradients do not. ``comm_thread``: a communication thread shared with other
+    engines over the same group, closed by its owner (default: the engine's own).
     ``find_unused_parameters``: False (as DDP), a parameter in ``params`` without a ``.grad`` at
     ``step()`` raises, naming it; True (as DDP's), a parameter without a gradient on every rank is
     left alone by that update, as plain torch does (no momentum, no weight decay), and ranks that
@@ -88,7 +89,8 @@ class PipeSGD(Engine):
                  warmup_sync_steps: int = 0, staleness: str | Staleness = "none", nonfinite: str = "abort",
                  timeout_s: float | None = None, max_grad_norm: float | None = None,
                  module: torch.nn.Module | None = None, broadcast_buffers: bool = True,
-                 find_unused_parameters: bool = False, pseudo_gradients: bool = False):
+                 find_unused_parameters: bool = False, pseudo_gradients: bool = False,
+                 comm_thread: CommThread | None = None):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
         if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
@@ -100,7 +102,7 @@ class PipeSGD(Engine):
         self.warmup_sync_steps = warmup_sync_steps
         fn = get_allreduce(allreduce) if isinstance(allreduce, str) else allreduce
         params = list(params)
-        self._reducer = GradientExchange(params, compressor, fn, group)
+        self._reducer = GradientExchange(params, compressor, fn, group, thread=comm_thread)
         _broadcast_from_first_rank([*params, *(module.buffers() if module is not None else ())], group)
         self._names = _param_names(self._reducer.params, module)
         self.find_unused_parameters = bool(find_unused_parameters)

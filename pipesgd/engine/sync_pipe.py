@@ -20,7 +20,7 @@ def build(a: ModeArgs) -> tuple[torch.nn.Module, Engine]:
         return a.model, PipeDiLoCo(a.optimizer, a.model.parameters(), a.sync_every, width=a.width,
                                    outer_optimizer=a.outer_optimizer, staleness=a.staleness,
                                    compressor=a.compressor, allreduce=a.allreduce, group=a.group,
-                                   nonfinite=a.nonfinite, timeout_s=a.timeout_s)
+                                   nonfinite=a.nonfinite, timeout_s=a.timeout_s, fragments=a.fragments)
     return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=a.width, compressor=a.compressor,
                             allreduce=a.allreduce, group=a.group, warmup_sync_steps=a.warmup_sync_steps,
                             staleness=a.staleness, nonfinite=a.nonfinite, timeout_s=a.timeout_s)

@@ -105,12 +105,13 @@ def test_int8_in_the_ring_on_pseudo_gradients_within_its_rounding():
         assert wire < raw / 3, "int8 should send about a quarter of fp32's bytes"
 
 
-def _resume(rank, p, width, rule, stop):
+def _resume(rank, p, width, rule, stop, fragments=1, h=H):
     """Train to ``stop``, save every part of the state, rebuild everything and continue to STEPS."""
     def build():
         model = make_model()
         opt = INNER(model.parameters())
-        return model, opt, PipeDiLoCo(opt, model.parameters(), H, width=width, staleness=rule, allreduce="ring")
+        return model, opt, PipeDiLoCo(opt, model.parameters(), h, width=width, staleness=rule, allreduce="ring",
+                                      fragments=fragments)
 
     model, opt, engine = build()
     for t in range(STEPS):
@@ -129,11 +130,13 @@ def _resume(rank, p, width, rule, stop):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("width,rule,stop", [(2, "eager", 7), (2, "none", 10), (1, "none", 4)])
-def test_resume_mid_round_and_mid_flight_is_bit_exact(width, rule, stop):
-    """stop=7 and 4: inside a round (in_round 1) with, at width 2, a round in flight; 10: also."""
-    resumed = run_workers(_resume, 2, width, rule, stop)
-    uninterrupted = run_workers(_resume, 2, width, rule, STEPS + 1)
+@pytest.mark.parametrize("width,rule,stop,fragments,h", [(2, "eager", 7, 1, H), (2, "none", 10, 1, H),
+                                                          (1, "none", 4, 1, H), (2, "eager", 7, 2, 4)])
+def test_resume_mid_round_and_mid_flight_is_bit_exact(width, rule, stop, fragments, h):
+    """stop=7 and 4: inside a round (in_round 1) with, at width 2, a round in flight; 10: also;
+    with two fragments of rounds of 4, step 7 is inside both fragments' rounds, both in flight."""
+    resumed = run_workers(_resume, 2, width, rule, stop, fragments, h)
+    uninterrupted = run_workers(_resume, 2, width, rule, STEPS + 1, fragments, h)
     for a, b in zip(resumed, uninterrupted):
         assert torch.equal(a, b)
 
@@ -229,3 +232,43 @@ def test_elastic_resume_onto_more_ranks():
     out = run_workers(_elastic, 3, saved)
     assert [new for _, new in out] == [False, False, True]
     assert torch.equal(out[0][0], out[2][0]) and torch.equal(out[0][0], out[1][0])
+
+
+def _run_fragments(rank, p, width, rule):
+    model = make_model()
+    opt = INNER(model.parameters())
+    with PipeDiLoCo(opt, model.parameters(), 4, width=width, staleness=rule, allreduce="ring",
+                    fragments=2) as engine:
+        sent = []
+        for t in range(STEPS + 1):  # 21 steps: both fragments end on a partial round
+            opt.zero_grad()
+            loss_of(model, rank, t).backward()
+            sent.append(engine.step().comm.raw_bytes)
+        engine.flush()
+    return flat_params(model), sent
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("width,rule", [(1, "none"), (2, "none"), (2, "eager")])
+def test_streaming_fragments_equal_their_reference(width, rule):
+    """Two fragments of the test model (its first weight, 320 values; the rest, 131), rounds of 4:
+    fragment 0 ends rounds at steps 2, 6, 10, ..., fragment 1 at 4, 8, 12, ..., each pipelined."""
+    from pipesgd.engine.diloco import split
+
+    assert [len(f) for f in split(list(make_model().parameters()), 2)] == [1, 3]
+    expected = diloco_reference(2, 4, width, STEPS + 1, rule, fragments=[1, 3])
+    whole = diloco_reference(2, 4, width, STEPS + 1, rule)
+    for rank, (params, sent) in enumerate(run_workers(_run_fragments, 2, width, rule)):
+        assert (params - expected[rank]).abs().max() <= 1e-6
+        # a fragment's bytes at the steps its average lands: alternately the first weight's and the rest's
+        lands = [s for s in sent if s]
+        assert len(set(lands)) == 2 and all(a != b for a, b in zip(lands, lands[1:]))
+    assert (expected[0] - whole[0]).abs().max() > 1e-4, "streaming differs from the whole-model rounds"
+
+
+def test_fragments_must_divide_the_period():
+    model = make_model()
+    with pytest.raises(ValueError, match="fragments must be an integer >= 1 that divides sync_every=4"):
+        PipeDiLoCo(INNER(model.parameters()), model.parameters(), 4, fragments=3)
+    with pytest.raises(ValueError, match="fragments=8 is more than the model's 4 parameter tensors"):
+        PipeDiLoCo(INNER(model.parameters()), model.parameters(), 8, fragments=8)
