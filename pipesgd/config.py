@@ -246,16 +246,15 @@ def _check_sync_every(cfg: DictConfig, explicit: Collection[str]) -> None:
         if period == "round":
             raise ConfigError(f"staleness={rule} is a rule for the outer step of trainer.sync_every > 1; set "
                               "trainer.sync_every=H (inner steps per round), or use a per-step rule: "
-                              f"staleness={'|'.join(n for n in stalenesses() if registry('staleness').facts(n)['sync_period'] != 'round')}")
+                              f"staleness={_rules(but='round')}")
         return
     if not mode.sync_every:
         raise ConfigError(f"trainer.sync_every={h} is not available with trainer.mode={name}; only trainer.mode="
                           f"{'|'.join(modes_with('sync_every'))} run rounds of inner steps (docs/period-h.md), or "
                           "set trainer.sync_every=1")
     if period == "step":
-        outer_rules = "|".join(n for n in stalenesses() if registry("staleness").facts(n)["sync_period"] != "step")
         raise ConfigError(f"staleness={rule} is a rule for per-step gradients and cannot apply a round's "
-                          f"pseudo-gradient at trainer.sync_every={h}; use staleness={outer_rules}")
+                          f"pseudo-gradient at trainer.sync_every={h}; use staleness={_rules(but='step')}")
     if h % fragments:
         raise ConfigError(f"trainer.fragments={fragments} does not divide trainer.sync_every={h}: the fragments' "
                           f"rounds end H/F steps apart; use a divisor of {h}")
@@ -275,6 +274,11 @@ def _check_sync_every(cfg: DictConfig, explicit: Collection[str]) -> None:
     lr = cfg.outer_optimizer.get("lr")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
         raise ConfigError(f"outer_optimizer.lr={lr!r} is invalid: must be a number > 0")
+
+
+def _rules(but: str) -> str:
+    """The registered staleness rules whose ``sync_period`` is not ``but``, as ``a|b``."""
+    return "|".join(n for n in stalenesses() if registry("staleness").facts(n)["sync_period"] != but)
 
 
 def _cuda_available() -> bool:
