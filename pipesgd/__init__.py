@@ -6,8 +6,8 @@ from importlib import import_module
 
 __version__ = "0.1.0"
 _WHERE = {"native_allreduce": "comm", "ring_allreduce": "comm", "Compressor": "compress", "get_compressor": "compress",
-          "Engine": "engine", "NonFiniteGradient": "engine", "PipeSGD": "engine", "ReductionError": "engine",
-          "StepStats": "engine"}
+          "Engine": "engine", "NonFiniteGradient": "engine", "PipeDiLoCo": "engine", "PipeSGD": "engine",
+          "ReductionError": "engine", "StepStats": "engine"}
 __all__ = sorted(_WHERE)
 
 

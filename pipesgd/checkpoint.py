@@ -103,7 +103,10 @@ def hashed_config(config: dict) -> dict:
     existed has none, so adding a mode or an option that is off by default changes no digest."""
     plain = json.loads(json.dumps(config, default=str))
     mode = (plain.get("trainer") or {}).get("mode")
-    return drop_unset(drop_keys(plain, [*NOT_HASHED, *mode_sections(keep={mode})]))
+    # an exchange every step has no outer step: its settings are no setting (configs before them had none)
+    per_step = (plain.get("trainer") or {}).get("sync_every", 1) == 1
+    unused = ["trainer.sync_every", "trainer.fragments", "outer_optimizer"] if per_step else []
+    return drop_unset(drop_keys(plain, [*NOT_HASHED, *mode_sections(keep={mode}), *unused]))
 
 
 def config_digest(config: dict) -> str:

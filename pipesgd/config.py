@@ -145,6 +145,7 @@ def validate(cfg: DictConfig, explicit: Collection[str] = (),
     _check_mode_settings(cfg, explicit)
     _check_scheme_options(cfg)
     _check_staleness_optimizer(cfg)
+    _check_sync_every(cfg, explicit)
 
 
 _RESERVED = frozenset({"_target_", "_partial_", "_recursive_", "_convert_", "_args_"})
@@ -357,6 +358,63 @@ def _check_mode_settings(cfg: DictConfig, explicit: Collection[str]) -> None:
         if given and name != cfg.trainer.mode:
             raise ConfigError(f"{given[0]} is not used by trainer.mode={cfg.trainer.mode}; only trainer.mode={name} "
                               f"reads trainer.{name}.*")
+
+
+def _check_sync_every(cfg: DictConfig, explicit: Collection[str]) -> None:
+    """``trainer.sync_every``: 1 is an exchange every step (no outer step, ``outer_optimizer`` and
+    the outer rules unused); H > 1 is the period-H engine (docs/period-h.md), refused with what it
+    cannot run: modes without rounds, per-step staleness rules, eager off width 2, a synchronous
+    warm-up, replica checks asked of eager replicas (which differ by design)."""
+    _int_at_least(cfg, "trainer.sync_every", 1, "inner steps per round; 1 = an exchange every step")
+    _int_at_least(cfg, "trainer.fragments", 1, "streaming fragments of the model at trainer.sync_every > 1")
+    h, name, fragments = cfg.trainer.sync_every, cfg.trainer.mode, cfg.trainer.fragments
+    mode, rule = get_mode(name), staleness_rule(cfg)
+    period = registry("staleness").facts(rule)["sync_period"]
+    outer = sorted(k for k in explicit if k == "outer_optimizer" or k.startswith("outer_optimizer."))
+    if h == 1:
+        if fragments != 1:
+            raise ConfigError(f"trainer.fragments={fragments} is not used at trainer.sync_every=1: fragments stream "
+                              "a round's exchange; set trainer.sync_every=H (a multiple of the fragments) or drop it")
+        if outer:
+            raise ConfigError(f"{outer[0]} is not used at trainer.sync_every=1, which exchanges gradients every "
+                              "step and has no outer step; set trainer.sync_every to the inner steps per round "
+                              "(H > 1) to run one, or drop it")
+        if period == "round":
+            raise ConfigError(f"staleness={rule} is a rule for the outer step of trainer.sync_every > 1; set "
+                              "trainer.sync_every=H (inner steps per round), or use a per-step rule: "
+                              f"staleness={_rules(but='round')}")
+        return
+    if not mode.sync_every:
+        raise ConfigError(f"trainer.sync_every={h} is not available with trainer.mode={name}; only trainer.mode="
+                          f"{'|'.join(modes_with('sync_every'))} run rounds of inner steps (docs/period-h.md), or "
+                          "set trainer.sync_every=1")
+    if period == "step":
+        raise ConfigError(f"staleness={rule} is a rule for per-step gradients and cannot apply a round's "
+                          f"pseudo-gradient at trainer.sync_every={h}; use staleness={_rules(but='step')}")
+    if h % fragments:
+        raise ConfigError(f"trainer.fragments={fragments} does not divide trainer.sync_every={h}: the fragments' "
+                          f"rounds end H/F steps apart; use a divisor of {h}")
+    width = mode.runs_at(cfg.trainer.width)
+    if rule == "eager" and width != 2:
+        raise ConfigError(f"staleness=eager keeps exactly one outer step in flight and needs width 2; "
+                          f"trainer.mode={name} runs at width {width} (use trainer.mode=pipe trainer.width=2, "
+                          "or staleness=none)")
+    if cfg.trainer.warmup_sync_steps:
+        raise ConfigError(f"trainer.warmup_sync_steps={cfg.trainer.warmup_sync_steps} is not used at "
+                          f"trainer.sync_every={h}: rounds have no synchronous warm-up; set "
+                          "trainer.warmup_sync_steps=0")
+    if rule == "eager" and "trainer.check_every" in explicit and cfg.trainer.check_every is not None:
+        raise ConfigError(f"trainer.check_every={cfg.trainer.check_every} cannot check staleness=eager replicas: "
+                          "each carries its own fresh pseudo-gradient, so they differ by design; set "
+                          "trainer.check_every=null")
+    lr = cfg.outer_optimizer.get("lr")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise ConfigError(f"outer_optimizer.lr={lr!r} is invalid: must be a number > 0")
+
+
+def _rules(but: str) -> str:
+    """The registered staleness rules whose ``sync_period`` is not ``but``, as ``a|b``."""
+    return "|".join(n for n in stalenesses() if registry("staleness").facts(n)["sync_period"] != but)
 
 
 def _cuda_available() -> bool:

@@ -45,6 +45,8 @@ class Mode:
     exchange) instead of an allreduce; ``fixed_comm``: the registered allreduce it always runs when
     it neither uses the configured ``comm`` nor has a server (ddp: the backend's).
     ``nonfinite_skip``: the ranks can drop a non-finite step together (``trainer.nonfinite=skip``).
+    ``sync_every``: runs at ``trainer.sync_every`` > 1 (inner steps per round, the outer step
+    carried by its schedule: :mod:`pipesgd.engine.diloco`); other modes refuse it.
     ``min_world``: fewest processes it runs with.
     ``replicas_agree``: identical weights after every step (replica checks apply).
     ``check_on_reductions``: the replica check rides on the engine's own reductions:
@@ -74,6 +76,7 @@ class Mode:
     server: bool = False
     fixed_comm: str | None = None
     nonfinite_skip: bool = True
+    sync_every: bool = False
     min_world: int = 1
     replicas_agree: bool = True
     check_on_reductions: bool = False

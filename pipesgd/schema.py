@@ -52,6 +52,8 @@ class TrainerConfig:
     mode: str = "pipe"
     width: int = 2
     warmup_sync_steps: int = 0
+    sync_every: int = 1
+    fragments: int = 1
     epochs: int = 1
     max_steps: Optional[int] = None
     stop_after_step: Optional[int] = None
@@ -92,6 +94,7 @@ class Config:
     staleness: Any = MISSING
     comm: Any = MISSING
     optimizer: Any = MISSING
+    outer_optimizer: Any = MISSING
     scheduler: Any = MISSING
     timing: Any = MISSING
 

@@ -64,6 +64,10 @@ def summary(h: History, result: dict, predicted: tuple[float | None, str | None]
         "median_exposed_comm_ms": median(h.exposed_comm_ms),
         "median_comm_ms": median([c for c, b in zip(h.comm_ms, h.wire_bytes) if b]),
         "bytes_per_step": median(applied_bytes) if applied_bytes else 0,
+        # over every step, those that sent nothing too (trainer.sync_every > 1 sends once a round)
+        "mean_bytes_per_step": sum(h.wire_bytes) / len(h.wire_bytes) if h.wire_bytes else 0,
+        # the share of the loop's time spent computing (forward and backward)
+        "compute_utilization": sum(h.compute_ms) / sum(h.iter_ms) if sum(h.iter_ms) > 0 else None,
         "compression_ratio": compression_ratio(h),
         "wall_seconds": result["wall_seconds"], "evals": h.evals,
     }

@@ -233,7 +233,9 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
         world_size=ctx.world_size, warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
         staleness=instantiate(cfg.staleness),
         nonfinite=cfg.trainer.nonfinite, timeout_s=ctx.engine_timeout_s,
-        check_every=cfg.trainer.check_every if mode.check_on_reductions else None))
+        check_every=cfg.trainer.check_every if mode.check_on_reductions else None,
+        sync_every=cfg.trainer.sync_every, fragments=cfg.trainer.fragments,
+        outer_optimizer=instantiate(cfg.outer_optimizer) if cfg.trainer.sync_every > 1 else None))
     if cfg.trainer.max_grad_norm is not None:
         clip_applied_gradient(optimizer, cfg.trainer.max_grad_norm)
     steps_per_epoch = len(train_loader)
@@ -247,10 +249,14 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
 def _reliability(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, run_dir: str, container: dict) -> Reliability:
     """The trainer's hooks: checkpoints and resume, replica checks, faults, the hang watchdog."""
     t, mode = cfg.trainer, get_mode(cfg.trainer.mode)
+    agree = mode.replicas_agree and run.engine.replicas_agree
+    if not run.engine.replicas_agree and t.check_every is not None and ctx.is_main:
+        log.info("trainer.check_every=%d checks nothing here: this run's replicas differ by design (%s)",
+                 t.check_every, staleness_rule(cfg))
     return Reliability(
         model=run.model, optimizer=run.optimizer, scheduler=run.scheduler, engine=run.engine, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, run_dir=run_dir,
         config=container, checkpoint_every=t.checkpoint_every, keep=t.keep_checkpoints, resume=t.resume,
-        check_every=t.check_every if mode.replicas_agree and not mode.check_on_reductions else None,
+        check_every=t.check_every if agree and not mode.check_on_reductions else None,
         faults=Faults.from_env(ctx.rank), watchdog=Watchdog.from_env(ctx.rank, ctx.world_size, cfg.dist.timeout_s),
         elastic=t.elastic, mode=t.mode)
 
@@ -283,7 +289,8 @@ def _build_allreduce(cfg: DictConfig):
 
 def _hparams(cfg: DictConfig, width: int, compressor: str, world_size: int, global_batch: int) -> dict:
     """What a sweep varies, flat, for TensorBoard's HParams tab."""
-    return {"mode": cfg.trainer.mode, "width": width, "compressor": compressor, "comm": cfg.comm.name,
+    return {"mode": cfg.trainer.mode, "width": width, "sync_every": cfg.trainer.sync_every,
+            "compressor": compressor, "comm": cfg.comm.name,
             "world_size": world_size, "model": cfg.model._target_.rsplit(".", 1)[-1],
             "data": cfg.data._target_.rsplit(".", 1)[-1], "global_batch": global_batch,
             "lr": float(cfg.optimizer.lr), "warmup_sync_steps": cfg.trainer.warmup_sync_steps,
@@ -297,6 +304,8 @@ def _prediction(cfg: DictConfig, width: int, model: torch.nn.Module, world_size:
     options = {"server_on_worker": get_mode(cfg.trainer.mode).server,
                "per_node": cfg.comm.get("group_size") or pdist.env_int("LOCAL_WORLD_SIZE", world_size),
                "buffers": any(True for _ in model.buffers())}
+    if cfg.trainer.sync_every > 1:
+        options["sync_every"] = cfg.trainer.sync_every
     algorithm = algorithm_for(cfg.trainer.mode, cfg.comm.name)
     trainable = [p for p in model.parameters() if p.requires_grad]
     return Prediction(instantiate(cfg.timing), cfg.trainer.mode, algorithm, width,

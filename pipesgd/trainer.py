@@ -271,6 +271,7 @@ class Trainer:
                 "train/staleness": stats.staleness if stats.applied else None,
                 "time/iter_ms": h.iter_ms[-1],
                 "time/compute_ms": h.compute_ms[-1],
+                "time/compute_utilization": h.compute_ms[-1] / h.iter_ms[-1] if h.iter_ms[-1] > 0 else None,
                 "time/exposed_comm_ms": h.exposed_comm_ms[-1],
                 "time/comm_ms": h.comm_ms[-1] if stats.applied else None,
                 "time/hidden_comm_ms": max(0.0, h.comm_ms[-1] - h.exposed_comm_ms[-1]) if timed_comm else None,

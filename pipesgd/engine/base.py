@@ -126,6 +126,9 @@ class Engine(ABC):
     #: checkpoint saves them once, from rank 0; the rest is per rank
     shared_state: tuple[str, ...] = ("pending",)
     averages_loss: bool = False
+    #: the replicas' weights (:meth:`consistent_weights`) are identical after every step, so replica
+    #: checks apply; an engine whose rule lets them differ by design says False
+    replicas_agree: bool = True
 
     def state_for_new_rank(self, state: dict) -> dict:
         """The per-rank part of a surviving rank's :meth:`state_dict` as a rank that did not exist
@@ -206,3 +209,6 @@ class ModeArgs:
     nonfinite: str = "abort"
     timeout_s: float | None = None
     check_every: int | None = None  # trainer.check_every where the mode's reductions carry the check, else None
+    sync_every: int = 1  # trainer.sync_every: inner steps per round (modes with the sync_every fact)
+    outer_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None  # at sync_every > 1
+    fragments: int = 1  # trainer.fragments: streaming fragments at sync_every > 1

@@ -69,10 +69,11 @@ class GradientExchange:
     the compressor spec resolves to, over the allreduce bound to it and ``group``'s backend
     (comm=auto picks one here), on one comm thread.
     ``streams`` orders the device work (:mod:`pipesgd.comm.streams`; default: by the parameters'
-    device, a communication stream on CUDA, nothing on the CPU)."""
+    device, a communication stream on CUDA, nothing on the CPU); ``thread``, the communication
+    thread (default: one of its own, started at the first job)."""
 
     def __init__(self, params: Iterable[Tensor], compressor: Spec, allreduce: Callable[..., CommStats], group=None,
-                 streams: Streams | None = None):
+                 streams: Streams | None = None, thread: CommThread | None = None):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params has no tensor with requires_grad=True: nothing to reduce")
@@ -92,7 +93,10 @@ class GradientExchange:
         # An in-ring compressor is checked against what the allreduce declares it carries, here.
         self.reduction.bind([p.shape for p in self.params], self.allreduce, self.params[0].device)
         self._flag_rides = self.reduction.carries_flag
-        self._thread: CommThread | None = None
+        # ``thread``: a communication thread shared with other exchanges over the same group (one
+        # FIFO keeps their collectives in one order on every rank); the caller closes it
+        self._thread: CommThread | None = thread
+        self._owns_thread = thread is None
         self._free: list[Tensor] = []  # flat buffers for flatten() to reuse (release)
         # flat buffers handed out and not released, by storage; weak, so a caller that never
         # releases (a benchmark driving launch() alone) leaves them to the garbage collector
@@ -304,9 +308,9 @@ class GradientExchange:
             raise error
 
     def close(self) -> None:
-        if self._thread is not None:
+        if self._thread is not None and self._owns_thread:
             self._thread.close()
-            self._thread = None
+        self._thread = None
 
 
 def _tensors(state) -> list[Tensor]:

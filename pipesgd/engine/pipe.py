@@ -1,5 +1,6 @@
 """PipeSGD, the width-K engine: WHEN a reduction is waited for and applied (``trainer.mode=sync``
-and ``pipe``). docs/architecture.md, "The pipeline", draws the schedule."""
+and ``pipe``, built in :mod:`pipesgd.engine.sync_pipe`). docs/architecture.md, "The pipeline",
+draws the schedule."""
 
 from __future__ import annotations
 
@@ -16,15 +17,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .. import trace
-from ..comm import CommError, CommStats, CompletedHandle, Handle, get_allreduce, note
+from ..comm import CommError, CommStats, CommThread, CompletedHandle, Handle, get_allreduce, note
 from ..compress import Compressor
 from ..flat import set_grads, state_to_device
-from ..modes import register
 from .exchange import GradientExchange, Reduced
 from ..reduction import Reduction
 from ..replicas import ReplicaMismatch, describe_mismatch, digest
 from ..staleness import Staleness, make_staleness
-from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats, T
+from .base import Engine, NonFinitePolicy, ReductionError, StepStats, T
 
 
 class PipeSGD(Engine):
@@ -66,6 +66,10 @@ class PipeSGD(Engine):
     on the communication thread and ``group``, before the step's reduction; ``step()`` waits for it
     (so for the reductions queued before it: at width K > 2 one more is exposed). False leaves
     each rank's buffers its own.
+    ``pseudo_gradients``: the parameters are an anchor and their gradients a round's pseudo-gradient
+    (:class:`~pipesgd.engine.diloco.PipeDiLoCo`'s pipe): rules for the outer step (``eager``) apply,
+    rules for per-step gradients do not. ``comm_thread``: a communication thread shared with other
+    engines over the same group, closed by its owner (default: the engine's own).
     ``find_unused_parameters``: False (as DDP), a parameter in ``params`` without a ``.grad`` at
     ``step()`` raises, naming it; True (as DDP's), a parameter without a gradient on every rank is
     left alone by that update, as plain torch does (no momentum, no weight decay), and ranks that
@@ -85,7 +89,8 @@ class PipeSGD(Engine):
                  warmup_sync_steps: int = 0, staleness: str | Staleness = "none", nonfinite: str = "abort",
                  timeout_s: float | None = None, max_grad_norm: float | None = None,
                  module: torch.nn.Module | None = None, broadcast_buffers: bool = True,
-                 find_unused_parameters: bool = False):
+                 find_unused_parameters: bool = False, pseudo_gradients: bool = False,
+                 comm_thread: CommThread | None = None):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
         if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
@@ -97,13 +102,18 @@ class PipeSGD(Engine):
         self.warmup_sync_steps = warmup_sync_steps
         fn = get_allreduce(allreduce) if isinstance(allreduce, str) else allreduce
         params = list(params)
-        self._reducer = GradientExchange(params, compressor, fn, group)
+        self._reducer = GradientExchange(params, compressor, fn, group, thread=comm_thread)
         _broadcast_from_first_rank([*params, *(module.buffers() if module is not None else ())], group)
         self._names = _param_names(self._reducer.params, module)
         self.find_unused_parameters = bool(find_unused_parameters)
         self._buffers = BufferBroadcast(module, self._reducer) if module is not None and broadcast_buffers else None
         self.compressor = self._reducer.compressor
         self.staleness = make_staleness(staleness)
+        period = self.staleness.sync_period
+        if period == ("step" if pseudo_gradients else "round"):
+            raise ValueError(f"staleness={self.staleness.name} applies only "
+                             f"{'per-step gradients' if period == 'step' else 'the outer step of rounds'}; "
+                             f"{'use staleness=none or eager' if period == 'step' else 'run it with sync_every > 1 (PipeDiLoCo)'}")
         self.staleness.bind(self._reducer.params, optimizer)
         self._guard = optimizer.register_step_pre_hook(_guard(self.staleness))
         self._clip = None if max_grad_norm is None else clip_applied_gradient(
@@ -123,6 +133,11 @@ class PipeSGD(Engine):
     @property
     def in_flight(self) -> int:
         return len(self._pending)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the engine's group (1 without a process group)."""
+        return self._reducer.world_size
 
     def step(self) -> StepStats:
         """Launch this step's reduction; apply the one from K-1 steps ago if there is one."""
@@ -380,15 +395,6 @@ class PipeSGD(Engine):
         self._guard.remove()
         self._resume.close()
         self._reducer.close()
-
-
-# Decorators apply bottom-up: sync registers first, the order every listing shows.
-@register("pipe", width=None, staleness=True, reductions=True, allreduce=True)
-@register("sync", width=1, staleness=True, reductions=True, allreduce=True)
-def build(a: ModeArgs) -> tuple[torch.nn.Module, PipeSGD]:
-    return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=a.width, compressor=a.compressor,
-                            allreduce=a.allreduce, group=a.group, warmup_sync_steps=a.warmup_sync_steps,
-                            staleness=a.staleness, nonfinite=a.nonfinite, timeout_s=a.timeout_s)
 
 
 def _broadcast_from_first_rank(tensors: list[Tensor], group) -> None:

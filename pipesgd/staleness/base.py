@@ -20,7 +20,13 @@ from torch import Tensor
 from ..flat import flat_params, set_grads
 from ..registry import Registry
 
-REGISTRY: Registry[type[Staleness]] = Registry("staleness", facts=("options", "uses_forward_context", "optimizers"))
+REGISTRY: Registry[type[Staleness]] = Registry("staleness", facts=("options", "uses_forward_context", "optimizers",
+                                                                    "sync_period"))
+
+SYNC_PERIODS = ("step", "round", "any")
+"""Where a rule applies (its ``sync_period`` fact): to per-step averaged gradients only (``step``:
+it reasons about one step's gradient and the weights it was computed at), to the outer step of a
+period-H engine only (``round``: trainer.sync_every > 1, pseudo-gradients), or to either (``any``)."""
 
 
 class Staleness(ABC):
@@ -43,6 +49,8 @@ class Staleness(ABC):
     stepping: bool = False
     #: indices of parameters no rank had a gradient for: ``step_optimizer`` leaves their ``.grad`` None
     without_grad: tuple[int, ...] = ()
+    #: one of :data:`SYNC_PERIODS`: per-step gradients, the outer step of trainer.sync_every > 1, or either
+    sync_period: ClassVar[str] = "step"
 
     def bind(self, params: Sequence[Tensor], optimizer: torch.optim.Optimizer) -> None:
         """ValueError (:func:`check_optimizer`) for an optimizer whose update the rule cannot follow."""
@@ -60,6 +68,10 @@ class Staleness(ABC):
     def skip(self) -> None:
         """The oldest launched step's average is dropped (trainer.nonfinite=skip): forget what
         ``launched`` kept for it, as if that step had never run."""
+
+    def filled(self) -> None:
+        """A launch that applied nothing (the pipeline filling): called by an engine whose rule
+        acts at every launch (:class:`~pipesgd.engine.diloco.PipeDiLoCo`); default: nothing."""
 
     @abstractmethod
     def apply(self, avg: Tensor) -> None:

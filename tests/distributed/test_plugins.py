@@ -108,6 +108,10 @@ def _engine(kind: str, name: str, model):
                "staleness": name if kind == "staleness" else "none", "width": 2}
     if kind == "allreduce":
         options["allreduce"] = _allreduce(name)
+    if kind == "staleness" and registry("staleness").facts(name)["sync_period"] == "round":
+        from pipesgd.engine.diloco import PipeDiLoCo  # an outer-step rule: rounds of 2 inner steps
+
+        return PipeDiLoCo(opt, model.parameters(), 2, **options)
     return PipeSGD(opt, model.parameters(), **options)
 
 

@@ -13,10 +13,13 @@ from torch import nn
 
 from distributed_utils import run_workers
 from pipesgd import PipeSGD
+from pipesgd.registry import registry
 from pipesgd.staleness import available, make_staleness
 from engine_reference import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, reference
 
-COMPENSATIONS = [name for name in available() if name != "none"]
+# every registered rule for per-step gradients (eager, the outer step's, is tests/distributed/test_diloco.py's)
+COMPENSATIONS = [name for name in available() if name != "none"
+                 and registry("staleness").facts(name)["sync_period"] != "round"]
 
 ETA, LAMBDA = 0.1, 0.5
 
@@ -356,7 +359,15 @@ def test_state_dict_round_trip_resumes_exactly(name):
 
 
 def test_unknown_staleness_and_bad_lambda_name_the_value():
-    with pytest.raises(ValueError, match="staleness='late'.*allowed: none, dc, dga, lookahead, predict"):
+    with pytest.raises(ValueError, match="staleness='late'.*allowed: none, dc, dga, eager, lookahead, predict"):
         make_staleness("late")
     with pytest.raises(ValueError, match=r"staleness.dc_lambda=-1.*>= 0"):
         make_staleness("dc", dc_lambda=-1)
+
+
+def test_the_outer_rule_is_refused_on_per_step_gradients():
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    with pytest.raises(ValueError, match=r"staleness=eager applies only the outer step of rounds; run it with "
+                                         r"sync_every > 1"):
+        PipeSGD(opt, model.parameters(), width=2, staleness="eager")

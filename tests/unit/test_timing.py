@@ -461,3 +461,18 @@ def test_a_calibrations_barrier_reaches_the_runs_prediction(tmp_path):
         load_calibration(tmp_path / "bad.json")
     with pytest.raises(ValueError, match="barrier_s must be a finite number >= 0"):
         TimingModel(Link(A, B), barrier_s=float("nan"))
+
+
+def test_a_period_h_round_is_one_iteration_of_the_same_schedule():
+    """trainer.sync_every=H: one exchange per round of H steps; per step, width 1 pays comm/H on
+    top of compute, width 2 hides it behind the round's compute until comm exceeds H·compute."""
+    link = Link.from_bandwidth(parse_bandwidth("5mbit"), 0.0)
+    nbytes, compute = 4.96e6, 0.5  # the GPT's gradient, 0.5 s of compute per step
+    comm_ms = predict_iter_ms("sync", "ring", nbytes, 2, link, 0.0)  # width 1, nothing to overlap: the exchange
+    for h in (1, 4, 32):
+        blocking = predict_iter_ms("sync", "ring", nbytes, 2, link, compute, sync_every=h)
+        assert blocking == pytest.approx(1e3 * compute + comm_ms / h)
+        pipelined = predict_iter_ms("pipe", "ring", nbytes, 2, link, compute, width=2, sync_every=h)
+        assert pipelined == pytest.approx(max(1e3 * compute, comm_ms / h))
+    with pytest.raises(ValueError, match="sync_every=4 is not available with mode 'ddp'"):
+        predict_iter_ms("ddp", "ring", nbytes, 2, link, compute, sync_every=4)

@@ -1,0 +1,336 @@
+"""PipeDiLoCo, the width-K pipeline at a synchronization period H (``trainer.sync_every=H > 1``):
+DiLoCo, with its outer step carried by PipeSGD's own schedule. docs/period-h.md draws it.
+
+Every step the inner optimizer steps this replica's weights with its own gradient. Every H steps
+(a round) the pseudo-gradient Δ = anchor - weights goes to a :class:`~pipesgd.engine.pipe.PipeSGD`
+whose parameters are the anchor and whose optimizer is the outer one: launched now, averaged on
+the communication thread through the same reduction, allreduce and compressor a gradient takes
+(int8 in the ring, error feedback, the non-finite flag), and applied by the outer rule (``none``:
+the plain delayed outer step; ``eager``) K-1 rounds later, when the pipe's schedule says so.
+Then the weights start the next round from the anchor. Width 1 is blocking DiLoCo; width 2 keeps
+one outer step in flight behind a whole round of compute. With ``fragments=F`` (streaming DiLoCo)
+the parameters are F contiguous fragments, each with its own anchor, outer optimizer and pipe, whose
+rounds end at staggered steps (fragment f at steps ≡ (f+1)·H/F mod H), so an exchange carries 1/F
+of the model every H/F steps; the pipes share one communication thread, which keeps their
+collectives in one order on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+
+import torch
+from torch import Tensor
+
+from .. import trace
+from ..comm import CommStats, CommThread
+from ..compress import Compressor
+from ..flat import assign_params, flat_params, state_to_device
+from ..reduction import Reduction
+from ..staleness import Staleness, make_staleness
+from .base import Engine, StepStats, T
+from .pipe import PipeSGD, _broadcast_from_first_rank
+
+OuterFactory = Callable[[list[Tensor]], torch.optim.Optimizer]
+
+DEFAULT_OUTER = functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)
+"""The DiLoCo papers' outer optimizer: SGD with Nesterov momentum, lr 0.7, momentum 0.9."""
+
+
+class _Fragment:
+    """One contiguous slice of the parameters: its anchor, outer optimizer and pipe, and the
+    inner step (1..H) its rounds end at."""
+
+    def __init__(self, params: list[Tensor], offset: int, outer: OuterFactory, pipe_args: dict):
+        self.params, self.offset = params, offset
+        # The anchor: leaf tensors the outer optimizer steps; requires_grad only so the exchange
+        # takes them as parameters (no autograd graph ever reaches them).
+        self.anchor = [p.detach().clone().requires_grad_(True) for p in params]
+        self.outer = outer(self.anchor)
+        self.pipe = PipeSGD(self.outer, self.anchor, pseudo_gradients=True, **pipe_args)
+        self.rule = self.pipe.staleness
+        self.rule.replicas = self.pipe.world_size
+        self.numel = sum(p.numel() for p in params)
+
+    def end_round(self) -> StepStats:
+        """Launch the round's pseudo-gradient, let the pipe apply what is due, restart from the anchor."""
+        with torch.no_grad():
+            for a, p in zip(self.anchor, self.params):
+                # into the gradient the last outer step left (a buffer the exchange lent and got
+                # back): the pipe's flatten then lends that very buffer again, copying nothing
+                if a.grad is None:
+                    a.grad = torch.empty_like(a)
+                torch.sub(a, p, out=a.grad)
+        own_bad = not torch.isfinite(torch.stack([a.grad.sum() for a in self.anchor]).sum()).item()
+        stats = self.pipe.step()
+        if not stats.applied and not stats.skipped:
+            self.rule.filled()
+        stats.metrics = {"own_nonfinite": float(own_bad)}
+        self.restart()
+        return stats
+
+    def restart(self) -> None:
+        assign_params(self.params, flat_params(self.anchor))
+
+
+def split(params: list[Tensor], fragments: int) -> list[list[Tensor]]:
+    """``params`` in order, cut into ``fragments`` contiguous runs of about equal numel (each at
+    least one tensor); ValueError if there are fewer tensors than fragments."""
+    if fragments > len(params):
+        raise ValueError(f"fragments={fragments} is more than the model's {len(params)} parameter tensors")
+    total = sum(p.numel() for p in params)
+    out: list[list[Tensor]] = [[]]
+    seen = 0
+    for i, p in enumerate(params):
+        left = len(params) - i  # tensors still to place, this one included
+        cut = seen >= total * len(out) / fragments or fragments - len(out) >= left
+        if out[-1] and cut and len(out) < fragments:
+            out.append([])
+        out[-1].append(p)
+        seen += p.numel()
+    return out
+
+
+class PipeDiLoCo(Engine):
+    """DiLoCo whose outer step runs through the width-K pipeline.
+
+    ``optimizer`` is the inner optimizer over ``params`` (any ``torch.optim`` optimizer; AdamW in
+    the papers); ``step()`` after each ``loss.backward()`` steps it with this rank's own gradient,
+    and every ``sync_every`` calls ends a round: the round's pseudo-gradient anchor - params is
+    launched, the average of the round ``width - 1`` rounds back is applied to the anchor by
+    ``outer_optimizer`` (a callable building an optimizer over the anchor tensors, default
+    :data:`DEFAULT_OUTER`) under ``staleness`` (``"none"``, or ``"eager"`` at width 2), and
+    ``params`` take the anchor's values. ``flush()`` ends a partial round early and applies every
+    round still in flight; afterwards every replica holds the anchor. ``compressor``,
+    ``allreduce``, ``group``, ``nonfinite`` and ``timeout_s`` are PipeSGD's, applied to the
+    pseudo-gradient: a round whose pseudo-gradient is non-finite on any rank is dropped on every
+    rank (``nonfinite="skip"``), and the rank whose own was non-finite also clears its inner
+    optimizer's state, which the non-finite steps wrote. ``fragments=F`` (a divisor of
+    ``sync_every``) streams the model in F staggered fragments (the module docstring).
+
+    The anchor is the model every replica trains towards: :meth:`consistent_weights` (evaluation,
+    replica checks) puts it into ``params``. With ``"none"`` it is identical on every rank; with
+    ``"eager"`` each replica's anchor carries its own freshest pseudo-gradient / M, so replicas
+    differ (:attr:`replicas_agree` is False). At construction every rank takes the first rank's
+    ``params`` (and ``module``'s buffers), as PipeSGD does. The inner optimizer is this engine's:
+    calling ``optimizer.step()`` directly raises, as with PipeSGD.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: Iterable[Tensor], sync_every: int,
+                 width: int = 2, outer_optimizer: OuterFactory | None = None,
+                 staleness: str | Staleness = "none", compressor: str | Compressor | Reduction | None = "none",
+                 allreduce: str | Callable[..., CommStats] = "auto", group=None, nonfinite: str = "abort",
+                 timeout_s: float | None = None, module: torch.nn.Module | None = None, fragments: int = 1):
+        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+            raise ValueError(f"sync_every must be an integer >= 1 (inner steps per round), got {sync_every!r}")
+        if isinstance(fragments, bool) or not isinstance(fragments, int) or fragments < 1 or sync_every % fragments:
+            raise ValueError(f"fragments must be an integer >= 1 that divides sync_every={sync_every} (the "
+                             f"fragments' rounds end sync_every/fragments steps apart), got {fragments!r}")
+        rule = make_staleness(staleness)
+        if rule.sync_period == "step":
+            raise ValueError(f"staleness={rule.name} is a rule for per-step gradients and cannot apply a round's "
+                             "pseudo-gradient; use staleness=none or staleness=eager with sync_every")
+        if rule.name == "eager" and width != 2:
+            raise ValueError(f"staleness=eager keeps exactly one outer step in flight: it needs width=2, got "
+                             f"width={width}")
+        self.optimizer = optimizer
+        self.params = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise ValueError("params has no tensor with requires_grad=True: nothing to train")
+        self.sync_every, self.width = sync_every, width
+        _broadcast_from_first_rank([*self.params, *(module.buffers() if module is not None else ())], group)
+        # fragments share one communication thread: one FIFO keeps their collectives in one order
+        self._thread = CommThread() if fragments > 1 else None
+        step = sync_every // fragments
+        # one rule and one compressor per fragment (their state is the fragment's), copied unbound
+        rules = [rule, *(copy.deepcopy(rule) for _ in range(fragments - 1))]
+        compressors = [compressor, *(copy.deepcopy(compressor) for _ in range(fragments - 1))]
+        self.fragments = [
+            _Fragment(part, (f + 1) * step, outer_optimizer or DEFAULT_OUTER,
+                      dict(width=width, compressor=compressors[f], allreduce=allreduce, group=group,
+                           staleness=rules[f], nonfinite=nonfinite, timeout_s=timeout_s, comm_thread=self._thread))
+            for f, part in enumerate(split(self.params, fragments))]
+        first = self.fragments[0]
+        self.rule = first.rule
+        self.nonfinite = first.pipe.nonfinite if fragments == 1 else _Policies([f.pipe for f in self.fragments])
+        self.compressor = first.pipe.compressor
+        self.replicas_agree = rule.sync_period != "round"
+        self.steps = 0
+        self.last = StepStats()
+        self._stepping = False
+        self._guard = optimizer.register_step_pre_hook(self._check_stepping)
+
+    @property
+    def anchor(self) -> list[Tensor]:
+        return [a for f in self.fragments for a in f.anchor]
+
+    @property
+    def rounds(self) -> int:
+        """Rounds launched so far (by the last fragment, the whole model's when unfragmented)."""
+        return self.fragments[-1].pipe.steps
+
+    @property
+    def in_round(self) -> int:
+        """Inner steps since the last fragment's round ended."""
+        return self.steps % self.sync_every
+
+    @property
+    def in_flight(self) -> int:
+        return sum(f.pipe.in_flight for f in self.fragments)
+
+    def step(self) -> StepStats:
+        """One inner step with this rank's gradient; the outer exchange of each fragment whose round ends here."""
+        t0 = time.perf_counter()
+        with trace.current().span("update", "update", self.steps):
+            self._stepping = True
+            try:
+                self.optimizer.step()
+            finally:
+                self._stepping = False
+        self.steps += 1
+        due = [f for f in self.fragments if (self.steps - f.offset) % self.sync_every == 0]
+        stats = self._end_rounds(due) if due else StepStats()
+        stats.update_s += time.perf_counter() - t0
+        stats.applied = True  # the inner step applied, whatever the outer one did
+        self.last = stats
+        return stats
+
+    def _end_rounds(self, fragments: list[_Fragment]) -> StepStats:
+        stats = StepStats()
+        own_bad = False
+        for f in fragments:
+            s = f.end_round()
+            own_bad |= bool(s.metrics.pop("own_nonfinite"))
+            stats.pack_s += s.pack_s
+            stats.wait_s += s.wait_s
+            stats.update_s += s.update_s
+            stats.comm += s.comm
+            stats.wait_spans += s.wait_spans
+            stats.skipped |= s.skipped
+            stats.staleness = max(stats.staleness, s.staleness)
+        if own_bad:
+            self.optimizer.state.clear()  # the non-finite inner steps wrote it; the round is dropped
+        stats.metrics = {"outer/round": float(self.rounds),
+                         "outer/bytes_per_step": stats.comm.wire_bytes * len(self.fragments) / self.sync_every}
+        return stats
+
+    def flush(self) -> StepStats:
+        """End partial rounds early, apply every round in flight; params = the anchor after."""
+        partial = [f for f in self.fragments if (self.steps - f.offset) % self.sync_every and self.steps]
+        stats = self._end_rounds(partial) if partial else StepStats()
+        for f in self.fragments:
+            flushed = f.pipe.flush()
+            stats.wait_s += flushed.wait_s
+            stats.comm += flushed.comm
+            stats.applied = stats.applied or flushed.applied
+            f.restart()
+        return stats
+
+    def _check_stepping(self, optimizer, args, kwargs) -> None:
+        if not self._stepping:
+            raise RuntimeError("optimizer.step() was called directly on the inner optimizer a PipeDiLoCo engine "
+                               "owns; call engine.step() instead (it steps the inner optimizer and ends rounds), "
+                               "or engine.close() to release it")
+
+    def consistent_weights(self) -> AbstractContextManager:
+        """Inside: ``params`` hold the anchor (this replica's; see :attr:`replicas_agree`)."""
+        return self._anchor_in_params()
+
+    @contextlib.contextmanager
+    def _anchor_in_params(self) -> Iterator[None]:
+        local = flat_params(self.params)
+        assign_params(self.params, flat_params(self.anchor))
+        try:
+            yield
+        finally:
+            assign_params(self.params, local)
+
+    def collective(self, fn: Callable[[], T], what: str = "a collective") -> T:
+        return self.fragments[0].pipe.collective(fn, what)
+
+    def check_replicas(self) -> None:
+        """PipeSGD's check on each fragment's anchor (``staleness=none``: identical on every rank)."""
+        if not self.replicas_agree:
+            raise RuntimeError("staleness=eager replicas differ by their own fresh pseudo-gradient by design; "
+                               "there is nothing every replica must agree on to check")
+        for f in self.fragments:
+            f.pipe.check_replicas()
+
+    shared_state = ("pending", "pending_nonfinite")
+
+    def state_dict(self) -> dict:
+        """Per fragment, the pipe's state (rounds in flight, waited for; the outer rule's and the
+        reduction's state), the anchor and the outer optimizer; the step; and this rank's own
+        weights and inner optimizer state, which differ from rank 0's mid-round (a checkpoint saves
+        the model and the optimizer from rank 0 only). ``pending``: one list per fragment."""
+        pipes = [f.pipe.state_dict() for f in self.fragments]
+        return {"width": self.width, "steps": self.steps, "sync_every": self.sync_every,
+                "fragments": len(self.fragments),
+                "pending": [p.pop("pending") for p in pipes],
+                "pending_nonfinite": [p.pop("pending_nonfinite") for p in pipes], "pipes": pipes,
+                "anchor": flat_params(self.anchor), "outer_optimizers": [f.outer.state_dict() for f in self.fragments],
+                "local": flat_params(self.params), "inner_optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, mine in (("width", self.width), ("sync_every", self.sync_every), ("fragments", len(self.fragments))):
+            if state.get(key) != mine:
+                raise ValueError(f"checkpoint has {key}={state.get(key)}, engine has {key}={mine}")
+        device = self.params[0].device
+        state = state_to_device(state, device)
+        numel = sum(p.numel() for p in self.params)
+        for key in ("anchor", "local"):
+            if state[key].numel() != numel:
+                raise ValueError(f"checkpoint's {key} has {state[key].numel()} values, model has {numel}")
+        anchors = state["anchor"].split([f.numel for f in self.fragments])
+        for f, pipe, pending, flags, anchor, outer in zip(self.fragments, state["pipes"], state["pending"],
+                                                          state["pending_nonfinite"], anchors,
+                                                          state["outer_optimizers"]):
+            f.pipe.load_state_dict({**pipe, "pending": pending, "pending_nonfinite": flags})
+            assign_params(f.anchor, anchor)
+            # a copy: torch's load_state_dict keeps the caller's tensors as the momentum buffers it
+            # then steps in place, so a state loaded twice (or shared) would change under the caller
+            f.outer.load_state_dict(copy.deepcopy(outer))
+        assign_params(self.params, state["local"])
+        if state.get("inner_optimizer") is not None:
+            self.optimizer.load_state_dict(copy.deepcopy(state["inner_optimizer"]))
+        self.steps = int(state["steps"])
+
+    def state_for_new_rank(self, state: dict) -> dict:
+        """A rank that did not exist before an elastic resume starts its round from the donor's
+        anchor with a fresh inner optimizer, owns no pseudo-gradient in flight (eager: zeros) and
+        none of the donor's error-feedback residual."""
+        pipes = []
+        for f, pipe in zip(self.fragments, state["pipes"]):
+            pipe = f.pipe.state_for_new_rank(pipe)
+            if "own" in pipe.get("staleness", {}):
+                pipe = {**pipe, "staleness": {**pipe["staleness"],
+                                              "own": [torch.zeros_like(t) for t in pipe["staleness"]["own"]]}}
+            pipes.append(pipe)
+        return {**state, "pipes": pipes, "local": state["anchor"].clone(), "inner_optimizer": None}
+
+    def summary(self) -> dict:
+        return {"sync_every": self.sync_every, "fragments": len(self.fragments), "rounds": self.rounds,
+                "outer_rule": self.rule.name}
+
+    def close(self) -> None:
+        self._guard.remove()
+        for f in self.fragments:
+            f.pipe.close()
+        if self._thread is not None:
+            self._thread.close()
+
+
+class _Policies:
+    """The fragments' non-finite policies as one (what the trainer and the summary read)."""
+
+    def __init__(self, pipes: list[PipeSGD]):
+        self._policies = [p.nonfinite for p in pipes]
+
+    @property
+    def skipped(self) -> list[int]:
+        return sorted(s for p in self._policies for s in p.skipped)

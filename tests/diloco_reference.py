@@ -1,0 +1,80 @@
+"""The single-process reference of the period-H rules (PipeDiLoCo): p simulated replicas, each with
+its own weights, inner optimizer, anchor and outer optimizer, and the outer step of the round
+``width - 1`` rounds back applied under the rule ``none`` or ``eager`` (docs/period-h.md)."""
+
+from collections import deque
+from functools import partial
+
+import torch
+
+from engine_reference import LR, MOMENTUM, flat_params, loss_of, make_model
+
+OUTER = partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)
+INNER = partial(torch.optim.SGD, lr=LR, momentum=MOMENTUM)
+
+
+def diloco_reference(p: int, sync_every: int, width: int, steps: int, rule: str = "none",
+                     outer=OUTER, inner=INNER, fragments: list[int] | None = None) -> list[torch.Tensor]:
+    """Every replica's final weights (after the flush) as flat tensors, one per replica.
+    ``fragments``: how many parameter tensors each fragment takes, in order (None: one fragment);
+    fragment f's rounds end at the steps ≡ (f+1)·H/F (mod H)."""
+    models = [make_model() for _ in range(p)]
+    inners = [inner(m.parameters()) for m in models]
+    sizes = fragments or [len(list(models[0].parameters()))]
+    cuts = [sum(sizes[:f]) for f in range(len(sizes) + 1)]
+    frag_params = [[list(m.parameters())[cuts[f]:cuts[f + 1]] for f in range(len(sizes))] for m in models]
+    anchors = [[[q.detach().clone() for q in fp] for fp in frag_params[m]] for m in range(p)]
+    outers = [[outer(a) for a in anchors[m]] for m in range(p)]
+    own = [[deque() for _ in sizes] for _ in range(p)]
+    pending = [deque() for _ in sizes]
+    offsets = [(f + 1) * sync_every // len(sizes) for f in range(len(sizes))]
+
+    def outer_step(m, f, grad):
+        for a, g in zip(anchors[m][f], grad):
+            a.grad = g.clone()
+        outers[m][f].step()
+
+    def apply_oldest(f):
+        late = pending[f].popleft()
+        for m in range(p):
+            prev = own[m][f].popleft()
+            g = late
+            if rule == "eager":
+                fresh = own[m][f][-1] if own[m][f] else [torch.zeros_like(x) for x in prev]
+                g = [lt - pv / p + fr / p for lt, pv, fr in zip(late, prev, fresh)]
+            outer_step(m, f, g)
+
+    def restart(f):
+        with torch.no_grad():
+            for m in range(p):
+                for a, q in zip(anchors[m][f], frag_params[m][f]):
+                    q.copy_(a)
+
+    def end_round(f):
+        deltas = [[a - q.detach() for a, q in zip(anchors[m][f], frag_params[m][f])] for m in range(p)]
+        pending[f].append([sum(ds) / p for ds in zip(*deltas)])
+        for m in range(p):
+            own[m][f].append(deltas[m])
+        if len(pending[f]) == width:
+            apply_oldest(f)
+        elif rule == "eager":  # the fill: a zero late average
+            for m in range(p):
+                outer_step(m, f, [d / p for d in own[m][f][-1]])
+        restart(f)
+
+    for t in range(steps):
+        for m in range(p):
+            inners[m].zero_grad()
+            loss_of(models[m], m, t).backward()
+            inners[m].step()
+        for f, offset in enumerate(offsets):
+            if (t + 1 - offset) % sync_every == 0:
+                end_round(f)
+    for f, offset in enumerate(offsets):
+        if (steps - offset) % sync_every:
+            end_round(f)
+    for f in range(len(sizes)):
+        while pending[f]:
+            apply_oldest(f)
+        restart(f)
+    return [flat_params(m) for m in models]

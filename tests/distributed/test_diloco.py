@@ -1,0 +1,274 @@
+"""The period-H engine (PipeDiLoCo) against single-process references of its rules: blocking DiLoCo,
+the pipelined outer step under ``none`` and ``eager``, H = 1 against synchronous SGD and Pipe-SGD,
+int8 in the ring within its rounding, and resume mid-round and mid-flight bit for bit."""
+
+from functools import partial
+
+import pytest
+import torch
+
+from diloco_reference import INNER, OUTER, diloco_reference
+from distributed_utils import run_workers
+from engine_reference import STEPS, flat_params, loss_of, make_model, reference
+from pipesgd.engine.diloco import PipeDiLoCo
+
+H = 3  # 20 steps: six whole rounds and a partial one that flush() ends
+
+
+def _run(rank, p, sync_every, width, rule, compressor="none", outer=OUTER, steps=STEPS):
+    model = make_model()
+    opt = INNER(model.parameters())
+    with PipeDiLoCo(opt, model.parameters(), sync_every, width=width, outer_optimizer=outer, staleness=rule,
+                    compressor=compressor, allreduce="ring") as engine:
+        comm = []
+        for t in range(steps):
+            opt.zero_grad()
+            loss_of(model, rank, t).backward()
+            stats = engine.step()
+            assert stats.applied
+            comm.append(stats.comm.wire_bytes > 0)
+        engine.flush()
+        assert engine.in_flight == 0
+    return flat_params(model), comm
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("width,rule", [(1, "none"), (2, "none"), (2, "eager"), (3, "none")])
+def test_period_h_equals_reference(width, rule):
+    expected = diloco_reference(2, H, width, STEPS, rule)
+    results = run_workers(_run, 2, H, width, rule)
+    for rank, (params, comm) in enumerate(results):
+        assert (params - expected[rank]).abs().max() <= 1e-6, f"rank {rank}"
+        # bytes move once per round only: at the ends of rounds whose average was applied then
+        assert not any(c for t, c in enumerate(comm) if (t + 1) % H), "an exchange outside a round's end"
+    if rule == "none":
+        assert torch.equal(results[0][0], results[1][0]), "replicas differ under staleness=none"
+    else:  # each eager replica's own fresh terms went through its outer momentum: replicas differ
+        assert not torch.equal(results[0][0], results[1][0])
+    # the rules really differ from each other and from blocking DiLoCo (the comparisons can fail)
+    blocking = diloco_reference(2, H, 1, STEPS, "none")[0]
+    if width > 1:
+        assert (blocking - expected[0]).abs().max() > 1e-4
+
+
+def test_eager_differs_from_none():
+    assert (diloco_reference(2, H, 2, STEPS, "eager")[0] - diloco_reference(2, H, 2, STEPS, "none")[0]).abs().max() > 1e-4
+
+
+@pytest.mark.timeout(180)
+def test_h1_with_plain_outer_step_is_synchronous_sgd_and_pipe_sgd():
+    """An outer SGD step of lr 1 without momentum on one inner SGD-momentum step per round: at
+    width 1 the average of the inner steps is synchronous SGD's step (momentum and weight decay
+    are linear), at width 2 under ``none`` it is Pipe-SGD's width-2 rule with staleness=none."""
+    plain = partial(torch.optim.SGD, lr=1.0)
+    for width in (1, 2):
+        results = run_workers(_run, 2, 1, width, "none", "none", plain)
+        for params, _ in results:
+            assert (params - reference(2, width)).abs().max() <= 1e-6, f"width {width}"
+
+
+def _int8_round(rank, p):
+    """One round at width 1 with a plain outer step: the anchor moves by the averaged pseudo-gradient."""
+    model = make_model()
+    opt = INNER(model.parameters())
+    start = flat_params(model)
+    with PipeDiLoCo(opt, model.parameters(), H, width=1, outer_optimizer=partial(torch.optim.SGD, lr=1.0),
+                    compressor="int8", allreduce="ring") as engine:
+        for t in range(H):
+            opt.zero_grad()
+            loss_of(model, rank, t).backward()
+            engine.step()
+        stats = engine.last
+    return start - flat_params(model), stats.comm.wire_bytes, stats.comm.raw_bytes
+
+
+@pytest.mark.timeout(120)
+def test_int8_in_the_ring_on_pseudo_gradients_within_its_rounding():
+    """int8 rounds each value to within max|block|/254 per encoding; a p=2 ring encodes a chunk on
+    the reduce-scatter hop and its sum on the all-gather hop: within 2 x max|Δ| / 254 of the exact average."""
+    models = [make_model() for _ in range(2)]
+    deltas = []
+    for m, model in enumerate(models):
+        opt = INNER(model.parameters())
+        start = flat_params(model)
+        for t in range(H):
+            opt.zero_grad()
+            loss_of(model, m, t).backward()
+            opt.step()
+        deltas.append(start - flat_params(model))
+    exact = sum(deltas) / 2
+    bound = 2 * max(d.abs().max() for d in deltas).item() / 254
+    for moved, wire, raw in run_workers(_int8_round, 2):
+        err = (moved - exact).abs().max().item()
+        assert err <= bound, f"int8 average off by {err:.3g} > {bound:.3g}"
+        assert err > 0, "int8 carried the pseudo-gradient exactly: was it compressed at all?"
+        assert wire < raw / 3, "int8 should send about a quarter of fp32's bytes"
+
+
+def _resume(rank, p, width, rule, stop, fragments=1, h=H):
+    """Train to ``stop``, save every part of the state, rebuild everything and continue to STEPS."""
+    def build():
+        model = make_model()
+        opt = INNER(model.parameters())
+        return model, opt, PipeDiLoCo(opt, model.parameters(), h, width=width, staleness=rule, allreduce="ring",
+                                      fragments=fragments)
+
+    model, opt, engine = build()
+    for t in range(STEPS):
+        if t == stop:
+            saved = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "engine": engine.state_dict()}
+            engine.close()
+            model, opt, engine = build()
+            model.load_state_dict(saved["model"])
+            engine.load_state_dict(saved["engine"])
+        opt.zero_grad()
+        loss_of(model, rank, t).backward()
+        engine.step()
+    engine.flush()
+    engine.close()
+    return flat_params(model)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("width,rule,stop,fragments,h", [(2, "eager", 7, 1, H), (2, "none", 10, 1, H),
+                                                          (1, "none", 4, 1, H), (2, "eager", 7, 2, 4)])
+def test_resume_mid_round_and_mid_flight_is_bit_exact(width, rule, stop, fragments, h):
+    """stop=7 and 4: inside a round (in_round 1) with, at width 2, a round in flight; 10: also;
+    with two fragments of rounds of 4, step 7 is inside both fragments' rounds, both in flight."""
+    resumed = run_workers(_resume, 2, width, rule, stop, fragments, h)
+    uninterrupted = run_workers(_resume, 2, width, rule, STEPS + 1, fragments, h)
+    for a, b in zip(resumed, uninterrupted):
+        assert torch.equal(a, b)
+
+
+def test_refusals_name_their_option():
+    model = make_model()
+    opt = INNER(model.parameters())
+    with pytest.raises(ValueError, match="staleness=eager .* width=2, got width=1"):
+        PipeDiLoCo(opt, model.parameters(), H, width=1, staleness="eager")
+    with pytest.raises(ValueError, match="staleness=lookahead is a rule for per-step gradients"):
+        PipeDiLoCo(opt, model.parameters(), H, width=2, staleness="lookahead")
+    with pytest.raises(ValueError, match="sync_every must be an integer >= 1"):
+        PipeDiLoCo(opt, model.parameters(), 0)
+
+
+def test_inner_optimizer_is_the_engines():
+    model = make_model()
+    opt = INNER(model.parameters())
+    engine = PipeDiLoCo(opt, model.parameters(), H)
+    loss_of(model, 0, 0).backward()
+    with pytest.raises(RuntimeError, match="call engine.step"):
+        opt.step()
+    engine.close()
+    opt.step()  # released
+
+
+def test_lone_process_runs_the_same_rule():
+    for width, rule in ((1, "none"), (2, "eager")):
+        params, _ = _run(0, 1, H, width, rule)
+        assert (params - diloco_reference(1, H, width, STEPS, rule)[0]).abs().max() <= 1e-6
+
+
+def test_sync_every_1_is_todays_engine_and_config():
+    """The default builds today's PipeSGD with no outer optimizer, and the config digest a run had
+    before sync_every existed (its keys are dropped at 1), so old checkpoints still resume."""
+    from pipesgd.checkpoint import hashed_config
+    from pipesgd.engine import ModeArgs
+    from pipesgd.engine.build import build
+    from pipesgd.engine.pipe import PipeSGD
+
+    model = make_model()
+    args = dict(model=model, optimizer=INNER(model.parameters()), width=2, compressor="none", allreduce="ring",
+                group=None, world_size=1, warmup_sync_steps=0, device=torch.device("cpu"))
+    _, engine = build("pipe", ModeArgs(**args))
+    assert type(engine) is PipeSGD
+    engine.close()
+    _, engine = build("pipe", ModeArgs(**args, sync_every=4, outer_optimizer=OUTER))
+    assert type(engine) is PipeDiLoCo and engine.sync_every == 4
+    engine.close()
+    old = {"trainer": {"mode": "pipe", "width": 2}, "optimizer": {"lr": 0.1}}
+    new = {"trainer": {"mode": "pipe", "width": 2, "sync_every": 1}, "optimizer": {"lr": 0.1},
+           "outer_optimizer": {"_target_": "torch.optim.SGD", "lr": 0.7}}
+    assert hashed_config(new) == hashed_config(old)
+    assert hashed_config({**new, "trainer": {**new["trainer"], "sync_every": 4}}) != hashed_config(old)
+
+
+def _elastic(rank, world, saved):
+    """Ranks of a 3-rank world load a 2-rank run's step-7 state as an elastic resume does (a new
+    rank takes a surviving rank's per-rank state through state_for_new_rank) and train on."""
+    from pipesgd.elastic import rank_state
+
+    model = make_model()
+    opt = INNER(model.parameters())
+    engine = PipeDiLoCo(opt, model.parameters(), H, width=2, allreduce="ring")
+    shared = {k: saved[0][k] for k in engine.shared_state}
+    ranks = [{"engine": {k: v for k, v in s.items() if k not in engine.shared_state}} for s in saved]
+    mine = rank_state(ranks, rank, engine.state_for_new_rank)
+    engine.load_state_dict({**mine["engine"], **shared})
+    for t in range(7, STEPS):
+        opt.zero_grad()
+        loss_of(model, rank, t).backward()
+        engine.step()
+    engine.flush()
+    engine.check_replicas()  # the anchors agree on the new world (none)
+    engine.close()
+    return flat_params(model), mine.get("new_rank", False)
+
+
+def _saved_states(rank, world):
+    model = make_model()
+    opt = INNER(model.parameters())
+    with PipeDiLoCo(opt, model.parameters(), H, width=2, allreduce="ring") as engine:
+        for t in range(7):
+            opt.zero_grad()
+            loss_of(model, rank, t).backward()
+            engine.step()
+        return engine.state_dict()
+
+
+@pytest.mark.timeout(180)
+def test_elastic_resume_onto_more_ranks():
+    saved = run_workers(_saved_states, 2)
+    out = run_workers(_elastic, 3, saved)
+    assert [new for _, new in out] == [False, False, True]
+    assert torch.equal(out[0][0], out[2][0]) and torch.equal(out[0][0], out[1][0])
+
+
+def _run_fragments(rank, p, width, rule):
+    model = make_model()
+    opt = INNER(model.parameters())
+    with PipeDiLoCo(opt, model.parameters(), 4, width=width, staleness=rule, allreduce="ring",
+                    fragments=2) as engine:
+        sent = []
+        for t in range(STEPS + 1):  # 21 steps: both fragments end on a partial round
+            opt.zero_grad()
+            loss_of(model, rank, t).backward()
+            sent.append(engine.step().comm.raw_bytes)
+        engine.flush()
+    return flat_params(model), sent
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("width,rule", [(1, "none"), (2, "none"), (2, "eager")])
+def test_streaming_fragments_equal_their_reference(width, rule):
+    """Two fragments of the test model (its first weight, 320 values; the rest, 131), rounds of 4:
+    fragment 0 ends rounds at steps 2, 6, 10, ..., fragment 1 at 4, 8, 12, ..., each pipelined."""
+    from pipesgd.engine.diloco import split
+
+    assert [len(f) for f in split(list(make_model().parameters()), 2)] == [1, 3]
+    expected = diloco_reference(2, 4, width, STEPS + 1, rule, fragments=[1, 3])
+    whole = diloco_reference(2, 4, width, STEPS + 1, rule)
+    for rank, (params, sent) in enumerate(run_workers(_run_fragments, 2, width, rule)):
+        assert (params - expected[rank]).abs().max() <= 1e-6
+        # a fragment's bytes at the steps its average lands: alternately the first weight's and the rest's
+        lands = [s for s in sent if s]
+        assert len(set(lands)) == 2 and all(a != b for a, b in zip(lands, lands[1:]))
+    assert (expected[0] - whole[0]).abs().max() > 1e-4, "streaming differs from the whole-model rounds"
+
+
+def test_fragments_must_divide_the_period():
+    model = make_model()
+    with pytest.raises(ValueError, match="fragments must be an integer >= 1 that divides sync_every=4"):
+        PipeDiLoCo(INNER(model.parameters()), model.parameters(), 4, fragments=3)
+    with pytest.raises(ValueError, match="fragments=8 is more than the model's 4 parameter tensors"):
+        PipeDiLoCo(INNER(model.parameters()), model.parameters(), 8, fragments=8)
