@@ -506,21 +506,15 @@ def predict_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link
     ``barrier_s``. ``sync_every=H`` > 1 (the period-H engine of sync and pipe): one exchange a round
     of H steps, so a round is one iteration of the same schedule with H steps' compute and updates
     (width 1: H·compute + comm; width 2: max(H·compute, comm)), and a step is a round / H."""
-    if sync_every > 1:
-        if not get_mode(mode).sync_every:
-            raise ValueError(f"sync_every={sync_every} is not available with mode {mode!r}")
-        return predict_iter_ms(mode, algorithm, nbytes, p, link, sync_every * compute_s, sync_every * update_s,
-                               width, ratio, compress_s_per_byte, forward_fraction=forward_fraction,
-                               overlap_slowdown=overlap_slowdown, bucket_cap_bytes=bucket_cap_bytes,
-                               first_bucket_bytes=first_bucket_bytes, per_node=per_node, intra=intra,
-                               server_on_worker=server_on_worker, barrier_s=barrier_s,
-                               buffers=buffers) / sync_every
+    if sync_every > 1 and not get_mode(mode).sync_every:
+        raise ValueError(f"sync_every={sync_every} is not available with mode {mode!r}")
+    compute_s, update_s = sync_every * compute_s, sync_every * update_s  # a round's
     _, iter_s = _predict_s(mode, algorithm, nbytes, p, link, compute_s, update_s, width, ratio,
                            compress_s_per_byte, forward_fraction=forward_fraction,
                            overlap_slowdown=overlap_slowdown, bucket_cap_bytes=bucket_cap_bytes,
                            first_bucket_bytes=first_bucket_bytes, per_node=per_node, intra=intra,
                            server_on_worker=server_on_worker, barrier_s=barrier_s, buffers=buffers)
-    return iter_s * 1e3
+    return iter_s * 1e3 / sync_every
 
 
 def step_time(mode: str, params: int, compute_s: float, link: Link, p: int, *, compressor="none",
