@@ -8,7 +8,7 @@ import dataclasses
 import difflib
 import inspect
 import sys
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
 from hydra.errors import InstantiationException
@@ -93,7 +93,7 @@ def staleness_rule(cfg: DictConfig) -> str:
 
 
 def validate(cfg: DictConfig, explicit: Collection[str] = (),
-             origin: Callable[[str], str | None] | None = None) -> None:
+             origin: KeyOrigin | None = None) -> None:
     """Raise :class:`ConfigError` naming the first bad key. ``explicit``: the keys set on the command
     line (:func:`command_line_keys`), where a setting the mode does not use is a conflict rather
     than a config file's default for another mode. ``origin``: where a key was set
@@ -152,7 +152,7 @@ _RESERVED = frozenset({"_target_", "_partial_", "_recursive_", "_convert_", "_ar
 CONF = Path(__file__).resolve().parent / "conf"
 
 
-def check_targets(cfg: DictConfig, origin: Callable[[str], str | None] | None = None) -> None:
+def check_targets(cfg: DictConfig, origin: KeyOrigin | None = None) -> None:
     """Every option of an instantiated group (optimizer, scheduler, model, data, compressor,
     staleness, comm, timing, and any ``_target_`` inside them) is a parameter its ``_target_``
     takes: an experiment's ``optimizer.momentum`` outlives ``optimizer=adamw`` otherwise, and the
@@ -160,10 +160,10 @@ def check_targets(cfg: DictConfig, origin: Callable[[str], str | None] | None = 
     for group in cfg:
         node = cfg._get_node(group)
         if isinstance(node, DictConfig) and "_target_" in node:
-            _check_target(str(group), node, origin or (lambda key: None))
+            _check_target(str(group), node, origin or KeyOrigin({}))
 
 
-def _check_target(path: str, node: DictConfig, origin: Callable[[str], str | None]) -> None:
+def _check_target(path: str, node: DictConfig, origin: KeyOrigin) -> None:
     target = str(node._target_)
     try:
         params = inspect.signature(get_object(target)).parameters.values()
@@ -185,7 +185,7 @@ def _check_target(path: str, node: DictConfig, origin: Callable[[str], str | Non
         where = origin(f"{path}.{key}")
         came = f"; it was set by {where}" if where else ""
         group = path.split(".", 1)[0]
-        choice = getattr(origin, "choices", {}).get(group)
+        choice = origin.choices.get(group)
         chosen = f"{group}={choice} ({target})" if choice and path == group else target
         value = OmegaConf.to_container(node, resolve=False).get(key)
         if where and where.startswith("the command line"):
