@@ -496,19 +496,14 @@ def predict_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link
                     intra: Link | None = None, server_on_worker: bool = False, barrier_s: float = 0.0,
                     buffers: bool = False, sync_every: int = 1) -> float:
     """Predicted milliseconds per steady-state iteration: the one call a training run makes to log
-    ``predicted_iter_ms`` next to its measured time. A mode whose reductions overlap backward
-    (ddp) uses DDP's bucketing (``bucket_cap_bytes=None``: one bucket), and at a width its row
-    offers (ddp at 2: the pipelined hook) Pipe-SGD's :func:`pipelined_time` over those buckets'
-    reductions; server modes need
-    ``algorithm="ps"`` (:func:`algorithm_for`); with ``server_on_worker`` the server shares a
-    worker's rank (p workers, p-1 remote push/pull pairs through its link). Each of the step's
-    :func:`barriers_per_step` (``buffers``: the model has buffers broadcast every step) adds
-    ``barrier_s``. ``sync_every=H`` > 1 (the period-H engine of sync and pipe): one exchange a round
-    of H steps, so a round is one iteration of the same schedule with H steps' compute and updates
-    (width 1: H·compute + comm; width 2: max(H·compute, comm)), and a step is a round / H."""
-    if sync_every > 1 and not get_mode(mode).sync_every:
-        raise ValueError(f"sync_every={sync_every} is not available with mode {mode!r}")
-    compute_s, update_s = sync_every * compute_s, sync_every * update_s  # a round's
+    ``predicted_iter_ms`` next to its measured time. A mode whose reductions overlap backward (ddp)
+    uses DDP's bucketing (``bucket_cap_bytes=None``: one bucket), and at a width its row offers (ddp
+    at 2: the pipelined hook) Pipe-SGD's :func:`pipelined_time` over those buckets' reductions;
+    server modes need ``algorithm="ps"`` (:func:`algorithm_for`); with ``server_on_worker`` the
+    server shares a worker's rank (p workers, p-1 remote push/pull pairs through its link). Each of
+    the step's :func:`barriers_per_step` (``buffers``: the model's buffers are broadcast every step)
+    adds ``barrier_s``. ``sync_every=H``: a round, H steps' compute and updates, is one iteration."""
+    compute_s, update_s = sync_every * compute_s, sync_every * update_s
     _, iter_s = _predict_s(mode, algorithm, nbytes, p, link, compute_s, update_s, width, ratio,
                            compress_s_per_byte, forward_fraction=forward_fraction,
                            overlap_slowdown=overlap_slowdown, bucket_cap_bytes=bucket_cap_bytes,
