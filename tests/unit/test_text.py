@@ -58,7 +58,12 @@ def _package_archive(path: Path, texts: dict[str, bytes], drop: str | None = Non
 
 @needs_corpus
 def test_shared_archive_splits_by_whole_works_and_reports_it(tmp_path: Path, texts: dict[str, bytes]) -> None:
-    ds = Shakespeare(str(ARCHIVE.parent.parent), cache_dir=str(tmp_path), download=False)
+    # a root holding the archive alone: a shared data folder that also has the texts extracted
+    # (shakespeare-texts/) would be read in place, and this test is about the extraction
+    root = tmp_path / "root"
+    (root / ARCHIVE.parent.name).mkdir(parents=True)
+    (root / ARCHIVE.parent.name / ARCHIVE.name).symlink_to(ARCHIVE)
+    ds = Shakespeare(str(root), cache_dir=str(tmp_path), download=False)
     ds.prepare()
     train, valid = ds.load()
     assert bytes(valid.tokens.numpy()) == b"".join(texts[w] for w in sorted(VALID_WORKS))
