@@ -45,7 +45,7 @@ test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 bench: setup
-	$(PY) -m pipesgd.tools.bench $(BENCH) data.root=$(DATA)
+	$(PY) -m pipesgd_lab.bench $(BENCH) data.root=$(DATA)
 
 # The whole GPU check in one command, at most 8 minutes on one GPU (docs/gpu.md, "The GPU check").
 # It needs only a CUDA build of torch: the .venv's python when there is one (make setup TORCH=torch),
@@ -54,7 +54,7 @@ GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_CHECK ?=
 
 gpu-check:
-	$(GPU_PY) scripts/gpu_check.py $(GPU_CHECK)
+	$(GPU_PY) -m pipesgd_lab.gpu_check $(GPU_CHECK)
 
 clean:
 	rm -rf outputs multirun .pytest_cache

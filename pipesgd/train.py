@@ -3,7 +3,7 @@
 ``python -m pipesgd.train +experiment=resnet_cifar`` resolves the config ONCE in the launching
 process, validates it and prepares the data there (bad input fails before any worker starts),
 then starts ``dist.nproc`` workers that share the launcher's run directory. Under torchrun (or
-``pipesgd.tools.emulate``) every process is a worker and rank 0's run directory is the run directory.
+``pipesgd_lab.emulate``) every process is a worker and rank 0's run directory is the run directory.
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
         steps=trainer.step, total_steps=trainer.total_steps, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
         placement=placement,
         git_commit=git_commit(), host=fingerprint(), config=container, data=run.data, **reliability.summary(), **run.engine.summary()))
-    # Per-step timings for benchmarks that skip warm-up steps (pipesgd.tools.bench).
+    # Per-step timings for benchmarks that skip warm-up steps (pipesgd_lab.bench).
     write_json_atomic(run_dir / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
 
 

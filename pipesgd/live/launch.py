@@ -89,7 +89,7 @@ def _replica_main(env: dict[str, str], fn: Callable[..., object], args: tuple) -
 def log_start(logger: logging.Logger) -> None:
     """Under the live launcher, log once, in the replica group's own log, its number, restart
     count and pid, and when its process was started and had imported its code (unix seconds:
-    ``pipesgd.tools.bench.live_drill`` splits a returning group's time to train again with them)."""
+    ``pipesgd_lab.bench.live_drill`` splits a returning group's time to train again with them)."""
     attempt = replica_attempt()
     if attempt is None or _imported_at is None:
         return

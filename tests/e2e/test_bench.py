@@ -9,10 +9,10 @@ import sys
 import pytest
 from runs import CACHE
 
-from pipesgd.tools.bench.__main__ import main as bench_main
-from pipesgd.tools.bench.grid import MLP, RESNET20, Cell
-from pipesgd.tools.bench.render import BEGIN, END, write_markdown
-from pipesgd.tools.bench.runner import Settings, run_cells, save
+from pipesgd_lab.bench.__main__ import main as bench_main
+from pipesgd_lab.bench.grid import MLP, RESNET20, Cell
+from pipesgd_lab.bench.render import BEGIN, END, write_markdown
+from pipesgd_lab.bench.runner import Settings, run_cells, save
 
 REQUIRED = {"name", "mode", "compressor", "world_size", "link", "n", "median_iter_ms", "min_iter_ms",
             "max_iter_ms", "predicted_iter_ms", "rel_error", "command", "commit", "config"}

@@ -1,4 +1,4 @@
-"""``python -m pipesgd.tools.bench.calibrate_cli``: a real run on 2 Gloo ranks whose file ``predict`` and
+"""``python -m pipesgd_lab.bench.calibrate_cli``: a real run on 2 Gloo ranks whose file ``predict`` and
 training runs then read (the fit by hand: tests/unit/test_calibrate_fit.py)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_calibrate_on_two_gloo_ranks(tmp_path, capsys):
     out = tmp_path / "cal.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    r = subprocess.run([sys.executable, "-m", "pipesgd.tools.bench.calibrate_cli", "--workers", "2", "--model", "mlp",
+    r = subprocess.run([sys.executable, "-m", "pipesgd_lab.bench.calibrate_cli", "--workers", "2", "--model", "mlp",
                         "--batch-size", "8", "--quick", "--out", str(out)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=170)
     assert r.returncode == 0, r.stderr[-3000:]

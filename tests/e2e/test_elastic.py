@@ -75,11 +75,11 @@ DRILL = ["+experiment=mnist_mlp", "trainer.epochs=4", "data.batch_size=100", "tr
 def test_lose_a_node_and_bring_it_back_on_the_emulated_cluster(netns, tmp_path):
     """Three torchrun agents (--nnodes 2:3) in network namespaces; node 2 is SIGKILLed after the
     checkpoint at step 40, the two others go on at world 2, node 2 comes back and the run ends at 3."""
-    from pipesgd.tools.emulate.netns import list_namespaces
+    from pipesgd_lab.emulate.netns import list_namespaces
 
     run_dir, before = tmp_path / "run", set(list_namespaces())
     r = run("--run-dir", str(run_dir), "--kill-at-step", "40", "--rejoin-after", "20", "--timeout-s", "540", "--",
-            *DRILL, tmp=tmp_path, prefix=("-m", "pipesgd.tools.emulate.drill"), timeout=580)
+            *DRILL, tmp=tmp_path, prefix=("-m", "pipesgd_lab.emulate.drill"), timeout=580)
     assert r.returncode == 0, r.stderr[-4000:]
     d = json.loads((run_dir / "drill.json").read_text())
     assert d["agent_exit_codes"] == {"0": 0, "1": 0, "2": 0}

@@ -1,4 +1,4 @@
-"""pipesgd.tools.emulate: refuses without root, shapes links, and leaves nothing behind on any exit path.
+"""pipesgd_lab.emulate: refuses without root, shapes links, and leaves nothing behind on any exit path.
 
 Root-only tests build real namespaces and skip with the reason when that is impossible here. This
 file doubles as the stand-in rank for the CLI (`--module test_emulate`, PYTHONPATH=tests/):
@@ -40,7 +40,7 @@ if __name__ == "__main__":
 import pytest  # noqa: E402
 
 from pipesgd.launch import has_exited  # noqa: E402
-from pipesgd.tools.emulate import Cluster, EmulateError  # noqa: E402
+from pipesgd_lab.emulate import Cluster, EmulateError  # noqa: E402
 
 HERE = Path(__file__).resolve().parent  # the workers run this file as a module: `-m test_emulate`
 TESTS = HERE.parent
@@ -77,7 +77,7 @@ def _processes_mentioning(text: str) -> list[int]:
 def _emulate(args: list[str], **kw: object) -> subprocess.Popen[str]:
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(HERE), str(TESTS), str(REPO)])}
     return subprocess.Popen(
-        [PY, "-m", "pipesgd.tools.emulate", *args],
+        [PY, "-m", "pipesgd_lab.emulate", *args],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -106,10 +106,10 @@ def test_refuses_without_root() -> None:
         # setpriv instead fails wherever the checkout is not readable by that user (a clone under
         # `mktemp -d`, mode 0700), which says nothing about emulate.
         command = [PY, "-c", "import os, runpy, sys; os.geteuid = lambda: 65534; "
-                   "sys.argv = ['pipesgd.tools.emulate', *sys.argv[1:]]; "
-                   "runpy.run_module('pipesgd.tools.emulate', run_name='__main__')", *args]
+                   "sys.argv = ['pipesgd_lab.emulate', *sys.argv[1:]]; "
+                   "runpy.run_module('pipesgd_lab.emulate', run_name='__main__')", *args]
     else:
-        command = [PY, "-m", "pipesgd.tools.emulate", *args]
+        command = [PY, "-m", "pipesgd_lab.emulate", *args]
     proc = subprocess.Popen(
         command,
         cwd=REPO,
@@ -131,7 +131,7 @@ def test_refuses_without_root() -> None:
 @pytest.mark.timeout(30)
 def test_refuses_without_ip_and_tc(netns: None, tmp_path: Path) -> None:
     done = subprocess.run(
-        [PY, "-m", "pipesgd.tools.emulate", "--workers", "2", "--rate", "1gbit"],
+        [PY, "-m", "pipesgd_lab.emulate", "--workers", "2", "--rate", "1gbit"],
         cwd=REPO,
         env=os.environ | {"PATH": str(tmp_path)},
         capture_output=True,
@@ -150,7 +150,7 @@ def test_shaped_two_worker_run_measures_below_rate_and_cleans_up(
     run_dir = tmp_path / "run"
     proc = _emulate(
         ["--workers", "2", "--rate", "50mbit", "--delay-ms", str(delay_ms), "--mtu", str(mtu), "--module",
-         "pipesgd.tools.emulate.probe", "--", "bytes=2e6", "repeats=3", "pings=10",
+         "pipesgd_lab.emulate.probe", "--", "bytes=2e6", "repeats=3", "pings=10",
          f"hydra.run.dir={run_dir}"]
     )  # fmt: skip
     out, _ = proc.communicate(timeout=35)
@@ -242,7 +242,7 @@ def test_api_escalates_to_sigkill_and_sweeps_escaped_processes(netns: None, tmp_
 def test_setup_failure_tears_down_partial_cluster(
     netns: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipesgd.tools.emulate.cluster as cluster_mod
+    import pipesgd_lab.emulate.cluster as cluster_mod
 
     real_sh = cluster_mod.sh
 

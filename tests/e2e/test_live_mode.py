@@ -70,7 +70,7 @@ def test_the_live_drill_measures_a_killed_group_that_heals(tmp_path):
             "--dir", str(tmp_path / "runs"), "--json", str(out), "trainer.max_steps=30", "data.batch_size=250",
             "optimizer.lr=0.01", "trainer.lr_reference_batch=250", "dist.threads_per_worker=1",
             "trainer.eval_max_batches=4", "trainer.live.min_replicas=2", tmp=tmp_path,
-            prefix=("-m", "pipesgd.tools.bench.live_drill"), timeout=220)
+            prefix=("-m", "pipesgd_lab.bench.live_drill"), timeout=220)
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-2000:]
     res = json.loads(out.read_text())
     assert (res["replicas"], res["fault"], res["at_step"], res["seeds"]) == (2, "kill", 5, [0])

@@ -44,7 +44,7 @@ def group_command(namespace: str, address: str, lighthouse: str, run_id: str, re
 @needs_mnist
 @pytest.mark.timeout(420)
 def test_torchrun_replica_groups_on_two_nodes_heal_a_restarted_one_and_agree(netns, tmp_path):
-    from pipesgd.tools.emulate import Cluster
+    from pipesgd_lab.emulate import Cluster
 
     run_dir, run_id, tag = tmp_path / "run", f"e2e-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items()
@@ -91,11 +91,11 @@ def test_torchrun_replica_groups_on_two_nodes_heal_a_restarted_one_and_agree(net
 @needs_mnist
 @pytest.mark.timeout(480)
 def test_the_live_drill_under_torchrun_measures_a_killed_group_that_heals(netns, tmp_path):
-    """``python -m pipesgd.tools.bench.live_drill --launcher torchrun``: two emulated nodes, group 1
+    """``python -m pipesgd_lab.bench.live_drill --launcher torchrun``: two emulated nodes, group 1
     killed after step KILL_AT, restarted by its torchrun; the drill's JSON has the survivor's stall,
     the returning group's way back (its new process's start, from the kernel, split at its imports)
     and every group's same final weights; no namespace or process of it is left."""
-    from pipesgd.tools.emulate.netns import list_namespaces
+    from pipesgd_lab.emulate.netns import list_namespaces
 
     tag, out = uuid.uuid4().hex, tmp_path / "drill.json"
     env = {k: v for k, v in os.environ.items() if k != "PIPESGD_FAULT"}
@@ -104,7 +104,7 @@ def test_the_live_drill_under_torchrun_measures_a_killed_group_that_heals(netns,
                  "data.batch_size=250", "optimizer.lr=0.01", "trainer.lr_reference_batch=250",
                  "trainer.eval_max_batches=4", f"data.root={SHARED_DATA}", f"data.cache_dir={CACHE}"]
     drill = subprocess.Popen(
-        [sys.executable, "-m", "pipesgd.tools.bench.live_drill", "--launcher", "torchrun", "--replicas", "2",
+        [sys.executable, "-m", "pipesgd_lab.bench.live_drill", "--launcher", "torchrun", "--replicas", "2",
          "--fault", "kill", "--at-step", str(KILL_AT), "--no-reference", "--timeout-s", "400",
          "--dir", str(tmp_path / "runs"), "--json", str(out), *overrides],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -139,13 +139,13 @@ def test_the_live_drill_under_torchrun_measures_a_killed_group_that_heals(netns,
 def test_the_live_drill_under_torchrun_tears_its_cluster_down_when_stopped(netns, tmp_path):
     """SIGTERM to the drill while its groups train: it exits non-zero, and neither its namespaces
     nor any process it started is left."""
-    from pipesgd.tools.emulate.netns import list_namespaces
+    from pipesgd_lab.emulate.netns import list_namespaces
 
     tag, runs = uuid.uuid4().hex, tmp_path / "runs"
     env = {k: v for k, v in os.environ.items() if k != "PIPESGD_FAULT"}
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])), PIPESGD_TEST_TAG=tag)
     drill = subprocess.Popen(
-        [sys.executable, "-m", "pipesgd.tools.bench.live_drill", "--launcher", "torchrun", "--replicas", "2",
+        [sys.executable, "-m", "pipesgd_lab.bench.live_drill", "--launcher", "torchrun", "--replicas", "2",
          "--at-step", "100000", "--no-reference", "--timeout-s", "250", "--dir", str(runs),
          "trainer.live.min_replicas=2", f"data.root={SHARED_DATA}", f"data.cache_dir={CACHE}"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

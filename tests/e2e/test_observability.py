@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from runs import ROOT, fast
 
-from pipesgd.tools.report import ReportError, sweep_report
+from pipesgd_lab.report import ReportError, sweep_report
 from pipesgd.trace import CATEGORIES
 
 STEPS = 12
@@ -89,7 +89,7 @@ def test_trace_is_valid_trace_event_json_with_disjoint_spans_per_thread(sweep):
 @pytest.mark.timeout(300)
 def test_timeline_png_renders(sweep):
     job = jobs(sweep)["pipe"]
-    r = subprocess.run([sys.executable, "-m", "pipesgd.tools.report", "timeline", str(job), "--steps", "3"],
+    r = subprocess.run([sys.executable, "-m", "pipesgd_lab.report", "timeline", str(job), "--steps", "3"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     width, height = png_size(job / "timeline.png")
@@ -156,10 +156,10 @@ def test_sweep_report_names_a_dir_without_summaries(tmp_path):
     (tmp_path / "0").mkdir()
     with pytest.raises(ReportError, match=f"no summary.json under {tmp_path}"):
         sweep_report(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "pipesgd.tools.report", "sweep", str(tmp_path)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "pipesgd_lab.report", "sweep", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and str(tmp_path) in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "pipesgd.tools.report", "timeline", str(tmp_path)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "pipesgd_lab.report", "timeline", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "trainer.trace=true" in r.stderr and "Traceback" not in r.stderr
 

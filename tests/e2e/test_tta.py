@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(600)
 def test_two_arm_miniature_writes_json_and_plot(tmp_path, shared_data):
     out, png = tmp_path / "tta.json", tmp_path / "tta.png"
-    cmd = [sys.executable, "-m", "pipesgd.tools.bench.tta", "--recipe", "mnist_mlp", "--arms", "sync,pipe+lookahead",
+    cmd = [sys.executable, "-m", "pipesgd_lab.bench.tta", "--recipe", "mnist_mlp", "--arms", "sync,pipe+lookahead",
            "--links", "loopback", "--repeats", "1", "--steps", "10", "--skip", "3", "--bracket-steps", "12",
            "--bracket-skip", "5", "--probe-s", "0.1", "--dir", str(tmp_path / "d"),
            "--json", str(out), "--plot", str(png), "--records", str(tmp_path / "records"), f"data.root={shared_data}", f"data.cache_dir={CACHE}",

@@ -1,5 +1,5 @@
 """A curve record's first evaluation reruns to the bit on this host (issue #44, item 4): a real
-width-2 pipe run on MNIST, its record, and ``python -m pipesgd.tools.bench.tta_reproduce`` on it. The rerun
+width-2 pipe run on MNIST, its record, and ``python -m pipesgd_lab.bench.tta_reproduce`` on it. The rerun
 stops right after that evaluation (``trainer.stop_after_step``) with the whole run's schedule and a
 reduction still in flight; a run that merely ends there (``trainer.max_steps``) flushes the pipeline
 first and scores other weights. (That a one-bit difference reads "differs" is in
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from pipesgd.tools.bench import tta_records, tta_reproduce
-from pipesgd.tools.bench.runner import recorded
+from pipesgd_lab.bench import tta_records, tta_reproduce
+from pipesgd_lab.bench.runner import recorded
 from pipesgd.hostinfo import fingerprint, host_kind
 from runs import CACHE, ROOT, fast, summary, train
 
@@ -41,7 +41,7 @@ def test_a_records_first_evaluation_reruns_to_the_bit_here(tmp_path, shared_data
     path.write_text(json.dumps(record))
 
     def reproduce(p):
-        return subprocess.run([sys.executable, "-m", "pipesgd.tools.bench.tta_reproduce", str(p), "--dir",
+        return subprocess.run([sys.executable, "-m", "pipesgd_lab.bench.tta_reproduce", str(p), "--dir",
                                str(tmp_path / f"rerun-{p.stem}"), f"data.cache_dir={CACHE}"],
                               cwd=ROOT, capture_output=True, text=True, timeout=200)
 

@@ -1,4 +1,4 @@
-"""The overlap benchmark on NCCL (pipesgd/tools/bench/overlap.py): compute of a step runs while the
+"""The overlap benchmark on NCCL (pipesgd_lab/bench/overlap.py): compute of a step runs while the
 previous step's reduction moves. Skipped without CUDA and 2 GPUs; ``PIPESGD_GPU_SUITE_ON_CPU=1``
 runs it on Gloo, where only its output is checked (two CPU cores cannot show overlap reliably)."""
 
@@ -23,7 +23,7 @@ def test_a_reduction_in_flight_overlaps_the_next_steps_compute(tmp_path):
     out = tmp_path / "overlap.json"
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        "-m", "pipesgd.tools.bench.overlap", "--rounds", "20" if ON_GPU else "2", "--warmup", "1",
+                        "-m", "pipesgd_lab.bench.overlap", "--rounds", "20" if ON_GPU else "2", "--warmup", "1",
                         "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipesgd.tools.bench.grid import LINKS, TRAIN_MODES, WORLD_SIZES, Cell, full_grid, quick_grid, select
-from pipesgd.tools.bench.render import BEGIN, END, Results, render, targets
-from pipesgd.tools.bench.runner import Settings, cpu_split, merge, recorded
+from pipesgd_lab.bench.grid import LINKS, TRAIN_MODES, WORLD_SIZES, Cell, full_grid, quick_grid, select
+from pipesgd_lab.bench.render import BEGIN, END, Results, render, targets
+from pipesgd_lab.bench.runner import Settings, cpu_split, merge, recorded
 
 
 def test_grid_covers_the_issue_and_names_are_unique():

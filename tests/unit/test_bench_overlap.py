@@ -1,8 +1,8 @@
-"""The overlap benchmark's arithmetic (pipesgd/tools/bench/overlap.py); tests/gpu runs the benchmark."""
+"""The overlap benchmark's arithmetic (pipesgd_lab/bench/overlap.py); tests/gpu runs the benchmark."""
 
 import pytest
 
-from pipesgd.tools.bench.overlap import summarize
+from pipesgd_lab.bench.overlap import summarize
 
 
 def test_overlap_is_the_hidden_share_of_the_shorter_phase_on_the_slowest_rank():

@@ -4,8 +4,8 @@ reads the probes: which runs ran on a host that moved under them."""
 import pytest
 import torch
 
-from pipesgd.tools.bench import probe
-from pipesgd.tools.bench.tta_report import host_speed_lines
+from pipesgd_lab.bench import probe
+from pipesgd_lab.bench.tta_report import host_speed_lines
 
 
 def test_the_probe_measures_and_leaves_torchs_threads_as_they_were():
@@ -44,7 +44,7 @@ def test_the_report_says_which_runs_moved():
 
 
 def test_a_negative_probe_is_named(capsys):
-    from pipesgd.tools.bench import tta
+    from pipesgd_lab.bench import tta
 
     with pytest.raises(SystemExit) as e:
         tta.parse(["--probe-s", "-1"])
@@ -53,7 +53,7 @@ def test_a_negative_probe_is_named(capsys):
 
 
 def test_a_negative_probe_is_named_by_the_bench_too(capsys):
-    from pipesgd.tools.bench.__main__ import main
+    from pipesgd_lab.bench.__main__ import main
 
     with pytest.raises(SystemExit) as e:
         main(["--probe-s", "-0.5", "--list"])

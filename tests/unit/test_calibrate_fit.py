@@ -1,12 +1,12 @@
-"""``python -m pipesgd.tools.bench.calibrate_cli`` without running it: the α–β fit by hand, and its
+"""``python -m pipesgd_lab.bench.calibrate_cli`` without running it: the α–β fit by hand, and its
 arguments validated (the real run on 2 Gloo ranks is tests/e2e/test_calibrate.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipesgd.tools.bench.calibrate import CalibrationError, CalibrationSpec, fit_alpha_beta, parse_size
-from pipesgd.tools.bench.calibrate_cli import main as calibrate_main
+from pipesgd_lab.bench.calibrate import CalibrationError, CalibrationSpec, fit_alpha_beta, parse_size
+from pipesgd_lab.bench.calibrate_cli import main as calibrate_main
 
 
 def test_fit_recovers_alpha_and_beta_exactly():

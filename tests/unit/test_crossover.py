@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pipesgd.tools.bench import runner
-from pipesgd.tools.bench.__main__ import main as bench_main
-from pipesgd.tools.bench.crossover import (
+from pipesgd_lab.bench import runner
+from pipesgd_lab.bench.__main__ import main as bench_main
+from pipesgd_lab.bench.crossover import (
     ARMS,
     BEGIN,
     DDP_ARMS,
@@ -29,7 +29,7 @@ from pipesgd.tools.bench.crossover import (
     resnet20_shapes,
     round_calibration,
 )
-from pipesgd.tools.bench.grid import CROSSOVER_RATES, RESNET20, Cell, crossover_grid
+from pipesgd_lab.bench.grid import CROSSOVER_RATES, RESNET20, Cell, crossover_grid
 from pipesgd.timing import Link, ddp_buckets, parse_bandwidth
 from pipesgd.timing.scale import Scenario, arm_rows
 
@@ -404,7 +404,7 @@ def test_every_cells_overrides_validate_and_run_the_papers_rule():
     from hydra.utils import instantiate
 
     import pipesgd.schema  # noqa: F401  (registers the structured config)
-    from pipesgd.tools.bench.grid import WORKLOADS, full_grid
+    from pipesgd_lab.bench.grid import WORKLOADS, full_grid
     from pipesgd.config import command_line_keys, staleness_rule, validate
 
     root = Path(__file__).resolve().parents[2]
@@ -423,17 +423,17 @@ def test_the_documented_commands_select_the_sweep_and_parse(capsys):
     (66 cells each: 8 arms and 3 of pipelined DDP at 6 rates) and the analysis' flags exist."""
     import shlex
 
-    from pipesgd.tools.bench.crossover import build_parser
+    from pipesgd_lab.bench.crossover import build_parser
 
     text = (Path(__file__).resolve().parents[2] / "docs/crossover.md").read_text()
-    commands = [shlex.split(line) for line in text.splitlines() if line.startswith("python -m pipesgd.tools.bench")]
-    bench = [c[3:] for c in commands if c[2] == "pipesgd.tools.bench"]
+    commands = [shlex.split(line) for line in text.splitlines() if line.startswith("python -m pipesgd_lab.bench")]
+    bench = [c[3:] for c in commands if c[2] == "pipesgd_lab.bench"]
     assert len(bench) == 2
     for argv, p in zip(bench, (2, 4)):
         assert bench_main([*argv, "--list"]) == 0
         names = capsys.readouterr().out.split()
         assert len(names) == 66 and all(n.startswith(f"resnet20/p{p}/") for n in names)
-    (analysis,) = [c[3:] for c in commands if c[2] == "pipesgd.tools.bench.crossover"]
+    (analysis,) = [c[3:] for c in commands if c[2] == "pipesgd_lab.bench.crossover"]
     args = build_parser().parse_args(analysis)
     assert args.strict and args.plot == Path("docs/img/crossover.png") and args.md == Path("docs/crossover.md")
 

@@ -86,7 +86,7 @@ def test_position_keeps_the_fraction_of_the_epoch_and_the_pipeline_gap():
 
 def test_the_accuracy_study_pairs_runs_by_seed(tmp_path):
     """bench/elastic_study.py: the difference is taken per seed, and a missing run leaves a gap, not a 0."""
-    from pipesgd.tools.bench import elastic_study as study
+    from pipesgd_lab.bench import elastic_study as study
 
     def write(name: str, acc: float, resharded=None):
         (tmp_path / name).mkdir()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipesgd.tools.emulate import Cluster, Shaping, format_rate, parse_rate
-from pipesgd.tools.emulate.cli import resolve_run_dir
+from pipesgd_lab.emulate import Cluster, Shaping, format_rate, parse_rate
+from pipesgd_lab.emulate.cli import resolve_run_dir
 
 
 def test_parse_rate_si_units_and_rejects_bytes_per_second() -> None:

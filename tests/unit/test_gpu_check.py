@@ -1,4 +1,4 @@
-"""The one-command GPU check (scripts/gpu_check.py, `make gpu-check`) on the CPU: its dry run
+"""The one-command GPU check (`python -m pipesgd_lab.gpu_check`, `make gpu-check`) on the CPU: its dry run
 lists every check within the 8-minute budget, its result parsing turns whatever a check left
 behind into one outcome, and a check that overruns its budget is killed with its workers."""
 
@@ -17,22 +17,18 @@ import pytest
 from pipesgd.launch import has_exited, process_state
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("gpu_check", None)
+    from pipesgd_lab.gpu_check import runner
+
+    return runner
 
 
 @pytest.mark.timeout(120)
 def test_the_dry_run_lists_every_check_and_its_budget_within_eight_minutes(gpu_check):
-    r = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "pipesgd_lab.gpu_check", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
                        timeout=100)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
@@ -107,7 +103,7 @@ def test_the_step_time_models_have_the_scale_map_presets_parameter_counts(gpu_ch
     the meta device: no memory, no time)."""
     import torch
 
-    from gpu_models import PRESETS
+    from pipesgd_lab.gpu_check.models import PRESETS
     from pipesgd.timing.presets import MODELS
 
     timed = {preset for *_, preset in PRESETS.values() if preset}
@@ -126,9 +122,10 @@ def test_every_pipesgd_name_the_checks_import_exists():
     import ast
     import importlib
 
-    tree = ast.parse((ROOT / "scripts" / "gpu_checks.py").read_text())
+    trees = [ast.parse(p.read_text()) for p in (ROOT / "pipesgd_lab" / "gpu_check").glob("*.py")]
+    nodes = [node for tree in trees for node in ast.walk(tree)]
     missing, modules = [], {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipesgd"):
             module = importlib.import_module(node.module)
             missing += [f"{node.module}.{a.name}" for a in node.names if not hasattr(module, a.name)
@@ -137,8 +134,8 @@ def test_every_pipesgd_name_the_checks_import_exists():
             for a in node.names:
                 if a.name.startswith("pipesgd") and a.asname:
                     modules[a.asname] = importlib.import_module(a.name)
-    for node in ast.walk(tree):  # the old code patched in: exchange.GradientExchange._let_go, pipe.set_grads
+    for node in nodes:  # the old code patched in: exchange.GradientExchange._let_go, pipe.set_grads
         if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                 and node.value.id in modules and not hasattr(modules[node.value.id], node.attr)):
             missing.append(f"{node.value.id}.{node.attr}")
-    assert not missing, f"scripts/gpu_checks.py uses names the library no longer has: {missing}"
+    assert not missing, f"pipesgd_lab/gpu_check/ uses names the library no longer has: {missing}"

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pipesgd import hostinfo
-from pipesgd.tools.bench import tta, tta_report, tta_reproduce
-from pipesgd.tools.bench import tta_records as r
+from pipesgd_lab.bench import tta, tta_report, tta_reproduce
+from pipesgd_lab.bench import tta_records as r
 from tests.unit.test_tta_records import _record, _summary
 
 SHOW = """PyTorch built with:
@@ -134,8 +134,8 @@ def test_the_answer_compares_the_first_evaluation_to_the_bit():
 
 
 def test_bench_and_crossover_cells_record_the_host(tmp_path):
-    from pipesgd.tools.bench.grid import Cell
-    from pipesgd.tools.bench.runner import Settings, base_record
+    from pipesgd_lab.bench.grid import Cell
+    from pipesgd_lab.bench.runner import Settings, base_record
 
     record = base_record(Cell("train", "sync", 2, "100mbit"), Settings(bench_dir=tmp_path, commit="abc"))
     assert record["host"] == hostinfo.fingerprint()

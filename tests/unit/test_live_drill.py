@@ -1,4 +1,4 @@
-"""pipesgd.tools.bench.live_drill's arithmetic on logs written by hand: the survivors' stall, the
+"""pipesgd_lab.bench.live_drill's arithmetic on logs written by hand: the survivors' stall, the
 returning group's time to train again and its split at the imports, for a killed group (a new
 process) and a stopped one (the same process, continued); and its refusals."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipesgd.tools.bench import live_drill
+from pipesgd_lab.bench import live_drill
 
 T0 = datetime(2026, 11, 27, 12, 0, 0).timestamp()
 

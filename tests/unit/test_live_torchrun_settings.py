@@ -23,7 +23,7 @@ from pipesgd.faults import Faults
 from pipesgd.live import launch as live_launch
 from pipesgd.live.options import (ENV_LIGHTHOUSE, ENV_REPLICA, ENV_REPLICAS, ENV_RESTART, ENV_RUN_ID, ENV_SPAWNED,
                                   options_from_env, replica_attempt, replica_shard)
-from pipesgd.tools.bench.live_drill import _STARTED
+from pipesgd_lab.bench.live_drill import _STARTED
 from runs import ROOT
 from test_config import composed
 

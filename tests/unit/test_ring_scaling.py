@@ -10,11 +10,11 @@ import statistics
 
 import pytest
 
-from pipesgd.tools.bench import ring_fit as rf
-from pipesgd.tools.bench import runner
-from pipesgd.tools.bench import render as bench_render
-from pipesgd.tools.bench.__main__ import main as bench_main
-from pipesgd.tools.bench.grid import (
+from pipesgd_lab.bench import ring_fit as rf
+from pipesgd_lab.bench import runner
+from pipesgd_lab.bench import render as bench_render
+from pipesgd_lab.bench.__main__ import main as bench_main
+from pipesgd_lab.bench.grid import (
     GRIDS,
     RING_SCALING_ALGOS,
     RING_SCALING_BYTES,
@@ -47,8 +47,8 @@ def _record(cell: Cell, ms: float, commit: str = "abc1234", mtu: int | None = 90
             "config": {"quick": False, "cpus": 2, "threads_per_worker": 1, "overrides": [],
                        "allreduce_repeats": repeats},
             "calibration": _calibration(cell.link),
-            "command": f"python -m pipesgd.tools.emulate --workers {cell.world_size} --rate {cell.link}{mtu_opt} "
-                       f"--module pipesgd.tools.bench.allreduce -- algo={cell.mode} bytes={cell.nbytes}"}
+            "command": f"python -m pipesgd_lab.emulate --workers {cell.world_size} --rate {cell.link}{mtu_opt} "
+                       f"--module pipesgd_lab.bench.allreduce -- algo={cell.mode} bytes={cell.nbytes}"}
 
 
 def _model_ms(cell: Cell, alpha: float, beta: float) -> float:
@@ -241,7 +241,7 @@ def test_partial_input_reports_missing_and_failed_cells():
     records = [r for r in records if r["name"] != "allreduce/p4/100mbit/ring-1MB"]
     broken = next(r for r in records if r["name"] == "allreduce/p8/100mbit/native-3MB")
     broken.pop("median_iter_ms")
-    broken["error"] = "exit status 1 from python -m pipesgd.tools.emulate"
+    broken["error"] = "exit status 1 from python -m pipesgd_lab.emulate"
     records.append({"name": "resnet20/p2/100mbit/sync", "kind": "train"})  # another grid's cell: left out
     report = rf.analyse(records)
     assert "allreduce/p4/100mbit/ring-1MB" in report["missing"]

@@ -228,7 +228,7 @@ def test_scale_map_doc_table_is_the_maps_own_numbers():
 
 
 def test_documented_heatmaps_exist_and_only_resnet50_claims_a_published_step():
-    from pipesgd.tools.report.scale_map import documented_panels
+    from pipesgd_lab.report.scale_map import documented_panels
 
     doc = (ROOT / "docs/scale-map.md").read_text()
     for panel in documented_panels():
@@ -240,7 +240,7 @@ def test_documented_heatmaps_exist_and_only_resnet50_claims_a_published_step():
 
 def test_render_panel_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from pipesgd.tools.report.scale_map import Panel, render_panel
+    from pipesgd_lab.report.scale_map import Panel, render_panel
 
     path = render_panel(Panel("vit-b16", 100.0, "100 ms, a test input", "x.png"), tmp_path)
     assert path == tmp_path / "x.png"
@@ -248,7 +248,7 @@ def test_render_panel_writes_a_png(tmp_path):
 
 
 def _measured(tmp_path, **row) -> Path:
-    """A step_times.json as `make gpu-check` writes it (scripts/gpu_checks.py, step_times)."""
+    """A step_times.json as `make gpu-check` writes it (pipesgd_lab/gpu_check/checks.py, step_times)."""
     path = tmp_path / "step_times.json"
     path.write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "driver": "550.54", "torch": "2.13.0",
                                 "date": "2026-11-27T06:00:00+00:00", "rows": [
@@ -316,7 +316,7 @@ def test_calibrate_times_powersgds_own_compute_per_declared_flop(tmp_path):
     """The constant is the real reduction's time over the FLOPs it declares for the shapes it bound."""
     import torch.distributed as dist
 
-    from pipesgd.tools.bench.calibrate import powersgd_cost
+    from pipesgd_lab.bench.calibrate import powersgd_cost
     from pipesgd.reduction.powersgd import step_flops
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)

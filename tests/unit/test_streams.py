@@ -361,7 +361,7 @@ def test_exposed_communication_is_timed_from_where_the_training_stream_starts_wa
     for the slow reduction in finish() before the stall's first event was recorded, so the
     trainer's exposed communication read ~0 while the overlap bench (no deadline) saw the stall.
     On a communication stream still 40 ms from done, both read ~40 ms."""
-    from pipesgd.tools.bench.overlap import Clock
+    from pipesgd_lab.bench.overlap import Clock
     from pipesgd.comm import ring_allreduce
     from pipesgd.engine.exchange import GradientExchange
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipesgd.tools.study import label, load, main, markdown, rows
+from pipesgd_lab.study import label, load, main, markdown, rows
 
 
 def summary(mode, seed, acc, staleness="none", compressor="none", ef=False, evals=()):

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipesgd.tools.report import ReportError
+from pipesgd_lab.report import ReportError
 
 
 @pytest.mark.timeout(60)
 def test_overlap_stats_clip_to_the_window():
-    from pipesgd.tools.report.timeline import Span, Trace, overlap_stats
+    from pipesgd_lab.report.timeline import Span, Trace, overlap_stats
 
     spans = [Span(0, 1, "reduce-scatter", "comm", 0.0, 8.0, None),   # 6 ms inside [2, 12]
              Span(0, 1, "decode+add", "compress", 8.0, 10.0, None),  # 2 ms
@@ -26,7 +26,7 @@ def test_overlap_stats_clip_to_the_window():
 
 @pytest.mark.timeout(60)
 def test_default_window_skips_the_warm_up_and_fill():
-    from pipesgd.tools.report.timeline import Span, Trace, pick_steps
+    from pipesgd_lab.report.timeline import Span, Trace, pick_steps
 
     spans = [Span(0, 0, "forward", "compute", float(s), s + 0.5, s) for s in range(20)]
     assert pick_steps(Trace(spans, {}, {"width": 2, "warmup_sync_steps": 10}), 4) == [13, 14, 15, 16]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipesgd.tools.bench import __main__ as bench
-from pipesgd.tools.bench import elastic_study, ring_fit, runner, tta
+from pipesgd_lab.bench import __main__ as bench
+from pipesgd_lab.bench import elastic_study, ring_fit, runner, tta
 
 
 @pytest.mark.parametrize("tool, argv, options", [

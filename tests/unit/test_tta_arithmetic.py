@@ -4,8 +4,8 @@ arguments (tests/e2e/test_tta.py runs the study end to end)."""
 
 import pytest
 
-from pipesgd.tools.bench import tta, tta_report
-from pipesgd.tools.bench import tta_compose as c
+from pipesgd_lab.bench import tta, tta_report
+from pipesgd_lab.bench import tta_compose as c
 
 
 def test_target_is_the_sync_mean_minus_the_slack():

@@ -4,9 +4,9 @@ the composed times and the curve records, on small synthetic data."""
 
 import pytest
 
-from pipesgd.tools.bench import tta_compose as compose
-from pipesgd.tools.bench import tta_records as records
-from pipesgd.tools.bench.tta_arms import ARMS, metric_for
+from pipesgd_lab.bench import tta_compose as compose
+from pipesgd_lab.bench import tta_records as records
+from pipesgd_lab.bench.tta_arms import ARMS, metric_for
 
 CURVE = [[100, 3.0], [200, 2.0], [300, 1.9]]
 
@@ -55,7 +55,7 @@ def test_a_curve_record_keeps_the_recipes_metric():
 
 
 def test_another_recipes_study_writes_its_own_result_never_the_resnet_studys():
-    from pipesgd.tools.bench.tta import parse
+    from pipesgd_lab.bench.tta import parse
 
     gpt = parse(["--recipe", "gpt_shakespeare", "--phase", "report"])
     assert gpt.json.name == "time-to-target-gpt_shakespeare.json" and gpt.plot.name == "time-to-target-gpt_shakespeare.png"
@@ -70,7 +70,7 @@ def test_a_report_without_timing_plots_the_loss_against_the_step(tmp_path):
     import json
     from pathlib import Path
 
-    from pipesgd.tools.bench.tta import main
+    from pipesgd_lab.bench.tta import main
 
     runs = Path(__file__).resolve().parents[2] / "docs" / "gpt-runs"
     out, png = tmp_path / "gpt.json", tmp_path / "img" / "gpt.png"
@@ -110,7 +110,7 @@ def test_both_plots_label_the_loss_and_its_target_in_nats(timed, monkeypatch, tm
     """The wall-clock plot (a study with timing) once labelled every metric "test accuracy %"."""
     from matplotlib.figure import Figure
 
-    from pipesgd.tools.bench import tta_report
+    from pipesgd_lab.bench import tta_report
 
     made = []
 
@@ -118,7 +118,7 @@ def test_both_plots_label_the_loss_and_its_target_in_nats(timed, monkeypatch, tm
         made.append(Figure(figsize=(width, height)))
         return made[-1]
 
-    monkeypatch.setattr("pipesgd.tools.report.figure.new_figure", figure)
+    monkeypatch.setattr("pipesgd_lab.report.figure.new_figure", figure)
     run = {"name": "sync", "seed": 0, "complete": True, "curve": [[0, 5.5], *CURVE]}
     result = {"metric": {"key": "test_loss", "lower_is_better": True, "unit": "nats"}, "target_accuracy": 1.919,
               "arms": [run], "warmup": {},

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipesgd.tools.bench import tta
-from pipesgd.tools.bench import tta_report
-from pipesgd.tools.bench import tta_records as r
+from pipesgd_lab.bench import tta
+from pipesgd_lab.bench import tta_report
+from pipesgd_lab.bench import tta_records as r
 
 CONFIG = {"seed": 0, "trainer": {"mode": "sync", "width": 1, "warmup_sync_steps": 0, "epochs": 3, "max_steps": None},
           "compressor": {"_target_": "pipesgd.compress.none.NoCompression"},
@@ -83,7 +83,7 @@ def test_runs_of_another_config_are_refused_naming_the_difference():
 
 def _timing(arm="sync", command=None, link="100mbit"):
     overrides = " ".join(tta.ARMS[arm])
-    command = command or (f"python -m pipesgd.tools.emulate --workers 2 --rate {link} --timeout-s 86400 -- "
+    command = command or (f"python -m pipesgd_lab.emulate --workers 2 --rate {link} --timeout-s 86400 -- "
                           f"+experiment=resnet_cifar_tta {overrides} dist.nproc=2 data.root=/d "
                           "trainer.max_steps=50 trainer.warmup_sync_steps=0 trainer.resume=never hydra.run.dir=/x")
     return {"link": link, "arm": arm, "repeat": 0, "command": command, "iter_ms": [1.0], "median_iter_ms": 1.0,
@@ -109,7 +109,7 @@ def test_timing_records_of_another_recipe_are_refused():
 def test_a_recorded_command_with_the_removed_staleness_alias_is_read_as_the_group():
     """Commands stay as they ran; trainer.staleness meant exactly the group, so a timing record of
     that spelling is the arm, and a rerun of its curve spells it the way the CLI accepts now."""
-    from pipesgd.tools.bench.tta_reproduce import _train_args
+    from pipesgd_lab.bench.tta_reproduce import _train_args
 
     old = _timing("pipe+lookahead")
     old["command"] = old["command"].replace(" staleness=lookahead", " trainer.staleness=lookahead")
@@ -155,7 +155,7 @@ def test_the_report_uses_records_and_lists_what_it_did_not_use(tmp_path):
 def test_a_config_keeping_a_keys_removed_alias_beside_it_is_still_one_recipe():
     """Runs of a commit whose config kept ``trainer.staleness`` beside the ``staleness`` group: an
     arm's ``staleness=...`` sets both, so neither makes two arms different recipes."""
-    from pipesgd.tools.bench.tta_records import usable_curves
+    from pipesgd_lab.bench.tta_records import usable_curves
 
     def rec(arm, rule, overrides):
         config = {"seed": 0, "trainer": {"mode": "pipe", "staleness": rule}, "staleness": {"_target_": rule},
@@ -176,7 +176,7 @@ def test_a_config_with_the_removed_dc_aliases_is_still_the_recipe_of_one_without
     (the dc rule's settings before the staleness group held them) and one run after: both arms set
     ``staleness=...``, so the rule's settings are not what makes a recipe (2026-11-28: DDP +
     PowerSGD seed 1 was refused against sync seed 0 for exactly these)."""
-    from pipesgd.tools.bench.tta_records import usable_curves
+    from pipesgd_lab.bench.tta_records import usable_curves
 
     def rec(arm, trainer, overrides):
         config = {"seed": 0, "trainer": {"mode": "ddp", **trainer}, "staleness": {"_target_": "Plain"},

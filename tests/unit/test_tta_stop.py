@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from pipesgd.tools.bench import tta
-from pipesgd.tools.bench import tta_records as records
+from pipesgd_lab.bench import tta
+from pipesgd_lab.bench import tta_records as records
 
 # The child stops its parent (this test process) once it runs, then would sleep far past the timeout.
 CHILD = "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(120)"
@@ -43,7 +43,7 @@ def test_the_driver_exits_143_when_stopped(tmp_path):
     """End to end through main(): the curves phase's child is the one that sends the SIGTERM."""
     wrapper = tmp_path / "stopper.py"
     wrapper.write_text(CHILD)
-    driver = ("import sys; from pipesgd.tools.bench import tta; "
+    driver = ("import sys; from pipesgd_lab.bench import tta; "
               f"tta.train_command = lambda *a, **k: [sys.executable, {str(wrapper)!r}]; "
               "sys.exit(tta.main(sys.argv[1:]))")
     r = subprocess.run([sys.executable, "-c", driver, "--phase", "curves", "--arms", "sync", "--seeds", "0",
@@ -56,11 +56,11 @@ def test_the_driver_exits_143_when_stopped(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_the_bench_driver_stops_its_child_and_exits_143(tmp_path):
-    """``python -m pipesgd.tools.bench`` shares the mechanism: its cell's child (here the stopper) is
+    """``python -m pipesgd_lab.bench`` shares the mechanism: its cell's child (here the stopper) is
     stopped, not left running in its own session, and the driver exits 128 + SIGTERM."""
     stopper, marker = tmp_path / "stopper.py", tmp_path / "child-survived"
     stopper.write_text(CHILD.replace("time.sleep(120)", f"time.sleep(20); open({str(marker)!r}, 'w')"))
-    driver = ("import sys\nfrom pathlib import Path\nfrom pipesgd.tools.bench import __main__ as bench, runner\n"
+    driver = ("import sys\nfrom pathlib import Path\nfrom pipesgd_lab.bench import __main__ as bench, runner\n"
               "def run_cells(cells, settings):\n"
               f"    runner.run_logged([sys.executable, {str(stopper)!r}], Path({str(tmp_path / 'cell.log')!r}), 60)\n"
               "    yield from ()\n"

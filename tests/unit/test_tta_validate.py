@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipesgd.tools.bench import tta, tta_report
+from pipesgd_lab.bench import tta, tta_report
 from tests.unit.test_tta_records import _record, _summary, _timing
 
 

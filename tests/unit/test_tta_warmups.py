@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipesgd.tools.bench import tta, tta_report
-from pipesgd.tools.bench import tta_compose as c
+from pipesgd_lab.bench import tta, tta_report
+from pipesgd_lab.bench import tta_compose as c
 from pipesgd.hostinfo import fingerprint
 from tests.unit.test_tta_records import _record, _summary
 
@@ -79,7 +79,7 @@ def test_ddp_with_the_pipelined_powersgd_hook_is_a_pipelined_arm_with_powersgds_
     """Issue 41's arm: DDP at width 2 around torch's PowerSGD hook with the lookahead rule. The
     study composes it as a pipelined arm against the DDP baselines, and times its warm-up (the
     hook's plain steps) at its own rate, as DDP + PowerSGD's."""
-    from pipesgd.tools.bench.tta_arms import ARMS, WARMUP_KEYS
+    from pipesgd_lab.bench.tta_arms import ARMS, WARMUP_KEYS
 
     arm = "ddp-pipelined+lookahead-powersgd"
     assert {"trainer.mode=ddp", "trainer.width=2", "staleness=lookahead", "compressor=powersgd"} <= set(ARMS[arm])
