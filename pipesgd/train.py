@@ -24,26 +24,27 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import dist as pdist
-from . import launch, schema, trace  # noqa: F401  (schema: registers the structured config with Hydra)
+from . import launch, schema  # noqa: F401  (schema: registers the structured config with Hydra)
+from .observability import trace
 from .comm import bind, get_allreduce
 from .config import ConfigError, check_batch, check_removed, command_line_keys, staleness_rule, validate
 from .data import DatasetError
 from .engine import Engine, ModeArgs
 from .engine.pipe import clip_applied_gradient
-from .faults import Faults
-from .hostinfo import fingerprint
+from .reliability.faults import Faults
+from .observability.hostinfo import fingerprint
 from .live.options import replica_shard
-from .metrics import make_writer
+from .observability.metrics import make_writer
 from .engine.build import build
 from .modes import get_mode
 from .objective import Objective
 from .placement import pin
-from .reliability import Reliability
-from .runinfo import git_commit, write_json_atomic
-from .summary import Prediction, summary
+from .reliability.hooks import Reliability
+from .observability.runinfo import git_commit, write_json_atomic
+from .observability.summary import Prediction, summary
 from .timing import algorithm_for
 from .trainer import Trainer, median
-from .watchdog import Watchdog
+from .reliability.watchdog import Watchdog
 
 log = logging.getLogger("pipesgd.train")
 

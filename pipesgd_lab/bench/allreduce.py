@@ -40,7 +40,7 @@ def _worker(algo: str, nbytes: int, repeats: int, warmup: int, out: str) -> None
 
     from pipesgd import dist as pdist
     from pipesgd.comm import get_allreduce
-    from pipesgd.runinfo import write_json_atomic
+    from pipesgd.observability.runinfo import write_json_atomic
 
     torch.set_num_threads(1)
     fn = get_allreduce(algo)

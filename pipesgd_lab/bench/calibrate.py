@@ -55,7 +55,7 @@ from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
-from pipesgd.runinfo import git_commit, write_json_atomic
+from pipesgd.observability.runinfo import git_commit, write_json_atomic
 
 from pipesgd.timing.model import allreduce_time
 

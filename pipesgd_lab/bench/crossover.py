@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from pipesgd.hostinfo import host_kind
+from pipesgd.observability.hostinfo import host_kind
 from pipesgd.timing import Link, allreduce_time, parse_bandwidth
 from pipesgd.timing.model import FP32_BYTES
 from pipesgd.timing.scale import ARMS as ARM_MODES

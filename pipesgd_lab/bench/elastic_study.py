@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipesgd.runinfo import git_commit
+from pipesgd.observability.runinfo import git_commit
 
 from .runner import CellFailed, check_seeds_and_overrides, recorded, run_logged, save
 

@@ -50,10 +50,10 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipesgd.hostinfo import fingerprint
+from pipesgd.observability.hostinfo import fingerprint
 from pipesgd.launch import process_state
 from pipesgd.live.launch import replica_dir
-from pipesgd.runinfo import git_commit
+from pipesgd.observability.runinfo import git_commit
 from pipesgd_lab.emulate.drill import STEP, Log, stamp
 
 from . import live_drill_torchrun

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from pipesgd.comm import ring_allreduce
 from pipesgd.engine.exchange import GradientExchange
 from pipesgd.models.resnet_cifar import resnet20
-from pipesgd.runinfo import git_commit, write_json_atomic
+from pipesgd.observability.runinfo import git_commit, write_json_atomic
 
 
 class Clock:

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipesgd.runinfo import write_json_atomic
+from pipesgd.observability.runinfo import write_json_atomic
 from pipesgd.timing.model import Link, comm_time
 
 from .grid import RING_SCALING_ALGOS, RING_SCALING_LINKS, RING_SCALING_WORLD_SIZES, ring_scaling_grid

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from pipesgd.comm import ring_bytes
 from pipesgd_lab.emulate.netns import DEFAULT_MTU
-from pipesgd.hostinfo import fingerprint
-from pipesgd.runinfo import git_commit, write_json_atomic
+from pipesgd.observability.hostinfo import fingerprint
+from pipesgd.observability.runinfo import git_commit, write_json_atomic
 from pipesgd.timing import allreduce_time, load_calibration, parse_bandwidth
 
 from . import probe

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipesgd_lab.emulate.netns import DEFAULT_MTU
-from pipesgd.hostinfo import fingerprint
-from pipesgd.runinfo import git_commit, write_json_atomic
+from pipesgd.observability.hostinfo import fingerprint
+from pipesgd.observability.runinfo import git_commit, write_json_atomic
 
 from . import probe
 from . import tta_records as records

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipesgd.checkpoint import NOT_HASHED, config_diff, config_digest, drop_keys, hashed_config, mode_sections
-from pipesgd.hostinfo import UNKNOWN, host_kind
+from pipesgd.reliability.checkpoint import NOT_HASHED, config_diff, config_digest, drop_keys, hashed_config, mode_sections
+from pipesgd.observability.hostinfo import UNKNOWN, host_kind
 
 from .tta_compose import ACCURACY, Metric
 
@@ -153,7 +153,7 @@ def curve_record(arm: str, seed: int, arm_overrides: Sequence[str], recipe: str,
 def seed_hosts(used: Sequence[Mapping], allow_mixed: bool = False) -> dict[str, dict]:
     """Per arm: ``kinds`` (host kind -> the seeds run on it) and ``mixed``. Raises :class:`Refused`
     for an arm whose seeds ran on more than one kind of host (a record without a fingerprint counts
-    as a kind of its own, :data:`~pipesgd.hostinfo.UNKNOWN`) unless ``allow_mixed``; the arm then
+    as a kind of its own, :data:`~pipesgd.observability.hostinfo.UNKNOWN`) unless ``allow_mixed``; the arm then
     says ``composed_across_host_kinds``."""
     out: dict[str, dict] = {}
     for r in used:

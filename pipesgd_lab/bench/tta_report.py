@@ -10,9 +10,9 @@ import logging
 import statistics
 from pathlib import Path
 
-from pipesgd.checkpoint import CheckpointDir, CheckpointError
-from pipesgd.hostinfo import fingerprint, host_kind
-from pipesgd.runinfo import git_commit, write_json_atomic
+from pipesgd.reliability.checkpoint import CheckpointDir, CheckpointError
+from pipesgd.observability.hostinfo import fingerprint, host_kind
+from pipesgd.observability.runinfo import git_commit, write_json_atomic
 
 from . import probe
 from . import tta_compose as compose

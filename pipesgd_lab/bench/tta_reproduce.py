@@ -3,7 +3,7 @@ record's first evaluation here and say whether it comes out to the digit.
 
 The answer is one of :data:`REPRODUCED`, :data:`DIFFERS` (exit status 1), or :data:`OTHER_HOST`
 (exit status 2, nothing is run; 3: no answer, the record cannot be rerun as it ran): a curve reruns to the digit on the kind of host it was produced on
-and not on another (:mod:`pipesgd.hostinfo`), so a rerun elsewhere proves nothing either way. A
+and not on another (:mod:`pipesgd.observability.hostinfo`), so a rerun elsewhere proves nothing either way. A
 record that does not say its host is rerun, and the answer says that its host is unknown.
 
 The rerun is the record's own training command (its first segment's overrides; the recipe, the
@@ -25,8 +25,8 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from pipesgd.checkpoint import config_diff, hashed_config
-from pipesgd.hostinfo import UNKNOWN, fingerprint, host_kind, kind_differences
+from pipesgd.reliability.checkpoint import config_diff, hashed_config
+from pipesgd.observability.hostinfo import UNKNOWN, fingerprint, host_kind, kind_differences
 
 from .runner import CellFailed, recorded, run_logged
 from .tta_records import respelled

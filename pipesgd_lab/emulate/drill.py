@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pipesgd_lab.emulate.cluster import Cluster
 from pipesgd_lab.emulate.netns import namespace_pids
-from pipesgd.runinfo import write_json_atomic
+from pipesgd.observability.runinfo import write_json_atomic
 
 log = logging.getLogger("pipesgd_lab.emulate.drill")
 

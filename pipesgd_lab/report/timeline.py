@@ -1,6 +1,6 @@
 """The overlap timeline: a Gantt chart of a few traced steps, one lane per rank and thread.
 
-Input is the ``trace.json`` a run writes with ``trainer.trace=true`` (pipesgd.trace). The chart
+Input is the ``trace.json`` a run writes with ``trainer.trace=true`` (pipesgd.observability.trace). The chart
 shows the training thread's forward / backward / pack / wait / update next to the communication
 thread's encode / exchange / decode spans, so the reduction of step t running under the
 forward/backward of step t+1 (width 2) is visible, and so is every millisecond the training

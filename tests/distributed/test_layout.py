@@ -262,7 +262,7 @@ PROBES_ALLOWED = {
     "pipesgd.reduction": "resolves a compressor/reduction spec (a name or an instance)",
     "pipesgd.staleness.base": "resolves a staleness spec (a name or an instance)",
     "pipesgd.models": "unwrap: the one place that looks inside a DDP wrapper",
-    "pipesgd.progress": "a logging handler's stream",
+    "pipesgd.observability.progress": "a logging handler's stream",
     "pipesgd.timing.model": "Link's own fields, validated by name",
     "pipesgd.data.download": "an URLError's reason",
     "pipesgd_lab.emulate.relay": "os.setns exists from Python 3.12",

@@ -15,7 +15,7 @@ import pytest
 from runs import ROOT, fast
 
 from pipesgd_lab.report import ReportError, sweep_report
-from pipesgd.trace import CATEGORIES
+from pipesgd.observability.trace import CATEGORIES
 
 STEPS = 12
 

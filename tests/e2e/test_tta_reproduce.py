@@ -13,7 +13,7 @@ import pytest
 
 from pipesgd_lab.bench import tta_records, tta_reproduce
 from pipesgd_lab.bench.runner import recorded
-from pipesgd.hostinfo import fingerprint, host_kind
+from pipesgd.observability.hostinfo import fingerprint, host_kind
 from runs import CACHE, ROOT, fast, summary, train
 
 ARM = ("trainer.mode=pipe", "trainer.width=2", "staleness=none")

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from pipesgd import elastic
+from pipesgd.reliability import elastic
 from pipesgd.data.loader import ShardedLoader, Split
 
 

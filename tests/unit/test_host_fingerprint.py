@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipesgd import hostinfo
+from pipesgd.observability import hostinfo
 from pipesgd_lab.bench import tta, tta_report, tta_reproduce
 from pipesgd_lab.bench import tta_records as r
 from tests.unit.test_tta_records import _record, _summary

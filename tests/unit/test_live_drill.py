@@ -144,7 +144,7 @@ def test_a_survivor_that_healed_from_a_peer_got_back_the_update_it_failed():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("after, status", [("SIGCONT", 0), ("SIGKILL", -9)])
 def test_a_stopped_group_is_found_by_its_fault_line_and_signalled(tmp_path, after, status):
-    """A process that logs the fault line the way pipesgd.faults does and stops itself: the drill
+    """A process that logs the fault line the way pipesgd.reliability.faults does and stops itself: the drill
     finds its pid, sees it stopped, and sends the signal that ends the stop."""
     import signal
     import subprocess

@@ -1,6 +1,6 @@
 """Resuming a checkpoint on another number of ranks: the rule for each piece of state.
 
-Pure functions on a checkpoint's contents; :class:`pipesgd.reliability.Reliability` applies them
+Pure functions on a checkpoint's contents; :class:`pipesgd.reliability.hooks.Reliability` applies them
 when ``trainer.elastic=true`` and the world size changed (docs/reliability.md, "Elastic resume").
 
 * In-flight averaged gradients (shared): averages over the old world, applied as they are.

@@ -2,8 +2,8 @@
 
 ``<run dir>/checkpoints/step-00000032.pt`` plus its ``.sha256`` (``sha256sum -c`` format), written
 to a temporary file, fsynced and renamed, loaded with ``torch.load(weights_only=True)`` after the
-checksum is verified (docs/reliability.md). What goes inside is :mod:`pipesgd.reliability`'s.
-A checkpoint of an older layout is refused; ``python -m pipesgd.checkpoint convert OLD [NEW]``
+checksum is verified (docs/reliability.md). What goes inside is :mod:`pipesgd.reliability.hooks`'s.
+A checkpoint of an older layout is refused; ``python -m pipesgd.reliability.checkpoint convert OLD [NEW]``
 rewrites it in this one (:func:`upgrade`).
 """
 
@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .models import unwrap
-from .modes import get_mode, modes
-from .runinfo import file_digest, write_atomic
-from .staleness import rule_class
+from ..models import unwrap
+from ..modes import get_mode, modes
+from ..observability.runinfo import file_digest, write_atomic
+from ..staleness import rule_class
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ FORMAT = 2
 """2: the config carries the ``staleness`` group, not ``trainer.staleness`` / ``trainer.dc_*``; the
 data position is ``consumed`` samples; ``evals`` is always there; a rank's CUDA RNG is its own GPU's.
 Format 1 had each of those in its older form (:func:`upgrade` says which)."""
-CONVERT = "python -m pipesgd.checkpoint convert"
+CONVERT = "python -m pipesgd.reliability.checkpoint convert"
 _NAME = re.compile(r"step-(\d+)\.pt")
 
 
@@ -309,7 +309,7 @@ def _staleness_group(trainer: dict) -> dict:
 
 def upgrade_config(config: dict) -> dict:
     """A format-1 (hashed) config in format 2's form, in place; returned: the ``staleness`` group in
-    place of ``trainer.staleness`` / ``trainer.dc_*`` (the time-to-accuracy records keep such configs too)."""
+    place of ``trainer.staleness`` / ``trainer.dc_*``."""
     trainer = config.get("trainer", {})
     config["staleness"] = _staleness_group(trainer)
     for key in _ALIASES:
@@ -360,8 +360,8 @@ def convert(old: str | os.PathLike, new: str | os.PathLike | None = None) -> Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pipesgd.checkpoint convert OLD [NEW]`` (docs/reliability.md#old-checkpoints)."""
-    parser = argparse.ArgumentParser(prog="python -m pipesgd.checkpoint",
+    """``python -m pipesgd.reliability.checkpoint convert OLD [NEW]`` (docs/reliability.md#old-checkpoints)."""
+    parser = argparse.ArgumentParser(prog="python -m pipesgd.reliability.checkpoint",
                                      description="Checkpoint files (docs/reliability.md).")
     sub = parser.add_subparsers(dest="command", required=True)
     conv = sub.add_parser("convert", help=f"rewrite a format-1 checkpoint in format {FORMAT}")

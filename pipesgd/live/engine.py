@@ -19,22 +19,22 @@ from torch import Tensor, nn
 
 from ..comm import REGISTRY as COMM_REGISTRY
 from ..comm import CommStats, CommThread, CompletedHandle, Handle, bind
-from ..checkpoint import param_checksum
+from ..reliability.checkpoint import param_checksum
 from ..comm.native import native_allreduce
 from ..compress import Compressor
 from ..flat import has_nonfinite, state_to_device
-from ..live import require_torchft
-from ..live import launch as live_launch
-from ..live import status, watch
-from ..live.group import QuorumGroup, TorchftGroup
-from ..live.options import LiveOptions
-from ..live.peers import QuorumPeers
-from ..live.reduction import forget_residual, reduce_apart, stateful
+from . import require_torchft
+from . import launch as live_launch
+from . import status, watch
+from .group import QuorumGroup, TorchftGroup
+from .options import LiveOptions
+from .peers import QuorumPeers
+from .reduction import forget_residual, reduce_apart, stateful
 from ..modes import check_comm, check_compressor, register
 from ..reduction import Reduction, resolve
-from ..replicas import EXACT_GROUPS, MOMENTS, ReplicaMismatch, describe_summed_mismatch, moments
+from ..reliability.replicas import EXACT_GROUPS, MOMENTS, ReplicaMismatch, describe_summed_mismatch, moments
 from ..staleness import Staleness, make_staleness
-from .base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats
+from ..engine.base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,8 @@ class LiveEngine(Engine):
     quorum holds), the replicas' weights are compared on the reduction itself: it carries, after
     the count, each byte d of the sha256 of the weights it was launched from
     (:meth:`consistent_weights`) and d*d, summed exactly with the count; a mismatch raises
-    :class:`~pipesgd.replicas.ReplicaMismatch` from the ``step()`` that votes the reduction in, on
-    every group (:func:`~pipesgd.replicas.moments` says how the sums tell). A share that is zeroed
+    :class:`~pipesgd.reliability.replicas.ReplicaMismatch` from the ``step()`` that votes the reduction in, on
+    every group (:func:`~pipesgd.reliability.replicas.moments` says how the sums tell). A share that is zeroed
     (a healer's) takes no part; a reduction the quorum drops takes its check with it. No
     collective of its own: the groups share no process group to gather digests on, and a check
     asked for by a call could not be agreed with a group that joins (its buffer would be
@@ -134,8 +134,8 @@ class LiveEngine(Engine):
         _quiet_torchft()
         from torchft.process_group import ProcessGroupGloo
 
-        from ..live import listen
-        from ..live.transport import RunTransport
+        from . import listen
+        from .transport import RunTransport
 
         self.module, self.optimizer, self.options = module, optimizer, options
         self.params = [p for p in module.parameters() if p.requires_grad]
@@ -543,8 +543,8 @@ def build(a: ModeArgs) -> tuple[nn.Module, LiveEngine]:
     process started without it is a lone replica group with a lighthouse of its own."""
     import uuid
 
-    from ..live.lighthouse import Lighthouse
-    from ..live.options import options_from_env
+    from .lighthouse import Lighthouse
+    from .options import options_from_env
 
     live_launch.log_start(log)
     options, lighthouse = options_from_env(), None

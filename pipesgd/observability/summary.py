@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .timing import TimingModel
-from .trainer import History, median
+from ..timing import TimingModel
+from ..trainer import History, median
 
 
 def compression_ratio(h: History) -> float:

@@ -16,8 +16,10 @@ replica group (``pipesgd.live.options.replica_attempt``) and the attempt is the 
 live launcher (or, for a group run as its own torchrun job, torchrun) has restarted that group
 (``PIPESGD_LIVE_RESTART``): ``kill:1:35`` kills group 1 once, and its restarted process trains on.
 
-An environment variable rather than a config key: it is not a setting of the run, it reaches
-workers started by any launcher, and an unset variable costs one dict lookup per step.
+An environment variable rather than a config key: it is not a setting of the run and it reaches
+workers started by any launcher. It is read once, when a worker builds its hooks
+(:meth:`Faults.from_env`): unset, or naming none of this rank's faults, nothing is installed and
+the training step never calls in here.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .live.options import replica_attempt
+from ..live.options import replica_attempt
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +72,19 @@ class Faults:
         self.rank, self.who = rank, who
 
     @classmethod
-    def from_env(cls, rank: int) -> Faults:
+    def from_env(cls, rank: int) -> Faults | None:
         """The faults ``PIPESGD_FAULT`` gives ``rank`` on this attempt (``TORCHELASTIC_RESTART_COUNT``);
-        in a replica group of the live launcher, those it gives the group on the group's attempt."""
-        faults = parse(os.environ.get(ENV, ""))
+        in a replica group of the live launcher, those it gives the group on the group's attempt.
+        None when it gives none (the variable unset in every ordinary run): nothing to install."""
+        spec = os.environ.get(ENV, "")
+        if not spec:
+            return None
         live = replica_attempt()
         if live is not None:
-            return cls(faults, *live, who="replica group")
-        return cls(faults, rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+            faults = cls(parse(spec), *live, who="replica group")
+        else:
+            faults = cls(parse(spec), rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        return faults if faults.mine else None
 
     def after_backward(self, step: int, model: nn.Module) -> None:
         for f in self.mine:

@@ -35,7 +35,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from .comm import CommError, one_line
+from ..comm import CommError, one_line
 
 log = logging.getLogger(__name__)
 

@@ -21,15 +21,15 @@ from torch import nn
 from . import elastic, termination
 from .checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, config_digest, hashed_config,
                          param_checksum, rng_state, set_rng_state)
-from .data.loader import mix_seed
-from .engine.base import Engine
-from .flat import state_to_device
+from ..data.loader import mix_seed
+from ..engine.base import Engine
+from ..flat import state_to_device
 from .faults import Faults
-from .models import unwrap
-from .modes import get_mode, modes_with
+from ..models import unwrap
+from ..modes import get_mode, modes_with
 from .replicas import ReplicaMismatch, describe_mismatch
-from .schedule import reposition
-from .trainer import Trainer, TrainerHooks
+from ..schedule import reposition
+from ..trainer import Trainer, TrainerHooks
 from .watchdog import Watchdog, is_comm_failure
 
 log = logging.getLogger(__name__)
@@ -41,9 +41,10 @@ class Reliability(TrainerHooks):
     there), ``never`` or a checkpoint path; the replicas' parameter checksums are compared every
     ``check_every`` steps (None: never). ``config`` is the resolved config as plain containers.
     ``watchdog`` (default: no heartbeats) records where this rank is, its heartbeat runs from
-    ``on_fit_start`` until :meth:`guard` exits; ``faults`` (default: none) are fired after backward.
+    ``on_fit_start`` until :meth:`guard` exits; ``faults`` (default: none; the tests'
+    injection, faults.py) are fired after backward.
     ``elastic`` lets a checkpoint written by another number of ranks resume here
-    (:mod:`pipesgd.elastic` says what happens to each piece of state); without it that is an error.
+    (:mod:`pipesgd.reliability.elastic` says what happens to each piece of state); without it that is an error.
     """
 
     def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, engine: Engine, rank: int, world_size: int, device: torch.device, run_dir: str | Path,
@@ -58,7 +59,7 @@ class Reliability(TrainerHooks):
         self.config = hashed_config(config)
         self.digest = config_digest(config)
         self.watchdog = watchdog or Watchdog(rank, world_size, timeout_s=300.0)
-        self.faults = faults or Faults([], rank)
+        self.faults = faults
         self.resumed_from: int | None = None
         self.elastic, self.mode = elastic, mode
         self.resharded: dict | None = None
@@ -76,7 +77,8 @@ class Reliability(TrainerHooks):
         return epoch, consumed
 
     def on_backward_end(self, trainer: Trainer) -> None:
-        self.faults.after_backward(trainer.step + 1, trainer.model)
+        if self.faults is not None:  # the tests' fault injection, installed only when PIPESGD_FAULT names this rank
+            self.faults.after_backward(trainer.step + 1, trainer.model)
         self.watchdog.set("engine step (launch, wait for and apply reductions)")
 
     def on_step_end(self, trainer: Trainer, epoch: int, consumed: int) -> None:
@@ -97,7 +99,7 @@ class Reliability(TrainerHooks):
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
-        """Run the loop; a timeout or lost peer becomes a :class:`~pipesgd.watchdog.HangError`
+        """Run the loop; a timeout or lost peer becomes a :class:`~pipesgd.reliability.watchdog.HangError`
         naming this rank's step and phase, what it waited on, and the silent peers. A SIGTERM
         (scancel, a scheduler's time limit) ends the process at once, saying where it stood and
         which checkpoint a rerun with the same run directory resumes from."""
@@ -231,7 +233,7 @@ class Reliability(TrainerHooks):
 
     def _restore(self, state: dict, trainer: Trainer) -> tuple[int, int]:
         """Load ``state`` into the model, optimizer, scheduler, engine and trainer; returns the data
-        position (epoch, samples of it trained). On another world size, :mod:`pipesgd.elastic`'s rules."""
+        position (epoch, samples of it trained). On another world size, :mod:`pipesgd.reliability.elastic`'s rules."""
         old_world, consumed = state["world_size"], state["consumed"]
         mine = elastic.rank_state(state["ranks"], self.rank, self.engine.state_for_new_rank)
         new_lrs = [g.get("initial_lr", g["lr"]) for g in self.optimizer.param_groups]
