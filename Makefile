@@ -12,7 +12,7 @@ TEST_WORKERS ?= 2
 # Options for the benchmark suite, e.g. BENCH="--quick" or BENCH="--only 'resnet20/p2/*'".
 BENCH ?=
 
-.PHONY: setup debs run test bench gpu-check clean
+.PHONY: setup debs run test test-lib bench gpu-check clean
 
 setup: $(VENV)/.installed debs
 
@@ -43,6 +43,11 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
+
+# The library's tests only: every tier but the lab's (tests/lab) and SLURM's, whose hosts are the
+# lab's emulated ones (tests/README.md). tests/distributed/test_layout.py keeps the rest off the lab.
+test-lib: setup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --ignore=tests/lab --ignore=tests/slurm
 
 bench: setup
 	$(PY) -m pipesgd_lab.bench $(BENCH) data.root=$(DATA)

@@ -176,7 +176,7 @@ def destroy(abort: bool = False) -> None:
     """Tear down every process group. ``abort`` (after an error): without waiting for collectives
     still in flight. A graceful destroy on recent torch waits for a hung NCCL collective until
     NCCL's watchdog aborts the process (SIGABRT), so the error that ended the run never reaches
-    the log or the launcher (issue 43, defect 3); abort returns at once on NCCL and Gloo."""
+    the log or the launcher; abort returns at once on NCCL and Gloo."""
     if not dist.is_initialized():
         return
     if not abort:

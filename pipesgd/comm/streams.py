@@ -202,7 +202,7 @@ class CudaStreams:
         # Recorded before the host waits (for the communication thread, then in finish() for the
         # device): the training stream runs dry here while the host blocks, so the stall counts
         # from this point. Recorded after, once the work had ended, the exposed communication read
-        # ~0 (issue 43, defect 2), with a deadline on NCCL and always on Gloo, whose thread blocks.
+        # ~0 while the stall was real, with a deadline on NCCL and always on Gloo, whose thread blocks.
         before = _timing_event()
         before.record(torch.cuda.current_stream(self.device))
         return before

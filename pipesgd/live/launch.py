@@ -13,6 +13,7 @@ import ipaddress
 import logging
 import multiprocessing
 import os
+import re
 import shutil
 import time
 import uuid
@@ -84,6 +85,11 @@ def _replica_main(env: dict[str, str], fn: Callable[..., object], args: tuple) -
     _imported_at = time.time()  # fn arrived pickled: its module, torch with it, is imported by now
     os.environ.update(env)
     fn(*args)
+
+
+STARTED = re.compile(r"replica group (\d+) restart (\d+) pid (\d+): process started at ([\d.]+|nan), "
+                     r"imports done at ([\d.]+)")
+"""The line :func:`log_start` writes, for what reads a group's log (group, restart, pid, started, imported)."""
 
 
 def log_start(logger: logging.Logger) -> None:

@@ -151,7 +151,7 @@ MODELS: dict[str, ModelPreset] = {m.name: m for m in (
         "pre-norm decoder after Radford et al., 2019); 1,239,040 parameters counted by building it",
         panel=False),
 )}
-"""The four model presets the issue names (ViT-B as ViT-B/16)."""
+"""The four model presets of the scale map (ViT-B as ViT-B/16)."""
 
 _DLE_RN50 = ("NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "
              "'Training performance results' (pytorch-21.03 NGC container), "

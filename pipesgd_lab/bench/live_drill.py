@@ -52,7 +52,7 @@ from pathlib import Path
 
 from pipesgd.observability.hostinfo import fingerprint
 from pipesgd.launch import process_state
-from pipesgd.live.launch import replica_dir
+from pipesgd.live.launch import STARTED, replica_dir
 from pipesgd.observability.runinfo import git_commit
 from pipesgd_lab.emulate.drill import STEP, Log, stamp
 
@@ -75,8 +75,6 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
 """Workload -> its overrides. Spelled here only."""
 OWNED = ("seed", "trainer.mode", "dist.nproc", "dist.max_restarts", "trainer.log_every", "hydra.run.dir")
 """Keys this tool sets on every run; an override of one is refused."""
-_STARTED = re.compile(r"replica group (\d+) restart (\d+) pid (\d+): process started at ([\d.]+|nan), "
-                      r"imports done at ([\d.]+)")
 _FAULT = re.compile(r"fault injection \(PIPESGD_FAULT\): replica group (\d+) \(pid (\d+)\) does '(\w+)' at step (\d+)")
 _HEALED = "healed from a peer"
 _DIGEST = re.compile(r"weights sha256 (\w+) after the update of step (\d+), the first since this replica (healed|served)")
@@ -243,7 +241,7 @@ def returning(lines: list[str], fault_at: float, resumed_at: float | None) -> di
     model: until the mode's builder starts), heal and first step after it (``join_s``: the engine,
     torchft's Manager, the quorum and the state transfer). A group that was stopped and continued
     returns at ``resumed_at`` in the process it had."""
-    starts = [(stamp(line), m) for line in lines if (m := _STARTED.search(line)) and stamp(line) >= fault_at]
+    starts = [(stamp(line), m) for line in lines if (m := STARTED.search(line)) and stamp(line) >= fault_at]
     if starts:  # the line is logged as the mode's builder starts: data and model are built by then
         built, m = starts[-1]
         started, imported, restart, pid = float(m[4]), float(m[5]), int(m[2]), int(m[3])

@@ -19,7 +19,7 @@ ARMS: dict[str, tuple[str, ...]] = {
                             "compressor=int8"),
     "pipe+lookahead-fp16": ("trainer.mode=pipe", "trainer.width=2", "staleness=lookahead",
                             "compressor=fp16"),
-    # DDP with the pipelined hook around torch's powerSGD_hook (issue 41), the lookahead rule through
+    # DDP with the pipelined hook around torch's powerSGD_hook, the lookahead rule through
     # the hook's forward context; its warm-up is the hook's own 1000 plain (pipelined) allreduces
     "ddp-pipelined+lookahead-powersgd": ("trainer.mode=ddp", "trainer.width=2", "trainer.warmup_sync_steps=0",
                                          "staleness=lookahead", "compressor=powersgd", "compressor.rank=2"),

@@ -37,7 +37,7 @@ DDP_ARMS = ("ddp", "ddp-fp16", "ddp-powersgd")
 
 def pipelined(arm: str) -> bool:
     """An arm whose averaged gradient is applied a step late: pipe's (``pipe…``) and DDP with the
-    pipelined hook (``ddp-pipelined…``, issue 41); a DDP arm (:data:`DDP_ARMS`) is a baseline."""
+    pipelined hook (``ddp-pipelined…``); a DDP arm (:data:`DDP_ARMS`) is a baseline."""
     return arm.startswith(("pipe", "ddp-pipelined"))
 BASELINES = ("sync", *DDP_ARMS)
 COMPUTE_ARM = "compute"
@@ -453,7 +453,7 @@ SPEED_GOALS = {"100mbit": 1.15, "50mbit": 1.35}
 sooner than the best DDP arm, or, where compute alone is not that much faster than the best DDP arm
 (physics caps the speedup), captures :data:`CAPTURE_GOAL` of the per-step gain compute alone allows."""
 LOSS_SPEED_GOALS = {"50mbit": 1.15}
-"""A lower-is-better study's speed goal (issue 46's GPT: the best pipe arm 1.15x sooner at 50 Mbit/s)."""
+"""A lower-is-better study's speed goal per link (the GPT's: the best pipe arm 1.15x sooner at 50 Mbit/s)."""
 CAPTURE_GOAL = 0.8
 COMPRESSED_PIPE_ARMS = ("pipe+lookahead-int8", "pipe+lookahead-fp16")
 """Arms that must end within :data:`SAME_ACCURACY_PP` of ``sync`` (mean over seeds)."""

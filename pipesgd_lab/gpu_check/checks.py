@@ -420,6 +420,9 @@ def step_times(out: Path, budget_s: float = 110.0) -> tuple[str, str, dict]:
 
 NCCL_SUITE_S = 600  # tests/gpu takes minutes (its silent-peer case alone waits 48 s); not in the one-GPU 8 minutes
 
+NCCL_SUITE = ("tests/gpu", "tests/lab/test_overlap_nccl.py")  # the library's NCCL tier, and the overlap bench on NCCL
+
+
 def nccl_suite(out: Path) -> tuple[str, str, dict]:
     import subprocess
 
@@ -427,11 +430,11 @@ def nccl_suite(out: Path) -> tuple[str, str, dict]:
 
     if torch.cuda.device_count() < 2:
         return "skip", f"{torch.cuda.device_count()} GPU: tests/gpu needs two (NCCL refuses two ranks on one device)", {}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/gpu"], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", *NCCL_SUITE], cwd=ROOT, capture_output=True,
                        text=True, timeout=NCCL_SUITE_S - 10)
     tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-200:]
     print(r.stdout[-20000:], r.stderr[-5000:])
-    return ("pass" if r.returncode == 0 else "fail"), f"pytest tests/gpu: {tail}", {"returncode": r.returncode}
+    return ("pass" if r.returncode == 0 else "fail"), f"pytest {' '.join(NCCL_SUITE)}: {tail}", {"returncode": r.returncode}
 
 
 CHECKS: tuple[Check, ...] = (

@@ -134,7 +134,7 @@ def ddp_hook_cuda(out: Path) -> tuple[str, str, dict]:
     parts["powersgd compressed (differs from the plain average)"] = d["powersgd_vs_allreduce_max_abs"] > 1e-6
     d["amp_moved"] = float((r0["amp"][-1] - r0["amp"][0]).abs().max())
     parts["amp: the scaled steps were applied"] = d["amp_moved"] > 0
-    # issue 41's lookahead and resume on CUDA tensors
+    # the hook's lookahead and resume on CUDA tensors
     d["lookahead_vs_engine_max_abs"] = max(float((a - b).abs().max())
                                            for a, b in zip(r0["lookahead"], r0["engine_lookahead"]))
     parts["lookahead: the hook follows PipeSGD(width=2, staleness='lookahead') at every step"] = (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import sys
 import typing
 from pathlib import Path
@@ -36,8 +37,8 @@ def _module_name(path: Path) -> str:
     file name elsewhere (tests/ is on sys.path (conftest.py), each test folder is put there by
     pytest, and an example is run as a script, its folder on the path)."""
     parts = path.relative_to(ROOT).with_suffix("").parts
-    if parts[0] not in ("pipesgd", "pipesgd_lab"):
-        return parts[-1]
+    if parts[0] not in ("pipesgd", "pipesgd_lab") and (parts[-1] != "conftest" or len(parts) == 2):
+        return parts[-1]  # a tier's own conftest.py is pytest's to load, by its path
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -85,6 +86,8 @@ def _imports(name: str, path: Path, modules: dict[str, Path] = MODULES) -> set[s
                 anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{anchor}.{base}" if base else anchor
             found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+    # ``from tests.lab.test_x import y``: the test module ``test_x`` (the repository root is on the path too)
+    found = {m.rpartition(".")[2] if m.startswith("tests.") else m for m in found}
     return {m for m in found if m in modules and m != name}
 
 
@@ -176,6 +179,37 @@ def test_the_library_never_imports_the_lab():
     assert LIBRARY and any(_is_lab(n) for n in MODULES)
 
 
+# The tests/ folders that use the lab: its own tier, and SLURM on the lab's emulated hosts. `make
+# test-lib` runs every other one, so none of those may import the lab or start one of its modules.
+LAB_TIERS = ("lab", "slurm")
+USES_ALLOWED = {
+    "test_layout": "names the lab only to look for it",
+    "conftest": "the netns and slurm fixtures import the lab inside, when a lab or SLURM test asks for them",
+}
+STARTS_A_LAB_MODULE = re.compile(r"""["']-m["'],\s*["']pipesgd_lab|python -m pipesgd_lab|examples/sweep\.sh""")
+
+
+def _uses_the_lab(name: str, path: Path, graph: dict[str, set[str]]) -> list[str]:
+    found = sorted(d for d in graph[name] if _is_lab(d))
+    return found + STARTS_A_LAB_MODULE.findall(path.read_text())
+
+
+def test_the_librarys_tests_never_use_the_lab():
+    graph = _graph()
+    for name, path in MODULES.items():
+        parts = path.relative_to(ROOT).parts
+        if parts[0] == "tests" and not (len(parts) > 2 and parts[1] in LAB_TIERS) and name not in USES_ALLOWED:
+            assert not _uses_the_lab(name, path, graph), \
+                f"{path.relative_to(ROOT)} uses the lab ({_uses_the_lab(name, path, graph)}): it belongs in tests/lab/"
+
+
+def test_the_lab_use_check_sees_an_import_and_a_started_module(tmp_path):
+    (tmp_path / "t.py").write_text("import subprocess, sys\nsubprocess.run([sys.executable, '-m', 'pipesgd_lab.report'])\n")
+    assert _uses_the_lab("t", tmp_path / "t.py", {"t": set()})
+    (tmp_path / "u.py").write_text("def f():\n    from pipesgd_lab.emulate import Cluster\n")
+    assert _uses_the_lab("u", tmp_path / "u.py", {"u": _imports("u", tmp_path / "u.py")})
+
+
 def test_the_direction_check_sees_an_upward_import(tmp_path):
     (tmp_path / "x.py").write_text("def f():\n    from pipesgd_lab.bench import runner\n")
     graph = {**_graph(), "pipesgd.x": _imports("pipesgd.x", tmp_path / "x.py")}
@@ -249,7 +283,7 @@ def test_comments_describe_the_code_not_the_tracker():
     import re
 
     for name, path in PACKAGES.items():
-        hits = re.findall(r"[Ii]ssue #\d+", path.read_text())
+        hits = re.findall(r"\b[Ii]ssue #?\d+", path.read_text())  # "issue 43", "issue #43"; not "issues 2 messages"
         assert not hits, f"{name} refers to {hits}: say what the code does instead"
 
 

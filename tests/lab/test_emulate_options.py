@@ -1,5 +1,5 @@
 """The emulated cluster's options without a cluster (no root, no namespaces): rates, the token
-bucket's burst, the run directory chosen once, and a Cluster's arguments (tests/e2e/test_emulate.py
+bucket's burst, the run directory chosen once, and a Cluster's arguments (tests/lab/test_emulate.py
 runs the real thing)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``python -m pipesgd_lab.bench.calibrate_cli`` without running it: the α–β fit by hand, and its
-arguments validated (the real run on 2 Gloo ranks is tests/e2e/test_calibrate.py)."""
+arguments validated (the real run on 2 Gloo ranks is tests/lab/test_calibrate.py)."""
 
 from __future__ import annotations
 

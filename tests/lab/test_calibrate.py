@@ -1,5 +1,5 @@
 """``python -m pipesgd_lab.bench.calibrate_cli``: a real run on 2 Gloo ranks whose file ``predict`` and
-training runs then read (the fit by hand: tests/unit/test_calibrate_fit.py)."""
+training runs then read (the fit by hand: tests/lab/test_calibrate_fit.py)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipesgd_lab.bench import tta, tta_report
-from tests.unit.test_tta_records import _record, _summary, _timing
+from tests.lab.test_tta_records import _record, _summary, _timing
 
 
 def _args(tmp_path, **kw):

@@ -1,6 +1,6 @@
 """The time-to-accuracy study end to end: a 2-arm miniature (MNIST, a couple of hundred steps) run
 through the CLI writes its JSON, plot and records, and a second call resumes (its arithmetic:
-tests/unit/test_tta_arithmetic.py)."""
+tests/lab/test_tta_arithmetic.py)."""
 
 import json
 import subprocess

@@ -1,5 +1,5 @@
 """The benchmark suite's machinery without running a cell: the grid, the targets arithmetic, merging
-results, the CPU split and recorded commands (tests/e2e/test_bench.py runs one tiny real cell of each kind)."""
+results, the CPU split and recorded commands (tests/lab/test_bench.py runs one tiny real cell of each kind)."""
 
 from __future__ import annotations
 

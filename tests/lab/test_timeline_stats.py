@@ -1,5 +1,5 @@
 """The timeline report's arithmetic on hand-made spans: overlap statistics clipped to a window, and
-the default window past the warm-up and the pipeline fill (tests/e2e/test_observability.py reads
+the default window past the warm-up and the pipeline fill (tests/lab/test_observability.py reads
 real traces)."""
 
 from __future__ import annotations

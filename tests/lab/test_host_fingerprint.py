@@ -1,47 +1,18 @@
-"""Every record says which kind of host produced it (issue #44, item 4): the fingerprint's fields, the
-curve record's host (summary.json's, a stamp only when asked, else unknown), the report's refusal to
-compose an arm whose seeds ran on different kinds of host, and the reproduce command's answer."""
+"""Every record says which kind of host produced it: the curve record's host (summary.json's, a
+stamp only when asked, else unknown), the report's refusal to compose an arm whose seeds ran on
+different kinds of host, and the reproduce command's answer (the fingerprint itself:
+tests/unit/test_hostinfo.py)."""
 
 import json
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from pipesgd.observability import hostinfo
 from pipesgd_lab.bench import tta, tta_report, tta_reproduce
 from pipesgd_lab.bench import tta_records as r
-from tests.unit.test_tta_records import _record, _summary
-
-SHOW = """PyTorch built with:
-  - Intel(R) oneAPI Math Kernel Library Version 2024.2-Product Build 20240605 for Intel(R) 64 architecture applications
-  - Intel(R) MKL-DNN v3.12.0 (Git Hash 80afa71049cd69a3df32adcccb623b12cd7baa22)
-  - CPU capability usage: AVX512
-  - Build settings: BLAS_INFO=mkl, BUILD_TYPE=Release, LAPACK_INFO=mkl,
-"""
-HOST_A = {"cpu_model": "Xeon A", "cores": 2, "machine": "x86_64", "torch": "2.13.0", "cpu_capability": "AVX512",
-          "blas": "mkl", "mkl": "2024.2", "onednn": "v3.12.0"}
-HOST_B = HOST_A | {"cpu_model": "EPYC B", "cpu_capability": "AVX2", "cores": 16}
-
-
-def test_the_build_versions_are_read_from_torchs_config():
-    assert hostinfo.parse_build(SHOW) == {"blas": "mkl", "mkl": "2024.2-Product Build 20240605", "onednn": "v3.12.0"}
-    assert hostinfo.parse_build("PyTorch built with:\n  - GCC 13\n") == {"blas": None, "mkl": None, "onednn": None}
-
-
-def test_the_fingerprint_of_this_host():
-    here = hostinfo.fingerprint()
-    assert set(hostinfo.KIND_FIELDS) <= set(here) and here["cores"] >= 1
-    assert here["torch"] == torch.__version__
-    assert here["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-    assert here["cpu_model"] and here["cpu_model"] != hostinfo.UNKNOWN
-
-
-def test_the_kind_leaves_out_the_core_count_but_not_the_cpu():
-    assert hostinfo.host_kind(HOST_A) == hostinfo.host_kind(HOST_A | {"cores": 64})
-    assert hostinfo.host_kind(HOST_A) != hostinfo.host_kind(HOST_B)
-    assert hostinfo.host_kind(None) == hostinfo.UNKNOWN
-    assert hostinfo.kind_differences(HOST_A, HOST_B) == ["cpu_model: Xeon A -> EPYC B", "cpu_capability: AVX512 -> AVX2"]
+from tests.lab.test_tta_records import _record, _summary
+from tests.unit.test_hostinfo import HOST_A, HOST_B
 
 
 def test_a_record_carries_its_runs_host_and_never_invents_one():

@@ -3,7 +3,7 @@ width-2 pipe run on MNIST, its record, and ``python -m pipesgd_lab.bench.tta_rep
 stops right after that evaluation (``trainer.stop_after_step``) with the whole run's schedule and a
 reduction still in flight; a run that merely ends there (``trainer.max_steps``) flushes the pipeline
 first and scores other weights. (That a one-bit difference reads "differs" is in
-tests/unit/test_host_fingerprint.py.)"""
+tests/lab/test_host_fingerprint.py.)"""
 
 import json
 import subprocess

@@ -10,7 +10,7 @@ import pytest
 from pipesgd_lab.bench import tta, tta_report
 from pipesgd_lab.bench import tta_compose as c
 from pipesgd.observability.hostinfo import fingerprint
-from tests.unit.test_tta_records import _record, _summary
+from tests.lab.test_tta_records import _record, _summary
 
 PINNED = {"rule": "rank", "allowed": [0, 1], "core": 0}
 

@@ -1,5 +1,5 @@
 """The benchmark suite end to end: one tiny real cell of each kind written to JSON with every field and
-rendered to markdown (its machinery without a run: tests/unit/test_bench_grid.py)."""
+rendered to markdown (its machinery without a run: tests/lab/test_bench_grid.py)."""
 
 from __future__ import annotations
 

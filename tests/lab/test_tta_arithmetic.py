@@ -1,6 +1,6 @@
 """The time-to-accuracy study's arithmetic against hand-computed values: targets, steps and time
 to the target, the link means over seeds, speedups and ceilings, the table, the goals, and bad
-arguments (tests/e2e/test_tta.py runs the study end to end)."""
+arguments (tests/lab/test_tta.py runs the study end to end)."""
 
 import pytest
 
