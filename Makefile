@@ -12,7 +12,7 @@ TEST_WORKERS ?= 2
 # Options for the benchmark suite, e.g. BENCH="--quick" or BENCH="--only 'resnet20/p2/*'".
 BENCH ?=
 
-.PHONY: setup debs run test bench gpu-check clean
+.PHONY: setup debs run test test-lib bench gpu-check clean
 
 setup: $(VENV)/.installed debs
 
@@ -44,8 +44,13 @@ run: setup
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
+# The library's tests only: every tier but the lab's (tests/lab) and SLURM's, whose hosts are the
+# lab's emulated ones (tests/README.md). tests/distributed/test_layout.py keeps the rest off the lab.
+test-lib: setup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --ignore=tests/lab --ignore=tests/slurm
+
 bench: setup
-	$(PY) -m pipesgd.tools.bench $(BENCH) data.root=$(DATA)
+	$(PY) -m pipesgd_lab.bench $(BENCH) data.root=$(DATA)
 
 # The whole GPU check in one command, at most 8 minutes on one GPU (docs/gpu.md, "The GPU check").
 # It needs only a CUDA build of torch: the .venv's python when there is one (make setup TORCH=torch),
@@ -54,7 +59,7 @@ GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_CHECK ?=
 
 gpu-check:
-	$(GPU_PY) scripts/gpu_check.py $(GPU_CHECK)
+	$(GPU_PY) -m pipesgd_lab.gpu_check $(GPU_CHECK)
 
 clean:
 	rm -rf outputs multirun .pytest_cache

@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
 
-from pipesgd.tools.report import sweep_report  # noqa: E402
+from pipesgd_lab.report import sweep_report  # noqa: E402
 
 GROUPS = {  # sub-directory -> the sweep's own overrides
     "baselines": ["trainer.mode=sync,ddp,pipe", "compressor=none"],

@@ -4,7 +4,7 @@
 #   examples/sweep.sh OUT_DIR [hydra overrides...]
 #
 # runs `python -m pipesgd.train -m OVERRIDES` (a comma list sweeps a key: trainer.mode=sync,pipe)
-# with every job in OUT_DIR/<job number>, then `python -m pipesgd.tools.report sweep OUT_DIR`, which
+# with every job in OUT_DIR/<job number>, then `python -m pipesgd_lab.report sweep OUT_DIR`, which
 # prints the table and writes sweep.md, sweep.csv, sweep_accuracy.png and sweep_breakdown.png.
 # Without overrides: the MNIST MLP on 2 workers, sync vs pipe, without and with int8 compression.
 # Compare the jobs' curves and hyper-parameters with `tensorboard --logdir OUT_DIR` (HParams tab).
@@ -22,4 +22,4 @@ fi
 py=${PYTHON:-python3}
 # Hydra's own launcher lines go to stdout; keep stdout for the report's table.
 "$py" -m pipesgd.train -m "hydra.sweep.dir=$out" "$@" >&2
-"$py" -m pipesgd.tools.report sweep "$out"
+"$py" -m pipesgd_lab.report sweep "$out"

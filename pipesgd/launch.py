@@ -35,7 +35,7 @@ SHUTDOWN_TIMEOUT_S = 5
 START_METHOD = "forkserver"
 """How the agent starts workers: forked from a server that imported :data:`PRELOAD` once."""
 PRELOAD = ["torch", "torch._dynamo", "hydra", "omegaconf", "pipesgd.config", "pipesgd.data", "pipesgd.engine",
-           "pipesgd.engine.build", "pipesgd.models", "pipesgd.reliability", "pipesgd.trainer"]
+           "pipesgd.engine.build", "pipesgd.models", "pipesgd.reliability.hooks", "pipesgd.trainer"]
 """What the fork server imports before it forks: what the worker's module (pipesgd.train) imports
 (and ``torch._dynamo``, which every ``torch.optim`` optimizer imports when it is built: 1.4 s),
 not the module itself, which each worker runs again as ``__mp_main__`` when the job was started

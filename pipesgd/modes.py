@@ -52,7 +52,7 @@ class Mode:
     ``check_on_reductions``: the replica check rides on the engine's own reductions:
     ``trainer.check_every`` reaches its builder (``ModeArgs.check_every``) and the reliability
     hooks gather no digests (live: its replica groups share no process group to gather on).
-    ``elastic``: a checkpoint resumes on another world size (pipesgd.elastic's rules cover its
+    ``elastic``: a checkpoint resumes on another world size (pipesgd.reliability.elastic's rules cover its
     state; a parameter server's master copy on one rank is not covered).
     ``nccl``: runs on the NCCL backend (ps_async's server receives from whichever worker pushes
     first, a receive from any source, which NCCL does not support). ``launcher``: the function

@@ -1,8 +1,8 @@
 """Where a worker runs: ``dist.cpu_affinity`` pins each worker process to one core.
 
 With the default (null) the OS places the workers and may move them between cores while they run;
-on a host with as many cores as workers (this project's 2-core machine with 2 ranks, or the
-emulated cluster, whose nodes all share one host) two ranks can then share a core for a while and
+on a host with as many cores as workers (two ranks on a 2-core machine, or an emulated cluster
+whose nodes all share one host) two ranks can then share a core for a while and
 a step takes longer for reasons that have nothing to do with the scheme being timed. Pinning takes
 that out of a timing:
 

@@ -3,7 +3,7 @@
 ``python -m pipesgd.train +experiment=resnet_cifar`` resolves the config ONCE in the launching
 process, validates it and prepares the data there (bad input fails before any worker starts),
 then starts ``dist.nproc`` workers that share the launcher's run directory. Under torchrun (or
-``pipesgd.tools.emulate``) every process is a worker and rank 0's run directory is the run directory.
+``pipesgd_lab.emulate``) every process is a worker and rank 0's run directory is the run directory.
 """
 
 from __future__ import annotations
@@ -24,26 +24,27 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import dist as pdist
-from . import launch, schema, trace  # noqa: F401  (schema: registers the structured config with Hydra)
+from . import launch, schema  # noqa: F401  (schema: registers the structured config with Hydra)
+from .observability import trace
 from .comm import bind, get_allreduce
 from .config import ConfigError, KeyOrigin, check_batch, check_removed, command_line_keys, staleness_rule, validate
 from .data import DatasetError
 from .engine import Engine, ModeArgs
 from .engine.pipe import clip_applied_gradient
-from .faults import Faults
-from .hostinfo import fingerprint
+from .reliability.faults import Faults
+from .observability.hostinfo import fingerprint
 from .live.options import replica_shard
-from .metrics import make_writer
+from .observability.metrics import make_writer
 from .engine.build import build
 from .modes import get_mode
 from .objective import Objective
 from .placement import pin
-from .reliability import Reliability
-from .runinfo import git_commit, write_json_atomic
-from .summary import Prediction, summary
+from .reliability.hooks import Reliability
+from .observability.runinfo import git_commit, write_json_atomic
+from .observability.summary import Prediction, summary
 from .timing import algorithm_for
 from .trainer import Trainer, median
-from .watchdog import Watchdog
+from .reliability.watchdog import Watchdog
 
 log = logging.getLogger("pipesgd.train")
 
@@ -277,7 +278,7 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
         steps=trainer.step, total_steps=trainer.total_steps, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
         placement=placement,
         git_commit=git_commit(), host=fingerprint(), config=container, data=run.data, **reliability.summary(), **run.engine.summary()))
-    # Per-step timings for benchmarks that skip warm-up steps (pipesgd.tools.bench).
+    # Per-step timings for benchmarks that skip warm-up steps (pipesgd_lab.bench).
     write_json_atomic(run_dir / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
 
 

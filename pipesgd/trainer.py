@@ -1,6 +1,6 @@
 """The loop: steps, evaluation, metrics, progress. No communication or compression code here:
 the engine decides when gradients move, the trainer only calls ``engine.step()``. Checkpoints,
-resume, replica checks and fault injection hang off :class:`TrainerHooks` (pipesgd.reliability)."""
+resume, replica checks and fault injection hang off :class:`TrainerHooks` (pipesgd.reliability.hooks)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from . import trace
+from .observability import trace
 from .comm.streams import Span, clock_for
 from .engine.base import Engine, StepStats
-from .metrics import MetricWriter
+from .observability.metrics import MetricWriter
 from .objective import Classification, Objective
-from .progress import Status, make_progress
+from .observability.progress import Status, make_progress
 
 log = logging.getLogger(__name__)
 

@@ -39,6 +39,15 @@ def pytest_xdist_make_scheduler(config, log):
     return NamespacesTogether(config, log)
 
 
+def pytest_collection_modifyitems(items):
+    """``slow`` means a training run on the real datasets: a test that takes the ``shared_data``
+    fixture (or carries runs.py's ``needs_mnist``, which marks it itself). ``pytest -m "not slow"``
+    leaves them out: what is left runs in minutes and needs no dataset."""
+    for item in items:
+        if "shared_data" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not (SHARED_DATA / "mnist").is_dir():
@@ -49,7 +58,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="module")
 def netns() -> None:
     """Skip unless this process can really build a (one-worker) emulated cluster."""
-    from pipesgd.tools.emulate import Cluster, EmulateError
+    from pipesgd_lab.emulate import Cluster, EmulateError
 
     if os.geteuid() != 0:
         pytest.skip("emulated cluster needs root (network namespaces, veth, tc)")
@@ -62,12 +71,12 @@ def netns() -> None:
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    """SLURM 22.05 on three emulated hosts (pipesgd.tools.emulate.slurm): `login` runs slurmctld and the
+    """SLURM 22.05 on three emulated hosts (pipesgd_lab.emulate.slurm): `login` runs slurmctld and the
     clients, node1 and node2 a slurmd each; one per test module (about a second to start), so that
-    no namespace of it outlives the module (tests/e2e/test_emulate.py counts this process's).
+    no namespace of it outlives the module (tests/lab/test_emulate.py counts this process's).
     The tier installs nothing (`make setup` installs slurm-wlm and munge as root). Without root or
     the programs it skips with the reason, except under CI=true, where it must run: it fails."""
-    from pipesgd.tools.emulate.slurm import SlurmCluster, missing_binaries
+    from pipesgd_lab.emulate.slurm import SlurmCluster, missing_binaries
 
     reason = None
     if os.geteuid() != 0:

@@ -23,7 +23,7 @@ from live_metric_replica import eval_split, make_eval_model  # noqa: E402
 from live_replica import make_optimizer, replica_arguments  # noqa: E402
 from pipesgd.data.loader import EvalLoader, ShardedLoader  # noqa: E402
 from pipesgd.data.split import Split  # noqa: E402
-from pipesgd.engine.live import LiveEngine  # noqa: E402
+from pipesgd.live.engine import LiveEngine  # noqa: E402
 from pipesgd.live.options import LiveOptions  # noqa: E402
 from pipesgd.objective import Classification  # noqa: E402
 from pipesgd.train import _share_position  # noqa: E402

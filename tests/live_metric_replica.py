@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from live_replica import batch, make_model, make_optimizer, replica_arguments  # noqa: E402
 from pipesgd.data.loader import EvalLoader, ShardedLoader  # noqa: E402
 from pipesgd.data.split import Split  # noqa: E402
-from pipesgd.engine.live import LiveEngine  # noqa: E402
+from pipesgd.live.engine import LiveEngine  # noqa: E402
 from pipesgd.live.options import LiveOptions  # noqa: E402
 from pipesgd.trainer import Trainer  # noqa: E402
 

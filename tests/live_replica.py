@@ -20,10 +20,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipesgd.engine.live import COMMS, STALENESSES, LiveEngine  # noqa: E402
-from pipesgd.faults import Fault, Faults  # noqa: E402
+from pipesgd.live.engine import COMMS, STALENESSES, LiveEngine  # noqa: E402
+from pipesgd.reliability.faults import Fault, Faults  # noqa: E402
 from pipesgd.live.options import LiveOptions  # noqa: E402
-from pipesgd.replicas import ReplicaMismatch, digest  # noqa: E402
+from pipesgd.reliability.replicas import ReplicaMismatch, digest  # noqa: E402
 from pipesgd.staleness import make_staleness  # noqa: E402
 
 MISMATCH = 3  # the exit status of a replica check that failed

@@ -1,5 +1,5 @@
 """Checkpoints as format 1 wrote them, for the tests that such a checkpoint is refused and that
-``python -m pipesgd.checkpoint convert`` makes it resume: built from a format-2 state the way the
+``python -m pipesgd.reliability.checkpoint convert`` makes it resume: built from a format-2 state the way the
 removed shim hashed a config (the ``staleness`` group as ``trainer.staleness`` / ``trainer.dc_*``,
 the digest over that form)."""
 

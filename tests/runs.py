@@ -52,6 +52,13 @@ def run(*overrides: str, tmp: Path, fault: str | None = None, prefix: tuple[str,
     return r
 
 
+def run_script(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``args`` (an example script and its arguments) from the repository root, as a user starts it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    env.update(GLOO_SOCKET_IFNAME="lo", PYTHON=sys.executable)
+    return subprocess.run(list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -79,4 +86,10 @@ def tagged_processes(tag: str) -> list[int]:
     return found
 
 
-needs_mnist = pytest.mark.skipif(not (SHARED_DATA / "mnist").is_dir(), reason=f"no MNIST under {SHARED_DATA}")
+_NO_MNIST = pytest.mark.skipif(not (SHARED_DATA / "mnist").is_dir(), reason=f"no MNIST under {SHARED_DATA}")
+
+
+def needs_mnist(test):
+    """A training run on the real MNIST: skipped without it, and ``slow`` (``pytest -m "not slow"``
+    deselects it; tests/conftest.py marks the tests that take the ``shared_data`` fixture so too)."""
+    return pytest.mark.slow(_NO_MNIST(test))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .. import trace
+from ..observability import trace
 from ..compress import Compressor, get_compressor
 from .base import CommStats, note, register, timed
 from .group import all_reduce, group_size

@@ -1,5 +1,5 @@
-"""One point-to-point round trip, timed: the measurement behind α and β (pipesgd.tools.bench.calibrate)
-and the emulated-link probe (pipesgd.tools.emulate.probe)."""
+"""One point-to-point round trip, timed: the measurement behind α and β (pipesgd_lab.bench.calibrate)
+and the emulated-link probe (pipesgd_lab.emulate.probe)."""
 
 from __future__ import annotations
 

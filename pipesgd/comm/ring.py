@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import trace
+from ..observability import trace
 from ..compress import Compressor, Ctx, get_compressor
 from ..timing.cost import Phase
 from .base import CommStats, note, register, timed

@@ -43,7 +43,7 @@ from pipesgd.data.download import (
 )
 from pipesgd.data.errors import DatasetError
 from pipesgd.data.split import Split
-from pipesgd.runinfo import file_digest
+from pipesgd.observability.runinfo import file_digest
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from pipesgd.data.download import (
     resolve_cache_dir,
 )
 from pipesgd.data.errors import DatasetError
-from pipesgd.runinfo import file_digest
+from pipesgd.observability.runinfo import file_digest
 from pipesgd.data.text import VOCAB_SIZE, TextSplit, WindowEvalLoader, WindowLoader
 from pipesgd.objective import NextToken
 

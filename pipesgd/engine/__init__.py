@@ -1,8 +1,9 @@
 """The engines behind one contract (:class:`Engine`), one module each; a module registers the
 builder of each mode it serves (``@register`` of :mod:`pipesgd.modes`): ``sync_pipe.py`` (sync, pipe:
-``pipe.py``'s PipeSGD, ``diloco.py``'s PipeDiLoCo at trainer.sync_every > 1),
-``ddp.py``, ``local.py``, ``ps.py`` (ps_sync, ps_async), ``live.py``. Importing this package
-imports every module in it, so adding a mode is one engine module here (and its docs/modes.md row)."""
+``pipe.py``'s PipeSGD, ``diloco.py``'s PipeDiLoCo at trainer.sync_every > 1), ``ddp.py``,
+``local.py``, ``ps.py`` (ps_sync, ps_async), and the live mode's engine, which lives with the rest of
+the torchft wing in :mod:`pipesgd.live` (``live/engine.py``). Importing this package imports every
+module in it and that one, so adding a mode is one engine module here (and its docs/modes.md row)."""
 
 import importlib
 import pkgutil
@@ -12,8 +13,10 @@ from .base import Engine, ModeArgs, NonFiniteGradient, NonFinitePolicy, Reductio
 from .pipe import PipeSGD
 from .sync_pipe import build as _sync_pipe  # noqa: F401  (sync and pipe first: the paper's modes lead every listing)
 
-for _m in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_m.name}")
+# live/engine.py takes the place live.py had here, so the modes keep their order in every listing
+# (it imports torchft only when called)
+for _name in sorted([m.name for m in pkgutil.iter_modules(__path__)] + ["live"]):
+    importlib.import_module("pipesgd.live.engine" if _name == "live" else f"{__name__}.{_name}")
 
 from .diloco import PipeDiLoCo  # noqa: E402
 from .direct import DirectEngine  # noqa: E402

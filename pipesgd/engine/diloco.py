@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch import Tensor
 
-from .. import trace
+from ..observability import trace
 from ..comm import CommStats, CommThread
 from ..compress import Compressor
 from ..flat import assign_params, flat_params, state_to_device

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from .. import trace
+from ..observability import trace
 from ..comm import CommStats, ring_bytes
 from .base import Engine, NonFinitePolicy, StepStats
 

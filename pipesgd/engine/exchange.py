@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .. import trace
+from ..observability import trace
 from ..comm import CommStats, CommThread, CompletedHandle, Handle, bind, note
 from ..comm.p2p import backend_of
 from ..comm.streams import OrderedHandle, Streams, streams_for

@@ -16,13 +16,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .. import trace
+from ..observability import trace
 from ..comm import CommError, CommStats, CommThread, CompletedHandle, Handle, get_allreduce, note
 from ..compress import Compressor
 from ..flat import set_grads, state_to_device
 from .exchange import GradientExchange, Reduced
 from ..reduction import Reduction
-from ..replicas import ReplicaMismatch, describe_mismatch, digest
+from ..reliability.replicas import ReplicaMismatch, describe_mismatch, digest
 from ..staleness import Staleness, make_staleness
 from .base import Engine, NonFinitePolicy, ReductionError, StepStats, T
 
@@ -374,7 +374,7 @@ class PipeSGD(Engine):
         return self._reducer.run(fn, what, self.timeout_s)
 
     def check_replicas(self) -> None:
-        """Raise :class:`~pipesgd.replicas.ReplicaMismatch` on every rank if the replicas' weights
+        """Raise :class:`~pipesgd.reliability.replicas.ReplicaMismatch` on every rank if the replicas' weights
         (:meth:`consistent_params`) are not bit-identical. Collective on the engine's group: call it
         at the same step on every rank; it runs on the communication thread after the reductions
         in flight, so it needs no flush. One sha256 of the weights and a 32-byte all-gather."""

@@ -1,7 +1,7 @@
 """Live recovery on torchft (``trainer.mode=live``, docs/reliability.md "Live recovery"): replica
 groups that lose a member keep training, and a returning one heals from a live peer.
 
-Only this package and :mod:`pipesgd.engine.live` import torchft, and only when called;
+Only this package and :mod:`pipesgd.live.engine` import torchft, and only when called;
 :func:`require_torchft` is the one place that says which extra provides it.
 """
 

@@ -13,6 +13,7 @@ import ipaddress
 import logging
 import multiprocessing
 import os
+import re
 import shutil
 import time
 import uuid
@@ -86,10 +87,15 @@ def _replica_main(env: dict[str, str], fn: Callable[..., object], args: tuple) -
     fn(*args)
 
 
+STARTED = re.compile(r"replica group (\d+) restart (\d+) pid (\d+): process started at ([\d.]+|nan), "
+                     r"imports done at ([\d.]+)")
+"""The line :func:`log_start` writes, for what reads a group's log (group, restart, pid, started, imported)."""
+
+
 def log_start(logger: logging.Logger) -> None:
     """Under the live launcher, log once, in the replica group's own log, its number, restart
     count and pid, and when its process was started and had imported its code (unix seconds:
-    ``pipesgd.tools.bench.live_drill`` splits a returning group's time to train again with them)."""
+    ``pipesgd_lab.bench.live_drill`` splits a returning group's time to train again with them)."""
     attempt = replica_attempt()
     if attempt is None or _imported_at is None:
         return

@@ -1,6 +1,6 @@
 """The training loop's own collectives across the replica groups of a live run
 (``trainer.mode=live``): :class:`QuorumPeers`, the :class:`~pipesgd.peers.Peers` of
-:class:`~pipesgd.engine.live.LiveEngine`. docs/reliability.md, "Live recovery", "The loop's own
+:class:`~pipesgd.live.engine.LiveEngine`. docs/reliability.md, "Live recovery", "The loop's own
 collectives", says what each of them does there and why."""
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def step_flops(rows: float, cols: float, rank: float) -> float:
     Q = M^T P^, and the decompression P^ Q^T), 2nmr each, and the orthogonalisation of P, a QR of
     an n x r matrix that also forms Q (about 4nr^2). The error feedback's additions (O(nm)) are left
     to the constant that prices these operations (``powersgd_s_per_flop``, measured by
-    ``python -m pipesgd.tools.bench.calibrate_cli``). The same operations run in torch's PowerSGD hook."""
+    ``python -m pipesgd_lab.bench.calibrate_cli``). The same operations run in torch's PowerSGD hook."""
     return 6.0 * rows * cols * rank + 4.0 * rows * rank * rank
 
 

@@ -1,5 +1,5 @@
 """``python -m pipesgd.timing predict ...``: predicted iteration time of every mode, no workers needed.
-Measuring the constants is ``python -m pipesgd.tools.bench.calibrate_cli`` (bench/ reads timing/, never
+Measuring the constants is ``python -m pipesgd_lab.bench.calibrate_cli`` (bench/ reads timing/, never
 the other way round).
 
 Values for ``predict`` come from, in order of precedence: an explicit flag, the ``--calibration``

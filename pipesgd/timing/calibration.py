@@ -1,6 +1,6 @@
 """Measured constants for the cost model, and the object training runs use to predict.
 
-``python -m pipesgd.tools.bench.calibrate_cli`` writes a JSON file with exactly these
+``python -m pipesgd_lab.bench.calibrate_cli`` writes a JSON file with exactly these
 keys; ``predict --calibration FILE`` and ``conf/timing`` (``calibration: FILE``) read it::
 
     {"alpha_s": 5e-05, "beta_s_per_byte": 8e-08, "gamma_s_per_byte": 1e-10,

@@ -105,7 +105,7 @@ def _resume(rank, world):
     buf = io.BytesIO()
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "engine": engine.state_dict()}, buf)
     buf.seek(0)
-    saved = torch.load(buf, weights_only=True)  # as pipesgd.checkpoint loads it
+    saved = torch.load(buf, weights_only=True)  # as pipesgd.reliability.checkpoint loads it
 
     model = _model()
     model.load_state_dict(saved["model"])

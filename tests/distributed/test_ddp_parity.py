@@ -11,7 +11,7 @@ from torch import nn
 
 from distributed_utils import run_workers
 from pipesgd import PipeSGD, ReductionError
-from pipesgd.replicas import ReplicaMismatch
+from pipesgd.reliability.replicas import ReplicaMismatch
 
 
 def _flat(tensors) -> torch.Tensor:

@@ -172,7 +172,7 @@ def test_lone_process_runs_the_same_rule():
 def test_sync_every_1_is_todays_engine_and_config():
     """The default builds today's PipeSGD with no outer optimizer, and the config digest a run had
     before sync_every existed (its keys are dropped at 1), so old checkpoints still resume."""
-    from pipesgd.checkpoint import hashed_config
+    from pipesgd.reliability.checkpoint import hashed_config
     from pipesgd.engine import ModeArgs
     from pipesgd.engine.build import build
     from pipesgd.engine.pipe import PipeSGD
@@ -196,7 +196,7 @@ def test_sync_every_1_is_todays_engine_and_config():
 def _elastic(rank, world, saved):
     """Ranks of a 3-rank world load a 2-rank run's step-7 state as an elastic resume does (a new
     rank takes a surviving rank's per-rank state through state_for_new_rank) and train on."""
-    from pipesgd.elastic import rank_state
+    from pipesgd.reliability.elastic import rank_state
 
     model = make_model()
     opt = INNER(model.parameters())

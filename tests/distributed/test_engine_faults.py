@@ -15,7 +15,7 @@ import torch.distributed as dist
 from distributed_utils import run_workers
 from pipesgd import NonFiniteGradient, PipeSGD, ReductionError
 from pipesgd.launch import has_exited
-from pipesgd.watchdog import Watchdog
+from pipesgd.reliability.watchdog import Watchdog
 from engine_reference import LR, MOMENTUM, STEPS, flat_params, loss_of, make_model, reference
 
 BAD_RANK, BAD_STEP = 1, 5  # step index 5 = the 6th step, "step 6" in messages

@@ -1,5 +1,6 @@
-"""The package's shape: no import cycles (TYPE_CHECKING and function-level imports included), no
-module over 600 lines, every mode complete (its builder returns an Engine implementing the whole
+"""The repository's shape. Over every Python file (pipesgd/, pipesgd_lab/, tests/, examples/): no
+import cycle (TYPE_CHECKING and function-level imports included), no file over the size cap, and no
+import from the library into the lab. Over the library: every mode complete (its builder returns an Engine implementing the whole
 contract), every staleness rule's config at its constructor's defaults, and timeless comments (no
 tracker references). tests/distributed/test_plugins.py proves every plugin of every kind complete."""
 
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
+import sys
 import typing
 from pathlib import Path
 
@@ -21,20 +24,56 @@ from pipesgd.engine import Engine, ModeArgs
 from pipesgd.engine.build import build
 from pipesgd.modes import builder, get_mode, modes
 
-PACKAGE = Path(__file__).resolve().parents[2] / "pipesgd"
-MAX_LINES = 600
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "pipesgd"
+LAB = ROOT / "pipesgd_lab"
+MAX_LINES = 600  # a module of the library or the lab
+MAX_TEST_LINES = 900  # a test file: many small cases of one subject read better together than split
+SKIP_DIRS = {"__pycache__", "build", "dist", "outputs", "multirun"}
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    """The name a file is imported by: dotted from the root for pipesgd/ and pipesgd_lab/; the bare
+    file name elsewhere (tests/ is on sys.path (conftest.py), each test folder is put there by
+    pytest, and an example is run as a script, its folder on the path)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[0] not in ("pipesgd", "pipesgd_lab") and (parts[-1] != "conftest" or len(parts) == 2):
+        return parts[-1]  # a tier's own conftest.py is pytest's to load, by its path
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+def _python_files(root: Path) -> list[Path]:
+    """Every Python file under ``root``, but not in hidden folders (.venv, .git) or run outputs."""
+    return sorted(p for p in root.rglob("*.py")
+                  if not any(part.startswith(".") or part in SKIP_DIRS or part.endswith(".egg-info")
+                             for part in p.relative_to(root).parts[:-1]))
 
 
-def _imports(name: str, path: Path) -> set[str]:
-    """The pipesgd modules ``name`` imports anywhere in its source (a ``from X import y`` names
+FILES = _python_files(ROOT)
+MODULES = {_module_name(p): p for p in FILES}
+
+
+def _is_library(name: str) -> bool:
+    return name == "pipesgd" or name.startswith("pipesgd.")
+
+
+def _is_lab(name: str) -> bool:
+    return name == "pipesgd_lab" or name.startswith("pipesgd_lab.")
+
+
+LIBRARY = {n: p for n, p in MODULES.items() if _is_library(n)}
+PACKAGES = {n: p for n, p in MODULES.items() if _is_library(n) or _is_lab(n)}
+
+
+def test_every_python_file_is_seen_once():
+    """Two files imported by one name would hide each other from the checks below."""
+    assert len(MODULES) == len(FILES), sorted(n for n in MODULES if sum(_module_name(p) == n for p in FILES) > 1)
+    seen = {p.relative_to(ROOT).parts[0] for p in FILES}
+    assert {"pipesgd", "pipesgd_lab", "tests", "examples"} <= seen, seen
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path] = MODULES) -> set[str]:
+    """The repository's modules ``name`` imports anywhere in its source (a ``from X import y`` names
     module ``X.y`` when that is a module, else ``X``)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
@@ -46,27 +85,54 @@ def _imports(name: str, path: Path) -> set[str]:
             if node.level:
                 anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{anchor}.{base}" if base else anchor
-            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names}
-    return {m for m in found if m in MODULES and m != name}
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+    # ``from tests.lab.test_x import y``: the test module ``test_x`` (the repository root is on the path too)
+    found = {m.rpartition(".")[2] if m.startswith("tests.") else m for m in found}
+    return {m for m in found if m in modules and m != name}
 
 
-def test_no_import_cycles():
-    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+def _graph(modules: dict[str, Path] = MODULES) -> dict[str, set[str]]:
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _first_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
 
-    def visit(name: str, path: list[str]) -> None:
+    def visit(name: str, path: list[str]) -> list[str] | None:
         state[name] = 1
         for dep in sorted(graph[name]):
             if state.get(dep) == 1:
-                cycle = path[path.index(dep):] + [dep]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
-            if dep not in state:
-                visit(dep, path + [dep])
+                return path[path.index(dep):] + [dep]
+            if dep not in state and (cycle := visit(dep, path + [dep])):
+                return cycle
         state[name] = 2
+        return None
 
     for name in sorted(graph):
-        if name not in state:
-            visit(name, [name])
+        if name not in state and (cycle := visit(name, [name])):
+            return cycle
+    return None
+
+
+def _cap(path: Path) -> int:
+    return MAX_TEST_LINES if path.relative_to(ROOT).parts[0] == "tests" else MAX_LINES
+
+
+def _too_long(path: Path) -> str | None:
+    lines = path.read_text().count("\n")
+    return f"{path.relative_to(ROOT)} has {lines} lines (cap {_cap(path)}); split it by concern" \
+        if lines > _cap(path) else None
+
+
+def _library_into_lab(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((n, d) for n, deps in graph.items() if _is_library(n) for d in deps if _is_lab(d))
+
+
+def test_no_import_cycles_anywhere_in_the_repository():
+    """The library, the lab, the tests and their helpers, the examples: TYPE_CHECKING and
+    function-level imports included."""
+    cycle = _first_cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 def test_the_cycle_check_sees_type_checking_imports(tmp_path):
@@ -76,10 +142,78 @@ def test_the_cycle_check_sees_type_checking_imports(tmp_path):
     assert "pipesgd.modes" in _imports("pipesgd.x", tmp_path / "x.py")
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
-def test_no_module_is_longer_than_600_lines(name):
-    lines = MODULES[name].read_text().count("\n")
-    assert lines <= MAX_LINES, f"{MODULES[name]} has {lines} lines; split it by concern"
+def test_the_cycle_check_finds_a_cycle(tmp_path):
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from a import g\n")
+    (tmp_path / "c.py").write_text("import a\n")
+    modules = {p.stem: p for p in tmp_path.glob("*.py")}
+    assert _first_cycle(_graph(modules)) == ["a", "b", "a"]
+    (tmp_path / "b.py").write_text("import c\n")
+    assert _first_cycle(_graph(modules)) == ["a", "b", "c", "a"]
+    (tmp_path / "c.py").write_text("x = 1\n")
+    assert _first_cycle(_graph(modules)) is None
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_file_is_over_the_size_cap(path):
+    problem = _too_long(path)
+    assert problem is None, problem
+
+
+def test_the_size_check_sees_a_long_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "pipesgd").mkdir()
+    (tmp_path / "tests").mkdir()
+    for folder, cap in (("pipesgd", MAX_LINES), ("tests", MAX_TEST_LINES)):
+        (tmp_path / folder / "long.py").write_text("x = 1\n" * (cap + 1))
+        assert "split it" in (_too_long(tmp_path / folder / "long.py") or "")
+        (tmp_path / folder / "long.py").write_text("x = 1\n" * cap)
+        assert _too_long(tmp_path / folder / "long.py") is None
+
+
+def test_the_library_never_imports_the_lab():
+    """The training library stands without the lab (bench, emulate, report, study, the GPU check):
+    the lab wraps the library, never the other way, and the wheel ships the library alone."""
+    upward = _library_into_lab(_graph())
+    assert not upward, f"library modules import the lab: {upward}"
+    assert LIBRARY and any(_is_lab(n) for n in MODULES)
+
+
+# The tests/ folders that use the lab: its own tier, and SLURM on the lab's emulated hosts. `make
+# test-lib` runs every other one, so none of those may import the lab or start one of its modules.
+LAB_TIERS = ("lab", "slurm")
+USES_ALLOWED = {
+    "test_layout": "names the lab only to look for it",
+    "conftest": "the netns and slurm fixtures import the lab inside, when a lab or SLURM test asks for them",
+}
+STARTS_A_LAB_MODULE = re.compile(r"""["']-m["'],\s*["']pipesgd_lab|python -m pipesgd_lab|examples/sweep\.sh""")
+
+
+def _uses_the_lab(name: str, path: Path, graph: dict[str, set[str]]) -> list[str]:
+    found = sorted(d for d in graph[name] if _is_lab(d))
+    return found + STARTS_A_LAB_MODULE.findall(path.read_text())
+
+
+def test_the_librarys_tests_never_use_the_lab():
+    graph = _graph()
+    for name, path in MODULES.items():
+        parts = path.relative_to(ROOT).parts
+        if parts[0] == "tests" and not (len(parts) > 2 and parts[1] in LAB_TIERS) and name not in USES_ALLOWED:
+            assert not _uses_the_lab(name, path, graph), \
+                f"{path.relative_to(ROOT)} uses the lab ({_uses_the_lab(name, path, graph)}): it belongs in tests/lab/"
+
+
+def test_the_lab_use_check_sees_an_import_and_a_started_module(tmp_path):
+    (tmp_path / "t.py").write_text("import subprocess, sys\nsubprocess.run([sys.executable, '-m', 'pipesgd_lab.report'])\n")
+    assert _uses_the_lab("t", tmp_path / "t.py", {"t": set()})
+    (tmp_path / "u.py").write_text("def f():\n    from pipesgd_lab.emulate import Cluster\n")
+    assert _uses_the_lab("u", tmp_path / "u.py", {"u": _imports("u", tmp_path / "u.py")})
+
+
+def test_the_direction_check_sees_an_upward_import(tmp_path):
+    (tmp_path / "x.py").write_text("def f():\n    from pipesgd_lab.bench import runner\n")
+    graph = {**_graph(), "pipesgd.x": _imports("pipesgd.x", tmp_path / "x.py")}
+    assert _library_into_lab(graph) == [("pipesgd.x", "pipesgd_lab.bench.runner")]
 
 
 @pytest.mark.parametrize("mode", modes())
@@ -148,8 +282,8 @@ def test_the_timing_model_does_not_import_hydra():
 def test_comments_describe_the_code_not_the_tracker():
     import re
 
-    for name, path in MODULES.items():
-        hits = re.findall(r"[Ii]ssue #\d+", path.read_text())
+    for name, path in PACKAGES.items():
+        hits = re.findall(r"\b[Ii]ssue #?\d+", path.read_text())  # "issue 43", "issue #43"; not "issues 2 messages"
         assert not hits, f"{name} refers to {hits}: say what the code does instead"
 
 
@@ -162,13 +296,15 @@ PROBES_ALLOWED = {
     "pipesgd.reduction": "resolves a compressor/reduction spec (a name or an instance)",
     "pipesgd.staleness.base": "resolves a staleness spec (a name or an instance)",
     "pipesgd.models": "unwrap: the one place that looks inside a DDP wrapper",
-    "pipesgd.progress": "a logging handler's stream",
+    "pipesgd.observability.progress": "a logging handler's stream",
     "pipesgd.timing.model": "Link's own fields, validated by name",
     "pipesgd.data.download": "an URLError's reason",
-    "pipesgd.tools.emulate.relay": "os.setns exists from Python 3.12",
-    "pipesgd.tools.bench.calibrate": "its own dataclass fields, validated by name",
-    "pipesgd.tools.bench.tta": "argparse values, validated by name",
-    "pipesgd.tools.bench.__main__": "argparse values, validated by name",
+    "pipesgd_lab.emulate.relay": "os.setns exists from Python 3.12",
+    "pipesgd_lab.bench.calibrate": "its own dataclass fields, validated by name",
+    "pipesgd_lab.bench.tta": "argparse values, validated by name",
+    "pipesgd_lab.bench.__main__": "argparse values, validated by name",
+    "pipesgd_lab.gpu_check.checks": "a CUDA device property that not every torch build has",
+    "pipesgd_lab.gpu_check.models": "a CIFAR ResNet builder by its name",
 }
 PLUGIN_TYPES = {"Compressor", "NoCompression", "Reduction", "InRing", "TopK", "PowerSGD", "Staleness", "Engine",
                 "PipeSGD", "DirectEngine", "ParameterServerEngine", "HierarchicalAllreduce", "Mode", "partial",
@@ -194,7 +330,7 @@ def _probes(path: Path) -> list[str]:
 def test_no_probing_of_plugins_outside_the_registry():
     """No getattr/hasattr, and no isinstance against a plugin type, except where PROBES_ALLOWED says
     why; plugins declare facts instead (docs/adding-a-plugin.md)."""
-    for name, path in sorted(MODULES.items()):
+    for name, path in sorted(PACKAGES.items()):
         if name not in PROBES_ALLOWED:
             assert not _probes(path), f"{name} probes objects: {_probes(path)}; read a declared fact instead"
     assert _probes(PACKAGE / "registry.py"), "the check sees the registry's own probes"
@@ -204,39 +340,18 @@ def test_no_probing_of_plugins_outside_the_registry():
 
 def test_timing_and_bench_do_not_import_each_other():
     """bench/ measures and reads the model; the model never reaches into the benchmark suite."""
-    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    graph = _graph()
     into_bench = [(n, d) for n, deps in graph.items() if n.startswith("pipesgd.timing") for d in deps
-                  if d.startswith("pipesgd.tools.bench")]
+                  if d.startswith("pipesgd_lab.bench")]
     assert not into_bench, f"timing/ imports bench/: {into_bench}"
 
 
-# The study and emulation tools; everything else in the package is the training library.
-TOOLS = ("pipesgd.tools.bench", "pipesgd.tools.emulate", "pipesgd.tools.report", "pipesgd.tools.study")
-
-
-def _is_tool(name: str) -> bool:
-    return any(name == t or name.startswith(f"{t}.") for t in TOOLS)
-
-
-def test_the_library_imports_no_tool():
-    """The training library (engine, comm, reduction, compress, staleness, timing, trainer, data,
-    models, checkpoint, reliability, ...) stands without the tools; the tools use the library."""
-    graph = {name: _imports(name, path) for name, path in MODULES.items()}
-    upward = sorted((n, d) for n, deps in graph.items() if not _is_tool(n) for d in deps if _is_tool(d))
-    assert not upward, f"library modules import tools: {upward}"
-    assert any(_is_tool(n) for n in MODULES) and any(not _is_tool(n) for n in MODULES)
-
-
-def test_the_direction_check_sees_an_upward_import(tmp_path):
-    (tmp_path / "x.py").write_text("from .tools.bench import runner\n")
-    assert any(_is_tool(d) for d in _imports("pipesgd.x", tmp_path / "x.py"))
-
-
-def test_no_module_finds_the_repository_by_its_own_path():
+def test_no_library_module_finds_the_repository_by_its_own_path():
     """An installed copy has no clone around it: files come from arguments, the current directory
-    or the package's own data (``importlib.resources``), never from ``Path(__file__).parents[...]``."""
+    or the package's own data (``importlib.resources``), never from ``Path(__file__).parents[...]``.
+    (The lab runs from a clone: the GPU check finds it, pipesgd_lab/gpu_check/environment.py.)"""
     import re
 
-    for name, path in MODULES.items():
+    for name, path in LIBRARY.items():
         hits = re.findall(r"__file__\)?(?:\.resolve\(\))?\.(?:parents\[|parent\.parent)", path.read_text())
         assert not hits, f"{name} climbs out of the package from its own path: {hits}"

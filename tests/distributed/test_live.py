@@ -318,8 +318,8 @@ def test_the_ring_and_its_compressors_over_torchfts_group_are_pipe_sgds(tmp_path
         assert expected == other
     from live_replica import make_model
 
-    from pipesgd.engine.live import TAIL
-    from pipesgd.replicas import MOMENTS
+    from pipesgd.live.engine import TAIL
+    from pipesgd.reliability.replicas import MOMENTS
 
     # fp32, the tail (flag, count, losses' sum) and the check's sums, sent whole once by each of the
     # two groups: the tree's up or down from the root; in a ring of two each rank sends each of the
@@ -353,7 +353,7 @@ def _pipe_worker(rank: int, world: int, comm: str, compressor: str, options: str
     from live_replica import compressor as build
 
     from pipesgd.engine.pipe import PipeSGD
-    from pipesgd.replicas import digest
+    from pipesgd.reliability.replicas import digest
     from pipesgd.staleness import make_staleness
 
     torch.set_num_threads(1)
@@ -396,7 +396,7 @@ def _pipe_reference(staleness: str, steps: int, replicas: int) -> list[list[dict
 def _simulated_pipe(staleness: str, steps: int, replicas: int) -> list[list[dict]]:
     from live_replica import batch, make_model, make_optimizer
 
-    from pipesgd.replicas import digest
+    from pipesgd.reliability.replicas import digest
     from pipesgd.staleness import make_staleness
 
     outs = range(replicas)
@@ -565,7 +565,7 @@ def test_a_replica_group_on_an_ipv6_address_listens_there(tmp_path):
     advertises the address in brackets) and its state server on ::1, and it trains."""
     from ipaddress import ip_address
 
-    from pipesgd.engine.live import LiveEngine
+    from pipesgd.live.engine import LiveEngine
     from pipesgd.live.options import LiveOptions
 
     before = listening(os.getpid())
@@ -632,7 +632,7 @@ def test_a_torchft_shaped_otherwise_is_refused_rather_than_listening_everywhere(
 
 
 def test_widths_other_than_two_are_refused():
-    from pipesgd.engine.live import LiveEngine
+    from pipesgd.live.engine import LiveEngine
     from pipesgd.live.options import LiveOptions
 
     model = torch.nn.Linear(2, 2)
@@ -646,7 +646,7 @@ def test_widths_other_than_two_are_refused():
     (2.5, torch.float32, r"check_every=2.5 is invalid"),
     (4, torch.bfloat16, r"check_every=4 needs float32 or float64 parameters.*these are torch.bfloat16")])
 def test_a_replica_check_the_sums_cannot_make_exact_is_refused(check_every, dtype, why):
-    from pipesgd.engine.live import LiveEngine
+    from pipesgd.live.engine import LiveEngine
     from pipesgd.live.options import LiveOptions
 
     model = torch.nn.Linear(2, 2).to(dtype)
@@ -660,7 +660,7 @@ def test_the_state_a_donor_hands_over_is_a_copy_later_updates_do_not_reach():
     """torchft serializes the donor's state on its quorum thread while the training thread goes on
     updating the weights and the momentum in place: the snapshot must not alias them."""
     from pipesgd.engine.base import ModeArgs
-    from pipesgd.engine.live import build
+    from pipesgd.live.engine import build
 
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -686,7 +686,7 @@ def test_a_reduction_that_fails_is_reported_to_the_manager_and_its_update_droppe
     """A ring hop that raises (a lost peer, a timeout) is the quorum's to vote on: the Manager
     hears of it, the vote fails, the update is skipped, and the next one applies."""
     from pipesgd.engine.base import ModeArgs
-    from pipesgd.engine.live import build
+    from pipesgd.live.engine import build
 
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -706,7 +706,7 @@ def test_a_reduction_that_fails_is_reported_to_the_manager_and_its_update_droppe
             optimizer.zero_grad()
             model(torch.ones(4, 3)).sum().backward()
             before = model.weight.detach().clone()
-            with caplog.at_level(logging.WARNING, logger="pipesgd.engine.live"):
+            with caplog.at_level(logging.WARNING, logger="pipesgd.live.engine"):
                 stats.append(engine.step())
         assert failures == [1]  # the group of the quorum the reduction waited for: this replica alone
         assert [s.skipped for s in stats] == [False, True, False] and engine.skipped_commits == 1
@@ -723,7 +723,7 @@ def test_a_heal_in_flush_leaves_the_next_gradient_valid():
     weights before the heal); one in the vote of ``flush()`` leaves no gradient in hand, so the
     one the next ``step()`` launches, computed on the healed weights, is sent whole."""
     from pipesgd.engine.base import ModeArgs
-    from pipesgd.engine.live import build
+    from pipesgd.live.engine import build
 
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -769,7 +769,7 @@ def test_a_healer_takes_the_donors_staleness_state(staleness, kept):
     """The state a donor hands over carries its rule's whole state, one entry for the reduction in
     flight, and loading it replaces the healer's."""
     from pipesgd.engine.base import ModeArgs
-    from pipesgd.engine.live import build
+    from pipesgd.live.engine import build
     from pipesgd.staleness import make_staleness
 
     model = torch.nn.Linear(3, 2)
@@ -812,7 +812,7 @@ def test_a_heal_carries_no_reduction_state_and_starts_the_healers_residual_at_ze
     from live_replica import compressor as build_compressor
 
     from pipesgd.engine.base import ModeArgs
-    from pipesgd.engine.live import build
+    from pipesgd.live.engine import build
 
     model = torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.Tanh(), torch.nn.Linear(12, 2))  # 12 x 16: rank 4
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

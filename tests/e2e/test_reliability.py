@@ -4,7 +4,7 @@ falls back to the previous one; a SIGSTOPped peer fails the job within dist.time
 with no process left; a NaN on one rank is skipped by all; a perturbed replica is named; a taken
 MASTER_PORT is explained; bad config is rejected by the schema with Hydra's message.
 
-Faults are injected with PIPESGD_FAULT (pipesgd/faults.py) at a chosen step, never by timing.
+Faults are injected with PIPESGD_FAULT (pipesgd/reliability/faults.py) at a chosen step, never by timing.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_a_format_1_checkpoint_is_refused_naming_the_command_and_once_converted_
     tests/old_checkpoints.py): resume stops naming the command; converted in place, it resumes as
     the removed shim resumed it, to the uninterrupted run's weights."""
     from old_checkpoints import as_format_1
-    from pipesgd.checkpoint import CheckpointDir
+    from pipesgd.reliability.checkpoint import CheckpointDir
 
     run_dir = tmp_path / "run"
     shutil.copytree(reference[0], run_dir)
@@ -112,9 +112,9 @@ def test_a_format_1_checkpoint_is_refused_naming_the_command_and_once_converted_
         p.unlink()
     ckpts.save(as_format_1(CheckpointDir.load(ckpts.path(32))), 32)
     r = run(*MNIST, f"hydra.run.dir={run_dir}", tmp=tmp_path)
-    assert r.returncode != 0 and f"convert it with: python -m pipesgd.checkpoint convert {ckpts.path(32)}" in r.stderr, \
+    assert r.returncode != 0 and f"convert it with: python -m pipesgd.reliability.checkpoint convert {ckpts.path(32)}" in r.stderr, \
         r.stderr[-3000:]
-    c = subprocess.run([sys.executable, "-m", "pipesgd.checkpoint", "convert", str(ckpts.path(32))], cwd=ROOT,
+    c = subprocess.run([sys.executable, "-m", "pipesgd.reliability.checkpoint", "convert", str(ckpts.path(32))], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert c.returncode == 0, c.stderr
     r = run(*MNIST, f"hydra.run.dir={run_dir}", tmp=tmp_path)

@@ -17,8 +17,9 @@ import pytest
 from runs import CACHE, ROOT, needs_mnist
 from conftest import SHARED_DATA
 
-# What a wheel is built from: the package (conf/ rides in it as pipesgd/conf, a link) and its metadata.
-SOURCES = ("pyproject.toml", "README.md", "pipesgd", "conf")
+# What a wheel is built from: the package (conf/ rides in it as pipesgd/conf, a link) and its metadata,
+# beside the lab, which the build must leave out (the wheel holds the library only).
+SOURCES = ("pyproject.toml", "README.md", "pipesgd", "conf", "pipesgd_lab")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def installed(tmp_path_factory) -> dict:
            if k not in ("PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                         "MASTER_PORT")}
     env["GLOO_SOCKET_IFNAME"] = "lo"
-    return {"python": str(python), "cwd": cwd, "env": env, "site": venv_site}
+    return {"python": str(python), "cwd": cwd, "env": env, "site": venv_site, "wheel": wheel}
 
 
 def _run(installed: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -69,6 +70,22 @@ def test_import_comes_from_the_installed_wheel(installed):
     configs = sorted(p.relative_to(installed["site"] / "pipesgd" / "conf").as_posix()
                      for p in (installed["site"] / "pipesgd" / "conf").rglob("*.yaml"))
     assert configs == sorted(p.relative_to(ROOT / "conf").as_posix() for p in (ROOT / "conf").rglob("*.yaml"))
+
+
+@pytest.mark.timeout(200)
+def test_the_wheel_holds_the_library_and_no_lab_module(installed):
+    """pipesgd_lab (bench, emulate, report, the GPU check) runs from a clone; a user's wheel is the
+    library alone. (A ``pipesgd*`` glob in pyproject's packages.find would ship the lab.)"""
+    import zipfile
+
+    names = zipfile.ZipFile(installed["wheel"]).namelist()
+    tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert tops == {"pipesgd"}, f"the wheel holds {sorted(tops)}"
+    lab = [n for n in names if n.startswith(("pipesgd_lab", "pipesgd/tools"))]
+    assert not lab, f"lab modules in the wheel: {lab[:5]}"
+    assert "pipesgd/train.py" in names and "pipesgd/conf/config.yaml" in names
+    r = _run(installed, "-c", "import pipesgd_lab")
+    assert r.returncode != 0 and "No module named 'pipesgd_lab'" in r.stderr, r.stderr
 
 
 @pytest.mark.timeout(200)

@@ -361,7 +361,7 @@ def test_ps_sync_times_its_rounds_on_the_device():
 
 
 def _rng_worker(rank, p):
-    from pipesgd.checkpoint import rng_state, set_rng_state
+    from pipesgd.reliability.checkpoint import rng_state, set_rng_state
 
     dev = device(rank)
     state = rng_state(dev)

@@ -10,7 +10,7 @@ import shlex
 import pytest
 from runs import ROOT
 
-from pipesgd.tools.bench import tta
+from pipesgd_lab.bench import tta
 
 HEADLINES = [("time-to-accuracy", "time-to-accuracy.json"), ("gpt-shakespeare", "time-to-target-gpt_shakespeare.json")]
 

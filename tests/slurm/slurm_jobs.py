@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipesgd.tools.emulate.slurm import SlurmCluster
+from pipesgd_lab.emulate.slurm import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 

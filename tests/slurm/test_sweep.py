@@ -1,5 +1,5 @@
 """A Hydra multirun through the real controller (hydra/launcher=slurm): four jobs, each running its
-two workers on a SLURM node, read by `pipesgd.tools.report sweep` as a local multirun is."""
+two workers on a SLURM node, read by `pipesgd_lab.report sweep` as a local multirun is."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_sweep_runs_as_slurm_jobs_and_reports(slurm, shared_data, tmp_path):
         log = (sweep / ".submitit" / f"{array}_{task}" / f"{array}_{task}_0_log.out").read_text()
         assert f"hostname={fields['NodeList']}" in log, log[-2000:]
 
-    report = run_on_login(slurm, [sys.executable, "-m", "pipesgd.tools.report", "sweep", str(sweep)], timeout=120)
+    report = run_on_login(slurm, [sys.executable, "-m", "pipesgd_lab.report", "sweep", str(sweep)], timeout=120)
     assert report.returncode == 0, report.stderr[-3000:]
     table = (sweep / "sweep.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()]

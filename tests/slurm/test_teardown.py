@@ -1,4 +1,4 @@
-"""pipesgd.tools.emulate.slurm leaves nothing behind: not when the block raises with a job running, and
+"""pipesgd_lab.emulate.slurm leaves nothing behind: not when the block raises with a job running, and
 not from the command line. Namespaces, daemons, jobs, the state directory, the hosts files."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipesgd.launch import has_exited
-from pipesgd.tools.emulate.netns import list_namespaces
+from pipesgd_lab.emulate.netns import list_namespaces
 from runs import ROOT, tagged_processes
 from slurm_jobs import job_env, job_fields, wait_until
 
@@ -19,7 +19,7 @@ from slurm_jobs import job_env, job_fields, wait_until
 @pytest.mark.timeout(120)
 def test_failing_block_with_a_running_job_tears_everything_down(slurm, tmp_path):
     """`slurm` (the session's cluster) only proves the programs are here; this test builds its own."""
-    from pipesgd.tools.emulate.slurm import SlurmCluster
+    from pipesgd_lab.emulate.slurm import SlurmCluster
 
     tag = os.urandom(8).hex()
     with pytest.raises(RuntimeError, match="the test body failed"):  # noqa: PT012
@@ -45,7 +45,7 @@ def test_failing_block_with_a_running_job_tears_everything_down(slurm, tmp_path)
 def test_command_line_runs_a_command_on_the_login_host(slurm, tmp_path):
     import subprocess
 
-    r = subprocess.run([sys.executable, "-m", "pipesgd.tools.emulate.slurm", "--nodes", "2", "--", "sh", "-c",
+    r = subprocess.run([sys.executable, "-m", "pipesgd_lab.emulate.slurm", "--nodes", "2", "--", "sh", "-c",
                         "hostname && srun --nodes=2 hostname | sort && exit 3"],
                        cwd=ROOT, capture_output=True, text=True, timeout=100)
     assert r.returncode == 3, r.stderr[-3000:]
@@ -56,16 +56,16 @@ def test_command_line_runs_a_command_on_the_login_host(slurm, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_after_a_sigkill_emulate_cleanup_stops_every_daemon(slurm, tmp_path):
-    """Every daemon lives in a namespace, so `python -m pipesgd.tools.emulate --cleanup` stops them with
+    """Every daemon lives in a namespace, so `python -m pipesgd_lab.emulate --cleanup` stops them with
     the namespaces and removes the hosts files; only the state directory is left (removed here)."""
     import glob
     import shutil
     import signal
     import subprocess
 
-    from pipesgd.tools.emulate.netns import namespace_pids
+    from pipesgd_lab.emulate.netns import namespace_pids
 
-    proc = subprocess.Popen([sys.executable, "-m", "pipesgd.tools.emulate.slurm", "--", "sleep", "300"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "pipesgd_lab.emulate.slurm", "--", "sleep", "300"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     prefix = "(not started)"
     try:
@@ -78,7 +78,7 @@ def test_after_a_sigkill_emulate_cleanup_stops_every_daemon(slurm, tmp_path):
         assert len(pids) >= 5, pids  # munged, slurmctld, two slurmd, the sleep (and their wrappers)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        r = subprocess.run([sys.executable, "-m", "pipesgd.tools.emulate", "--cleanup"], cwd=ROOT, capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "pipesgd_lab.emulate", "--cleanup"], cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         assert not [ns for ns in list_namespaces() if ns.startswith(f"{prefix}-")]

@@ -15,12 +15,12 @@ import pytest
 import torch
 from torch import nn
 
-import pipesgd.checkpoint as ckpt
-from pipesgd.checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, config_digest, param_checksum,
+import pipesgd.reliability.checkpoint as ckpt
+from pipesgd.reliability.checkpoint import (FORMAT, CheckpointDir, CheckpointError, config_diff, config_digest, param_checksum,
                                 rng_state, set_rng_state)
-from pipesgd.faults import parse
-from pipesgd.reliability import describe_mismatch
-from pipesgd.replicas import EXACT_GROUPS, MOMENTS, describe_summed_mismatch, moments
+from pipesgd.reliability.faults import parse
+from pipesgd.reliability.hooks import describe_mismatch
+from pipesgd.reliability.replicas import EXACT_GROUPS, MOMENTS, describe_summed_mismatch, moments
 
 
 def state(step: int) -> dict:
@@ -188,7 +188,7 @@ def test_a_setting_at_none_is_no_setting():
 
 
 def _reliability(tmp_path, config: dict):
-    from pipesgd.reliability import Reliability
+    from pipesgd.reliability.hooks import Reliability
 
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -297,7 +297,7 @@ class FakeGpuGenerators:
 def _hooks(tmp_path, device: torch.device):
     from types import SimpleNamespace
 
-    from pipesgd.reliability import Reliability
+    from pipesgd.reliability.hooks import Reliability
 
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -361,9 +361,9 @@ def test_a_format_1_checkpoint_is_refused_naming_the_command_that_converts_it(tm
     d = CheckpointDir(tmp_path / "checkpoints")
     path = d.save(_format_1(["staleness=lookahead"])[0], 32)
     with pytest.raises(CheckpointError, match=rf"checkpoint {path} has format 1, from before the staleness config "
-                                              rf"group .*; convert it with: python -m pipesgd.checkpoint convert {path}$"):
+                                              rf"group .*; convert it with: python -m pipesgd.reliability.checkpoint convert {path}$"):
         CheckpointDir.load(path)
-    with pytest.raises(CheckpointError, match=r"no valid checkpoint in .*python -m pipesgd.checkpoint convert"):
+    with pytest.raises(CheckpointError, match=r"no valid checkpoint in .*python -m pipesgd.reliability.checkpoint convert"):
         d.newest_valid()  # trainer.resume=auto stops with the same advice, rather than starting over
 
 
@@ -374,7 +374,7 @@ def test_a_format_1_checkpoint_is_refused_naming_the_command_that_converts_it(tm
 ])
 def test_convert_writes_format_2_with_its_checksum_and_the_digest_the_run_computes(tmp_path, overrides, rule):
     """The digest the removed shim matched is the one a run composing the group computes now."""
-    from pipesgd.checkpoint import main
+    from pipesgd.reliability.checkpoint import main
     from pipesgd.staleness import rule_class
 
     old_state, running = _format_1(overrides)
@@ -398,7 +398,7 @@ def test_convert_writes_format_2_with_its_checksum_and_the_digest_the_run_comput
 
 
 def test_convert_in_place_and_what_it_refuses(tmp_path, capsys):
-    from pipesgd.checkpoint import main
+    from pipesgd.reliability.checkpoint import main
 
     path = CheckpointDir(tmp_path).save(_format_1(["staleness=dc"])[0], 32)
     assert main(["convert", str(path)]) == 0 and f"{path}: format 2" in capsys.readouterr().out

@@ -107,7 +107,7 @@ def test_ddp_runs_the_pipelined_hook_only_when_the_command_line_asks_for_width_2
 def test_the_staleness_group_sets_the_rule_and_its_options():
     from hydra.utils import instantiate
 
-    from pipesgd.checkpoint import config_digest
+    from pipesgd.reliability.checkpoint import config_digest
 
     cfg = composed("staleness=dc", "staleness.dc_lambda=0.1")
     validate(cfg)
@@ -180,7 +180,7 @@ def test_a_compressor_the_allreduce_cannot_carry_fails_validation():
 def test_stopping_after_a_step_is_not_part_of_the_recipe():
     """A rerun stopped at a curve's first evaluation has the digest of the run it reruns (and a
     checkpoint written before the key existed still matches)."""
-    from pipesgd.checkpoint import config_digest
+    from pipesgd.reliability.checkpoint import config_digest
 
     whole = OmegaConf.to_container(composed(), resolve=True)
     stopped = OmegaConf.to_container(composed("trainer.stop_after_step=390"), resolve=True)

@@ -23,12 +23,12 @@ def _uses_namespaces(tree: ast.Module) -> bool:
 
 def test_every_module_that_builds_or_counts_namespaces_is_scheduled_with_the_others():
     users = {p.name for p in TESTS.rglob("test_*.py") if _uses_namespaces(ast.parse(p.read_text()))}
-    # tests/unit/test_emulate_options.py constructs Cluster only with arguments it refuses (no namespace is made)
+    # tests/lab/test_emulate_options.py constructs Cluster only with arguments it refuses (no namespace is made)
     assert users - {"test_emulate_options.py"} <= NAMESPACE_MODULES, users - NAMESPACE_MODULES
     assert NAMESPACE_MODULES <= users, "a module listed that no longer builds namespaces"
 
 
 def test_the_scope_is_by_module():
     assert namespace_scope("tests/slurm/test_sweep.py::test_sweep_runs_as_slurm_jobs_and_reports") == "namespaces"
-    assert namespace_scope("tests/e2e/test_elastic.py::test_x[4-60]") == "namespaces"
+    assert namespace_scope("tests/lab/test_elastic.py::test_x[4-60]") == "namespaces"
     assert namespace_scope("tests/e2e/test_train.py::test_experiment_runs_two_steps[mnist_mlp]") is None

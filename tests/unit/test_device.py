@@ -319,7 +319,7 @@ def test_ps_async_is_refused_on_nccl_before_any_worker_starts():
 
 def test_checkpoint_gathers_every_ranks_state_on_the_cpu(monkeypatch, tmp_path):
     """Rank 0 unpickles what the others send: a CUDA tensor would land on its cuda:k."""
-    from pipesgd.reliability import Reliability
+    from pipesgd.reliability.hooks import Reliability
 
     fake = FakeDist(2, 1, "nccl").install(monkeypatch)
     model = meta_model()
@@ -332,7 +332,7 @@ def test_checkpoint_gathers_every_ranks_state_on_the_cpu(monkeypatch, tmp_path):
     hooks = Reliability(model=model, optimizer=opt, scheduler=scheduler, engine=engine,
                         rank=1, world_size=2, device=META, run_dir=tmp_path,
                         config={})
-    monkeypatch.setattr("pipesgd.reliability.state_to_device", _to_cpu_as_if_copied)
+    monkeypatch.setattr("pipesgd.reliability.hooks.state_to_device", _to_cpu_as_if_copied)
     hooks.save(SimpleNamespace(step=2, last_losses=[1.0]), epoch=0, consumed=0)
     (sent,) = [objs[0] for call, objs in fake.calls if call == "gather_object"]
     assert _tensors(sent["engine"]), sent

@@ -1,13 +1,13 @@
 """Elastic resume's rules, without processes: the re-sharding rule (every remaining sample exactly
 once), the per-rank state rules, the step/schedule remap, and the accuracy study's pairing
-(tests/e2e/test_elastic.py runs them end to end)."""
+(tests/lab/test_elastic.py runs them end to end)."""
 
 import json
 
 import pytest
 import torch
 
-from pipesgd import elastic
+from pipesgd.reliability import elastic
 from pipesgd.data.loader import ShardedLoader, Split
 
 
@@ -82,25 +82,3 @@ def test_position_keeps_the_fraction_of_the_epoch_and_the_pipeline_gap():
     # (width 2: one in flight). 2 ranks: 30 steps/epoch; 24,000 samples of epoch 1 trained -> 18 batches left.
     pos = elastic.remap_position(epoch=1, batches_per_epoch=30, batches_left=18, old_step=28, old_scheduler_steps=27)
     assert pos == elastic.Position(step=42, scheduler_steps=41)
-
-
-def test_the_accuracy_study_pairs_runs_by_seed(tmp_path):
-    """bench/elastic_study.py: the difference is taken per seed, and a missing run leaves a gap, not a 0."""
-    from pipesgd.tools.bench import elastic_study as study
-
-    def write(name: str, acc: float, resharded=None):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "summary.json").write_text(json.dumps({"test_accuracy": acc, "resharded": resharded}))
-
-    for seed, ref, ela in ((0, 0.97, 0.96), (1, 0.95, 0.955)):
-        write(f"mnist-s{seed}-reference", ref)
-        write(f"mnist-s{seed}-elastic", ela, {"old_world": 3, "new_world": 2})
-    write("mnist-s2-reference", 0.90)  # its elastic run never finished
-    a = study.parse(["--workloads", "mnist", "--seeds", "0,1,2", "--dir", str(tmp_path)])
-    row = study.result(a)["workloads"][0]
-    assert [r["seed"] for r in row["runs"]["elastic"]] == [0, 1] and len(row["runs"]["reference"]) == 3
-    assert row["paired_difference_pp"]["mean"] == pytest.approx((-1.0 + 0.5) / 2)
-    assert row["reference"]["min"] == pytest.approx(90.0) and len(row["resharded"]) == 2
-    assert "| mnist | 2 |" in study.table(study.result(a))
-    with pytest.raises(SystemExit):
-        study.parse(["--workloads", "imagenet"])

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from pipesgd.faults import ENV, Fault, Faults
+from pipesgd.reliability.faults import ENV, Fault, Faults
 from pipesgd.live import launch as live_launch
 from pipesgd.live.options import ENV_REPLICA, ENV_REPLICAS, ENV_RESTART, ENV_SPAWNED, replica_attempt
 
@@ -27,7 +27,16 @@ def test_outside_a_live_launch_a_fault_targets_its_rank_on_the_first_attempt_onl
     assert Faults.from_env(1).mine == [Fault("kill", 1, 7)]
     assert Faults.from_env(0).mine == [Fault("nan", 0, 3)]
     outside_live.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    assert Faults.from_env(1).mine == []
+    assert Faults.from_env(1) is None
+
+
+def test_an_ordinary_run_installs_nothing_and_a_bad_spec_is_refused_at_start(outside_live):
+    """Read once, when a worker builds its hooks: no variable, no hook (the step never calls in)."""
+    outside_live.delenv(ENV)
+    assert Faults.from_env(0) is None
+    outside_live.setenv(ENV, "kill:1")
+    with pytest.raises(ValueError, match="expected kind:rank:step"):
+        Faults.from_env(0)
 
 
 def test_in_a_live_replica_group_the_rank_is_the_group_and_the_attempt_its_restarts(outside_live):
@@ -38,11 +47,11 @@ def test_in_a_live_replica_group_the_rank_is_the_group_and_the_attempt_its_resta
     faults = Faults.from_env(0)  # every group is rank 0 of a world of one
     assert faults.mine == [Fault("kill", 1, 7)] and faults.who == "replica group" and faults.rank == 1
     outside_live.setenv(ENV_REPLICA, "2")
-    assert Faults.from_env(0).mine == []
+    assert Faults.from_env(0) is None
     outside_live.setenv(ENV_REPLICA, "1")
     outside_live.setenv(ENV_RESTART, "1")  # the launcher restarted group 1: its fault is spent
     assert replica_attempt() == (1, 1)
-    assert Faults.from_env(0).mine == []
+    assert Faults.from_env(0) is None
 
 
 class _Process:
@@ -96,4 +105,4 @@ def test_the_live_launcher_tells_a_restarted_group_its_restart_count(monkeypatch
     for key, value in started[-1].items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv(ENV, SPEC)
-    assert Faults.from_env(0).mine == []  # the restarted group does not kill itself again
+    assert Faults.from_env(0) is None  # the restarted group does not kill itself again

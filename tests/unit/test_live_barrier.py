@@ -47,7 +47,7 @@ def test_the_barrier_counts_only_its_runs_groups_and_names_the_option_when_it_gi
 def test_a_live_engines_manager_is_heard_as_its_group(tmp_path):
     import torch
 
-    from pipesgd.engine.live import LiveEngine
+    from pipesgd.live.engine import LiveEngine
     from pipesgd.live.options import LiveOptions
 
     with Lighthouse() as lighthouse:

@@ -145,7 +145,7 @@ def test_the_live_engine_refuses_a_rule_whose_heal_is_not_tested():
     """A rule registered later runs under live only once it is in STALENESSES, with a test of its heal."""
     import torch
 
-    from pipesgd.engine.live import LiveEngine
+    from pipesgd.live.engine import LiveEngine
     from pipesgd.staleness.none import Plain
 
     class Untested(Plain):
@@ -195,7 +195,7 @@ def test_what_the_live_mode_cannot_honour_is_refused_naming_the_key(overrides, m
 def test_the_live_engine_refuses_what_it_cannot_carry_before_it_starts_anything(kwargs, message):
     import torch
 
-    from pipesgd.engine.live import LiveEngine
+    from pipesgd.live.engine import LiveEngine
 
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match=re.escape(message)):

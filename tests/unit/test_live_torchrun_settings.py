@@ -1,7 +1,7 @@
 """A live replica group run as its own torchrun job (docs/multi-node.md, "Live recovery under
 torchrun"): what tells it its run (trainer.live.{lighthouse,run_id,replica,replicas} or the
 environment), what is refused before it trains, and where it writes. The lighthouse command, run
-for real. The whole thing on emulated nodes: tests/e2e/test_live_torchrun.py."""
+for real. The whole thing on emulated nodes: tests/lab/test_live_torchrun.py."""
 
 from __future__ import annotations
 
@@ -19,11 +19,10 @@ from omegaconf import OmegaConf
 
 from listening import listening, on_every_interface
 from pipesgd.config import ConfigError, command_line_keys, validate
-from pipesgd.faults import Faults
+from pipesgd.reliability.faults import Faults
 from pipesgd.live import launch as live_launch
 from pipesgd.live.options import (ENV_LIGHTHOUSE, ENV_REPLICA, ENV_REPLICAS, ENV_RESTART, ENV_RUN_ID, ENV_SPAWNED,
                                   options_from_env, replica_attempt, replica_shard)
-from pipesgd.tools.bench.live_drill import _STARTED
 from runs import ROOT
 from test_config import composed
 
@@ -71,7 +70,7 @@ def test_the_keys_make_this_process_the_replica_group_they_name(torchrun):
     # group 1 fired in its first process, not in this one
     assert replica_shard() == (1, 2) and replica_attempt() == (1, 1)
     torchrun.setenv("PIPESGD_FAULT", "kill:1:3")
-    assert Faults.from_env(0).mine == []
+    assert Faults.from_env(0) is None  # nothing installed
     torchrun.setenv(ENV_RESTART, "0")  # what group_env gives the group's first process
     assert [f.rank for f in Faults.from_env(0).mine] == [1]
 
@@ -178,7 +177,7 @@ def test_a_group_runs_here_in_its_own_directory_with_its_own_log(torchrun, tmp_p
     assert "group 0 trains" in (tmp_path / "replica_0" / "train.log").read_text()
     assert "group 0 trains" not in (tmp_path / "train.log").read_text()
     # torchrun passes no start time on: the worker's comes from the kernel, in the line the live drill reads
-    started = _STARTED.search((tmp_path / "replica_0" / "train.log").read_text())
+    started = live_launch.STARTED.search((tmp_path / "replica_0" / "train.log").read_text())
     assert started and (started[1], started[2], started[3]) == ("0", "0", str(os.getpid()))
     assert float(started[4]) < float(started[5]) <= time.time()
     assert summary == tmp_path / "replica_0" / "summary.json"

@@ -150,7 +150,7 @@ def test_a_reduction_binds_the_quorum_it_started_in():
 def test_a_watched_stateful_reduction_works_on_a_copy_kept_only_when_it_ends(monkeypatch, silent):
     """A reduction with state (a residual) given up goes on in the background: it must change a
     copy, never the state the engine's next reduction reads; one that ends hands its copy over."""
-    from pipesgd.engine import live
+    from pipesgd.live import engine as live
     from pipesgd.live.group import QuorumGroup
     from pipesgd.live.options import LiveOptions
 

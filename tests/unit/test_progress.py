@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from pipesgd.progress import LogProgress, NullProgress, ProgressBar, Status, make_progress
+from pipesgd.observability.progress import LogProgress, NullProgress, ProgressBar, Status, make_progress
 
 
 class FakeTerminal(io.StringIO):
@@ -50,12 +50,12 @@ def test_log_lines_erase_the_bar_first():
     try:
         bar = ProgressBar(600, term, min_interval=0.0)
         bar.show(STATUS)
-        logging.getLogger("pipesgd.progress").info("eval after epoch 2")
+        logging.getLogger("pipesgd.observability.progress").info("eval after epoch 2")
         out = term.getvalue()
         assert out.index("ETA 0m09s") < out.index("\r\x1b[K" + "eval after epoch 2")
         bar.close()
         assert not handler.filters, "close() removes the filter"
-        logging.getLogger("pipesgd.progress").info("after")
+        logging.getLogger("pipesgd.observability.progress").info("after")
         assert term.getvalue().endswith("eval after epoch 2\nafter\n")
     finally:
         root.removeHandler(handler)
@@ -66,7 +66,7 @@ def test_log_lines_erase_the_bar_first():
 def test_log_progress_every_n_steps_and_at_the_end(caplog):
     p = LogProgress(total=12, log_every=5)
     assert [s for s in range(1, 13) if p.due(s)] == [5, 10, 12]
-    with caplog.at_level(logging.INFO, logger="pipesgd.progress"):
+    with caplog.at_level(logging.INFO, logger="pipesgd.observability.progress"):
         p.show(STATUS)
     assert caplog.messages == ["epoch 2 step 150/600 loss 0.4321 iter 20.0 ms (compute 12.0, exposed comm 1.5) "
                                "ETA 0m09s"]

@@ -1,4 +1,4 @@
-"""pipesgd.termination: a SIGTERM while the main thread is blocked in a C call (as a rank blocked in
+"""pipesgd.reliability.termination: a SIGTERM while the main thread is blocked in a C call (as a rank blocked in
 a collective is) ends the process at once with 128 + 15 and the caller's message; outside the block
 the previous handler is back. The hang fault (PIPESGD_FAULT=hang:R:S) waits for exactly that."""
 
@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from pipesgd.faults import Fault, Faults, parse
+from pipesgd.reliability.faults import Fault, Faults, parse
 
 CHILD = """
 import signal, socket, sys
-from pipesgd.termination import reported
+from pipesgd.reliability.termination import reported
 a, b = socket.socketpair()
 with reported(lambda sig: f"stopped by {sig.name} while blocked"):
     print("ready", flush=True)
@@ -52,7 +52,7 @@ def test_outside_the_block_sigterm_has_its_default_action_again():
 @pytest.mark.timeout(60)
 def test_hang_fault_waits_for_a_signal():
     assert [(f.kind, f.rank, f.step) for f in parse("hang:1:35")] == [("hang", 1, 35)]
-    code = ("import sys; from pipesgd.faults import Fault, Faults; print('ready', flush=True); "
+    code = ("import sys; from pipesgd.reliability.faults import Fault, Faults; print('ready', flush=True); "
             "Faults([Fault('hang', 0, 3)], rank=0).after_backward(3, None)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n"

@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from runs import ROOT
 
-from pipesgd import trace
+from pipesgd.observability import trace
 from pipesgd.config import ConfigError, validate
 
 

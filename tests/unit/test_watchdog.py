@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from pipesgd.watchdog import BEAT_TIMEOUT_S, CLOSE_WAIT_FACTOR, Watchdog
+from pipesgd.reliability.watchdog import BEAT_TIMEOUT_S, CLOSE_WAIT_FACTOR, Watchdog
 
 # rank 1's view of the end of a job: its heartbeat reached the store, then the store's host
 # (rank 0) exited, then this rank finished and closed its watchdog and exited
@@ -22,7 +22,7 @@ STORE_GONE_THEN_EXIT = textwrap.dedent("""
     import threading
     from datetime import timedelta
     import torch.distributed as dist
-    from pipesgd.watchdog import Watchdog
+    from pipesgd.reliability.watchdog import Watchdog
     host = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
     dog = Watchdog(1, 2, timeout_s=300.0, store_addr=("127.0.0.1", host.port)).start()
     host.wait(["pipesgd/heartbeat/0/1"])  # the first beat landed

@@ -1,3 +1,0 @@
-from pipesgd.tools.emulate.cli import main
-
-raise SystemExit(main())

@@ -1,0 +1,3 @@
+from pipesgd_lab.emulate.cli import main
+
+raise SystemExit(main())

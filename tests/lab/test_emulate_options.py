@@ -1,0 +1,50 @@
+"""The emulated cluster's options without a cluster (no root, no namespaces): rates, the token
+bucket's burst, the run directory chosen once, and a Cluster's arguments (tests/lab/test_emulate.py
+runs the real thing)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from pipesgd_lab.emulate import Cluster, Shaping, format_rate, parse_rate
+from pipesgd_lab.emulate.cli import resolve_run_dir
+
+
+def test_parse_rate_si_units_and_rejects_bytes_per_second() -> None:
+    assert parse_rate("100mbit") == 100_000_000
+    assert parse_rate("1Gbit") == 10**9
+    assert parse_rate("1.5gbit") == 1_500_000_000
+    assert format_rate(parse_rate("250kbit")) == "250kbit"
+    for bad in ("100mbps", "fast", "10"):  # bytes/s, no number, below 8kbit
+        with pytest.raises(ValueError, match="rate="):
+            parse_rate(bad)
+
+
+def test_burst_is_two_ms_of_rate_but_at_least_16k() -> None:
+    assert Shaping.for_rate(10**9).tc_args() == [
+        "tbf", "rate", "1000000000bit", "burst", "250000", "latency", "50ms"
+    ]  # fmt: skip
+    assert Shaping.for_rate(10**6).burst_bytes == 16 * 1024
+
+
+def test_run_dir_chosen_once_user_value_wins() -> None:
+    now = time.strptime("2030-01-02 03:04:05", "%Y-%m-%d %H:%M:%S")
+    out, run_dir = resolve_run_dir(["a=1"], now)
+    assert run_dir == str(Path.cwd() / "outputs/emulate/2030-01-02_03-04-05")
+    assert out == ["a=1", f"hydra.run.dir={run_dir}"]
+    out, run_dir = resolve_run_dir(["hydra.run.dir=/x/${now:%H-%M}", "b=2"], now)
+    assert (out, run_dir) == (["hydra.run.dir=/x/03-04", "b=2"], "/x/03-04")
+    out, run_dir = resolve_run_dir(["++hydra.run.dir=o/${hydra.job.name}"], now)
+    assert (out, run_dir) == (["++hydra.run.dir=o/${hydra.job.name}"], None)
+
+
+def test_cluster_validates_at_construction() -> None:
+    with pytest.raises(ValueError, match="rates has 1 entries"):
+        Cluster(2, ["100mbit"])
+    with pytest.raises(ValueError, match=r"mtu=100 must be an integer in \[1280, 9000\]"):
+        Cluster(2, "100mbit", mtu=100)
+    with pytest.raises(ValueError, match="workers=0"):
+        Cluster(0, "100mbit")
