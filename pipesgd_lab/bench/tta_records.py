@@ -201,11 +201,16 @@ def usable_curves(records: Mapping[tuple[str, int], dict]) -> tuple[list[dict], 
     return used, unfinished
 
 
+EMULATORS = ("pipesgd_lab.emulate", "pipesgd.tools.emulate", "pipesgd.emulate")
+"""The emulated cluster's module, as records of each layout name it (today's first)."""
+
+
 def link_mtu(command: str) -> int | None:
     """The emulated link's MTU a recorded command ran on: its ``--mtu``, else 1500 (the only link
-    before the option existed); None for a loopback run."""
+    before the option existed); None for a loopback run. Records name the emulator by the module
+    path of their day (:data:`EMULATORS`)."""
     words = shlex.split(command)
-    if "pipesgd_lab.emulate" not in words:
+    if not any(name in words for name in EMULATORS):
         return None
     return int(words[words.index("--mtu") + 1]) if "--mtu" in words[:words.index("--")] else 1500
 

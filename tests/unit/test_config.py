@@ -252,7 +252,7 @@ VARIANTS = sorted(p.stem for p in (ROOT / "conf" / "variant").glob("*.yaml"))
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_and_variant_passes_the_target_check(experiment):
-    """examples/sweep.sh's default sweep is mnist_mlp x trainer.mode x compressor: options only of
-    groups that keep their targets; the variants are the study's deltas."""
+    """The examples' sweep script runs mnist_mlp x trainer.mode x compressor by default: options only
+    of groups that keep their targets; the variants are the study's deltas."""
     for extra in [[], *([f"+variant={v}"] for v in VARIANTS), ["compressor=int8"]]:
         check_targets(_with_origin(f"+experiment={experiment}", *extra)[0])
