@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .base import Check, _device, _verdict
 from .ddp_hook import ddp_hook_cuda
+from .period_h import period_h_cuda
 from .environment import ROOT, environment
 
 
@@ -449,6 +450,8 @@ CHECKS: tuple[Check, ...] = (
     Check("ddp-hook-cuda", 120, "two Gloo ranks on one GPU: DDP with the pipelined hook against PipeSGD(width=2), "
           "lookahead against the engine's, PowerSGD and AMP+GradScaler replicas identical, a CPU checkpoint "
           "resumed on the GPU as if uninterrupted", ddp_hook_cuda),
+    Check("period-h-cuda", 30, "two Gloo ranks on one GPU: the period-H engine (eager at width 2, blocking "
+          "DiLoCo, fp16 on the wire) against the reference rules and the CPU path, resume mid-flight", period_h_cuda),
     Check("nccl-suite", NCCL_SUITE_S, "with two or more GPUs: pytest tests/gpu on NCCL (skipped on one GPU)",
           nccl_suite, gpus=2),
 )

@@ -139,3 +139,15 @@ def test_every_pipesgd_name_the_checks_import_exists():
                 and node.value.id in modules and not hasattr(modules[node.value.id], node.attr)):
             missing.append(f"{node.value.id}.{node.attr}")
     assert not missing, f"pipesgd_lab/gpu_check/ uses names the library no longer has: {missing}"
+
+
+@pytest.mark.timeout(120)
+def test_the_period_h_check_passes_on_the_cpu(monkeypatch, tmp_path):
+    """The check's own code, kept working without a GPU (PIPESGD_GPU_CHECK_ON_CPU=1: its numbers
+    then prove nothing about CUDA, only that the check compares what it says)."""
+    monkeypatch.setenv("PIPESGD_GPU_CHECK_ON_CPU", "1")
+    from pipesgd_lab.gpu_check.period_h import period_h_cuda
+
+    status, summary, details = period_h_cuda(tmp_path)
+    assert status == "pass", summary
+    assert details["eager_rank0_vs_reference_max_abs"] <= 1e-6
