@@ -1,7 +1,7 @@
-"""``trainer.mode=ddp compressor=powersgd`` is torch's own PowerSGD hook (issue #25): on 2 Gloo ranks
-the mode's DDP ends every step with the parameters of a DDP built by hand with the same
-``PowerSGDState``, and its engine state resumes the hook exactly (error feedback, warm-started Q,
-iteration count, generator).
+"""``trainer.mode=ddp compressor=powersgd`` is torch's own PowerSGD hook, the baseline a user would
+pick: on 2 Gloo ranks the mode's DDP ends every step with the parameters of a DDP built by hand with
+the same ``PowerSGDState``, and its engine state resumes the hook exactly (error feedback,
+warm-started Q, iteration count, generator).
 
 "Same" is within ``ATOL``, not bit for bit: torch's hook is not bit-reproducible on the CPU even
 against itself (two identical hand-built runs in one process differ by 7e-9 from the first

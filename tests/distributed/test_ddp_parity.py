@@ -1,6 +1,7 @@
-"""What DDP guards and the library engine must guard too (issue #15), on 2 Gloo ranks: unused
-parameters, ranks that disagree about them, uneven inputs (join), BatchNorm buffers kept as DDP
-keeps them, the public replica check, and an optimizer resumed without the engine's state."""
+"""What DDP guards and the library engine must guard too, so a DDP script ports without losing a
+guard, on 2 Gloo ranks: unused parameters, ranks that disagree about them, uneven inputs (join),
+BatchNorm buffers kept as DDP keeps them, the public replica check, and an optimizer resumed
+without the engine's state."""
 
 import warnings
 

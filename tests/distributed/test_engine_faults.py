@@ -188,7 +188,7 @@ def _inf_in_place_worker(rank, p, width, warmup):
 @pytest.mark.parametrize("width, warmup", [(2, 0), (3, BAD_STEP + 3)],
                          ids=["skip-then-steps", "skip-in-warmup-then-pipeline-fill"])
 def test_a_skipped_step_with_gradients_zeroed_in_place_leaves_the_in_flight_buffer_alone(width, warmup):
-    """Defect 1 of issue 43: after a skip (and while the pipeline fills after warmup), the
+    """Before the fix, after a skip (and while the pipeline fills after warmup), the
     gradients stayed views of the buffer just lent to the reduction in flight, so the next
     in-place zero_() and backward overwrote it: each rank applied its own gradient, not the
     average, and the replicas drifted apart."""

@@ -1,4 +1,4 @@
-"""The two 16-bit arithmetics a compressed average can take (issue 43, defect 5), on real
+"""The two 16-bit arithmetics a compressed average can take, on real
 gradients (ResNet-20, one random CIFAR-shaped batch per rank), against the exact fp32 average:
 
 * the ring (Gloo, and int8 everywhere): each reduce-scatter hop encodes its partial sum (fp16:

@@ -81,6 +81,19 @@ def test_multirun_sweeps_period_width_compressor_and_rule(tmp_path):
     assert all(s["rounds"] == 8 // s["sync_every"] for s in runs)
 
 
+@needs_mnist
+@pytest.mark.timeout(300)
+def test_multirun_sweeps_the_width_at_a_period(tmp_path):
+    """Width 1 (blocking DiLoCo), 2 and 3 (rounds in flight) at H = 4: one job each, each its rounds."""
+    sweep = tmp_path / "sweep"
+    r = run("-m", "+experiment=mnist_mlp", "trainer.max_steps=12", "data.batch_size=1000", "dist.threads_per_worker=1",
+            "trainer.sync_every=4", "trainer.width=1,2,3", f"hydra.sweep.dir={sweep}", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/summary.json"))]
+    assert sorted((s["width"], s["rounds"], s["outer_rule"]) for s in runs) == [(1, 3, "none"), (2, 3, "none"),
+                                                                                (3, 3, "none")]
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("overrides,message", [
     ("trainer.sync_every=4 trainer.mode=ddp", "trainer.sync_every=4 is not available with trainer.mode=ddp"),

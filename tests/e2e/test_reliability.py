@@ -132,7 +132,7 @@ def test_stopped_peer_fails_the_job_naming_it_and_leaves_no_process(tmp_path):
     r = run(*MNIST, "dist.timeout_s=10", f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path, fault="stop:1:5")
     assert r.returncode == 1, r.stderr[-3000:]
     errors = [line for line in r.stderr.splitlines() if "[ERROR]" in line]
-    # the worker logs its own error before its teardown (issue 43, defect 3), then the launcher names it
+    # the worker logs its own error before its teardown (on NCCL a graceful one can hang), then the launcher names it
     assert any("rank 0 failed: HangError: rank 0 failed at step 6" in line for line in errors), errors
     error = next(line for line in errors if "worker rank 0 failed" in line)
     assert "worker rank 0 failed (exit code 1): HangError: rank 0 failed at step 6 during engine step" in error

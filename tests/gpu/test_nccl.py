@@ -152,7 +152,7 @@ def test_resume_with_gradients_in_flight_is_bit_exact(compressor):
         assert torch.equal(straight, resumed)
 
 
-# --- issue #27: one case per defect the CPU fakes now catch (docs/gpu.md, "What only a GPU can prove")
+# --- one case per defect the CPU fakes now catch (docs/gpu.md, "What only a GPU can prove")
 
 
 def _fit(model, opt, step, rank, steps):
@@ -241,7 +241,7 @@ def test_broadcast_buffers_and_a_metric_all_reduce_keep_one_order():
 def _junk_sizes() -> list[int]:
     """Sizes the engine's state and buffers have for this model: the caching allocator hands a
     freed block only to a request of its pool (small: <= 1 MiB, large: above) and about its size,
-    so junk of one 4 MiB tensor never reused the few-KB blocks it should clobber (issue 43, defect 6)."""
+    so junk of one 4 MiB tensor never reused the few-KB blocks it should clobber."""
     sizes = [p.numel() for p in make_model().parameters()]
     total = sum(sizes)
     return sorted({*sizes, total, total + 1, 1 << 20})

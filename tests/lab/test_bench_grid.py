@@ -20,7 +20,7 @@ def test_grid_covers_the_issue_and_names_are_unique():
             assert f"allreduce/p{p}/{link}/ring-1.08MB" in names and f"allreduce/p{p}/{link}/native-8MB" in names
     assert {"resnet20/p2/loopback/local", "mlp1m/p2/100mbit/pipe", "allreduce/p2/100mbit/ring-4.28MB"} <= set(names)
     assert {c.name for c in quick_grid()} <= set(names)
-    # Issue #4's modes at 100 Mbit; hierarchical only where a node group can hold 2 of the ranks.
+    # The seed papers' modes at 100 Mbit; hierarchical only where a node group can hold 2 of the ranks.
     for p in WORLD_SIZES:
         assert {f"resnet20/p{p}/100mbit/{m}" for m in ("sync+tree", "pipe+tree", "ps_sync", "ps_async")} <= set(names)
     assert [n for n in names if "hierarchical" in n] == ["resnet20/p4/100mbit/sync+hierarchical",

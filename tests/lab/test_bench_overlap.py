@@ -28,7 +28,7 @@ def test_serial_phases_overlap_nothing():
 
 
 def test_exposed_communication_is_timed_from_where_the_training_stream_starts_waiting(monkeypatch):
-    """Issue 43, defect 2: with a deadline (the trainer's engines always have one) the host waited
+    """Before the fix, with a deadline (the trainer's engines always have one) the host waited
     for the slow reduction in finish() before the stall's first event was recorded, so the
     trainer's exposed communication read ~0 while the overlap bench (no deadline) saw the stall.
     On a communication stream still 40 ms from done, both read ~40 ms."""

@@ -1,4 +1,4 @@
-"""The crossover sweep of issue 28 (docs/crossover.md): its grid, the interleaved rounds it runs in,
+"""The crossover sweep (docs/crossover.md): its grid, the interleaved rounds it runs in,
 and the analysis of its bench JSON (best DDP arm, crossover, prediction error, refusals, partial
 sweeps), on synthetic records: no processes, no timing."""
 

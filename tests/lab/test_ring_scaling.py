@@ -1,4 +1,4 @@
-"""The ring at larger p (issue #28, part 2; docs/ring-scaling.md), on synthetic cells: the grid holds
+"""The ring at larger p (docs/ring-scaling.md), on synthetic cells: the grid holds
 every algorithm at every p, link and size; a bench cell predicts with its own algorithm's declared
 cost; the fit recovers the link's α and β from cells the α–β model generated (exactly, and within
 the noise when noisy), reports every cell's errors and the medians per p band, lists missing and

@@ -1,4 +1,4 @@
-"""The time-to-target study with a lower-is-better target (issue 46: a language model's validation
+"""The time-to-target study with a lower-is-better target (a language model's validation
 loss): which evaluation reaches the target, the headline target from sync's finals, the margins,
 the composed times and the curve records, on small synthetic data."""
 

@@ -1,4 +1,4 @@
-"""The time-to-accuracy report cannot mix or drop runs (issue #25): on small synthetic records, a
+"""The time-to-accuracy report cannot mix or drop runs: on small synthetic records, a
 partial run is listed as unfinished and never composed, runs of another config and timing records of
 another recipe are refused, naming what differs."""
 

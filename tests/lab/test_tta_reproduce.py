@@ -1,4 +1,4 @@
-"""A curve record's first evaluation reruns to the bit on this host (issue #44, item 4): a real
+"""A curve record's first evaluation reruns to the bit on this host, the kind it was recorded on: a real
 width-2 pipe run on MNIST, its record, and ``python -m pipesgd_lab.bench.tta_reproduce`` on it. The rerun
 stops right after that evaluation (``trainer.stop_after_step``) with the whole run's schedule and a
 reduction still in flight; a run that merely ends there (``trainer.max_steps``) flushes the pipeline

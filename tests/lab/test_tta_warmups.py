@@ -1,4 +1,4 @@
-"""Each arm's warm-up at its own price (issue #44, item 2): a timing run times the warm-up steps as
+"""Each arm's warm-up at its own price, not another arm's: a timing run times the warm-up steps as
 they run (PowerSGD's plain allreduce steps like a pipe arm's synchronous ones), and the report
 composes the headline with those rates and the earlier accounting beside it."""
 
@@ -76,7 +76,7 @@ def test_a_ratio_whose_seed_or_round_range_includes_one_is_a_tie():
 
 
 def test_ddp_with_the_pipelined_powersgd_hook_is_a_pipelined_arm_with_powersgds_warm_up():
-    """Issue 41's arm: DDP at width 2 around torch's PowerSGD hook with the lookahead rule. The
+    """The pipelined DDP hook's arm: DDP at width 2 around torch's PowerSGD hook with the lookahead rule. The
     study composes it as a pipelined arm against the DDP baselines, and times its warm-up (the
     hook's plain steps) at its own rate, as DDP + PowerSGD's."""
     from pipesgd_lab.bench.tta_arms import ARMS, WARMUP_KEYS

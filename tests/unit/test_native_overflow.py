@@ -1,7 +1,7 @@
 """fp16 on NCCL's own all_reduce (the default path for fp16 on NCCL, comm=auto) sums in 16 bits
-(issue 43, defect 4). Undivided, p gradients near 65504/p overflowed to inf on every rank alike,
-with the non-finite flag 0 (set from each rank's own, finite values), so every replica applied
-inf. The path divides by p before the cast, and a sum that overflows anyway sets the flag."""
+(docs/gpu.md, "The third pass", defect 4). Undivided, p gradients near 65504/p overflowed to inf
+on every rank alike, with the non-finite flag 0 (set from each rank's own, finite values), so every
+replica applied inf. The path divides by p before the cast, and a sum that overflows anyway sets the flag."""
 
 from __future__ import annotations
 

@@ -245,7 +245,7 @@ def test_the_communication_thread_touches_only_the_engines_device(monkeypatch, c
 
 @pytest.mark.timeout(60)
 def test_a_hung_event_does_not_fail_the_waits_after_it(monkeypatch):
-    """Issue 43, defect 7: the one waiter thread stayed blocked on a hung event, so every later
+    """Before the fix, the one waiter thread stayed blocked on a hung event, so every later
     wait queued behind it and timed out, whatever its own event did."""
     fake = FakeCuda(monkeypatch)
     s = CudaStreams(torch.device("cuda", 0))
@@ -361,7 +361,7 @@ def test_a_host_wait_for_a_blocking_transport_counts_as_exposed(monkeypatch, tim
     """On Gloo (CUDA tensors too) the communication thread returns only once the bytes have
     moved, so the training thread's host wait for that thread is where its stream runs dry: the
     stall counts from before it (recorded after it, the stall read ~0 on Gloo, with a deadline or
-    without; issue 43, defect 2)."""
+    without)."""
     from pipesgd.comm.streams import OrderedHandle
 
     fake = FakeCuda(monkeypatch, devices=1)

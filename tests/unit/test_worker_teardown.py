@@ -1,4 +1,4 @@
-"""A worker's teardown after an error (issue 43, defect 3): on NCCL a graceful
+"""A worker's teardown after an error: on NCCL a graceful
 ``destroy_process_group`` waits for a hung collective until NCCL's watchdog aborts the process, so
 the error that ended the run never reached the log. The worker logs the error first and aborts
 the process groups; a run that ends well still destroys them gracefully."""
