@@ -119,7 +119,8 @@ def check_optimizer(rule: type[Staleness], optimizer: torch.optim.Optimizer) -> 
     with ``optimizer`` (its ``optimizers`` fact)."""
     if not rule.optimizers or isinstance(optimizer, rule.optimizers):
         return
-    general = [name for name in REGISTRY if not REGISTRY.facts(name)["optimizers"]]
+    general = [name for name in REGISTRY if not REGISTRY.facts(name)["optimizers"]
+               and REGISTRY.facts(name)["sync_period"] != "round"]  # rules for per-step gradients, as dga
     wanted = " or ".join(f"{c.__module__}.{c.__qualname__}" for c in rule.optimizers)
     raise ValueError(
         f"staleness={rule.name} assumes the update of {wanted} and cannot run with optimizer "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -142,12 +143,16 @@ def test_every_pipesgd_name_the_checks_import_exists():
 
 
 @pytest.mark.timeout(120)
-def test_the_period_h_check_passes_on_the_cpu(monkeypatch, tmp_path):
+def test_the_period_h_check_passes_on_the_cpu(tmp_path):
     """The check's own code, kept working without a GPU (PIPESGD_GPU_CHECK_ON_CPU=1: its numbers
     then prove nothing about CUDA, only that the check compares what it says)."""
-    monkeypatch.setenv("PIPESGD_GPU_CHECK_ON_CPU", "1")
-    from pipesgd_lab.gpu_check.period_h import period_h_cuda
-
-    status, summary, details = period_h_cuda(tmp_path)
+    # in a process of its own: the workers' start method may reuse a server process started before
+    # this test, whose environment would not have the variable
+    code = ("import json, sys; from pathlib import Path; from pipesgd_lab.gpu_check.period_h import period_h_cuda; "
+            "print(json.dumps(period_h_cuda(Path(sys.argv[1]))))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=100, env={**os.environ, "PIPESGD_GPU_CHECK_ON_CPU": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    status, summary, details = json.loads(r.stdout.strip().splitlines()[-1])
     assert status == "pass", summary
     assert details["eager_rank0_vs_reference_max_abs"] <= 1e-6
