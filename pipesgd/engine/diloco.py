@@ -30,7 +30,7 @@ from torch import Tensor
 from ..observability import trace
 from ..comm import CommStats, CommThread
 from ..compress import Compressor
-from ..flat import assign_params, flat_params, state_to_device
+from ..flat import assign_params, flat_params, has_nonfinite, state_to_device
 from ..reduction import Reduction
 from ..staleness import Staleness, make_staleness
 from .base import Engine, StepStats, T
@@ -66,7 +66,7 @@ class _Fragment:
                 if a.grad is None:
                     a.grad = torch.empty_like(a)
                 torch.sub(a, p, out=a.grad)
-        own_bad = not torch.isfinite(torch.stack([a.grad.sum() for a in self.anchor]).sum()).item()
+        own_bad = bool(has_nonfinite(torch.stack([a.grad.sum() for a in self.anchor])))
         stats = self.pipe.step()
         if not stats.applied and not stats.skipped:
             self.rule.filled()

@@ -24,6 +24,7 @@ from collections import deque
 import torch
 from torch import Tensor
 
+from ..flat import has_nonfinite
 from .base import Staleness, register
 
 
@@ -41,7 +42,7 @@ class Eager(Staleness):
         # A non-finite own contribution never reaches the anchor: its round is dropped on every
         # rank when the average lands (trainer.nonfinite), and here it counts as zero meanwhile.
         own = local.clone()
-        if not torch.isfinite(own.sum()):
+        if has_nonfinite(own):
             own.zero_()
         self._own.append(own)
 
