@@ -347,17 +347,18 @@ def _check_mode_settings(cfg: DictConfig, explicit: Collection[str]) -> None:
     builder declares when the mode runs; set on the command line for another mode, an error."""
     for name in modes():
         parse = get_mode(name).settings
-        if parse is None:
+        if parse is None or get_mode(name).settings_key is not None:
             continue
-        if name == cfg.trainer.mode:
+        readers = [m for m in modes() if m == name or get_mode(m).settings_key == name]
+        if cfg.trainer.mode in readers:
             try:
                 parse(OmegaConf.to_container(cfg.trainer[name]))
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         given = sorted(k for k in explicit if k.startswith(f"trainer.{name}."))
-        if given and name != cfg.trainer.mode:
-            raise ConfigError(f"{given[0]} is not used by trainer.mode={cfg.trainer.mode}; only trainer.mode={name} "
-                              f"reads trainer.{name}.*")
+        if given and cfg.trainer.mode not in readers:
+            raise ConfigError(f"{given[0]} is not used by trainer.mode={cfg.trainer.mode}; only trainer.mode="
+                              f"{'|'.join(readers)} read{'s' if len(readers) == 1 else ''} trainer.{name}.*")
 
 
 def _check_sync_every(cfg: DictConfig, explicit: Collection[str]) -> None:
@@ -367,8 +368,25 @@ def _check_sync_every(cfg: DictConfig, explicit: Collection[str]) -> None:
     warm-up, replica checks asked of eager replicas (which differ by design)."""
     _int_at_least(cfg, "trainer.sync_every", 1, "inner steps per round; 1 = an exchange every step")
     _int_at_least(cfg, "trainer.fragments", 1, "streaming fragments of the model at trainer.sync_every > 1")
+    _int_at_least(cfg, "trainer.sync_delay", 0, "inner steps a round's exchange runs before it is waited for")
     h, name, fragments = cfg.trainer.sync_every, cfg.trainer.mode, cfg.trainer.fragments
     mode, rule = get_mode(name), staleness_rule(cfg)
+    delay = cfg.trainer.sync_delay
+    if delay and not mode.sync_delay:
+        raise ConfigError(f"trainer.sync_delay={delay} is not used by trainer.mode={name}; only trainer.mode="
+                          f"{'|'.join(modes_with('sync_delay'))} waits for a round's exchange steps after "
+                          "launching it (the pipelined modes keep it in flight a whole round: trainer.width=2)")
+    if mode.sync_delay and h == 1:
+        raise ConfigError(f"trainer.mode={name} runs rounds of inner steps: set trainer.sync_every=H > 1 "
+                          "(inner steps per round)")
+    if mode.sync_delay and h % fragments == 0 and delay >= h // fragments:
+        raise ConfigError(f"trainer.sync_delay={delay} must be below trainer.sync_every / trainer.fragments = "
+                          f"{h // fragments}: a fragment's exchange ends before the next one starts")
+    every = cfg.trainer.checkpoint_every
+    if mode.sync_delay and h % fragments == 0 and every and every % (h // fragments):
+        raise ConfigError(f"trainer.checkpoint_every={every} is not a multiple of trainer.sync_every / "
+                          f"trainer.fragments = {h // fragments}: trainer.mode={name} resumes only where a fragment "
+                          "has just synced (torchft keeps its place inside a period to itself)")
     period = registry("staleness").facts(rule)["sync_period"]
     outer = sorted(k for k in explicit if k == "outer_optimizer" or k.startswith("outer_optimizer."))
     if h == 1:

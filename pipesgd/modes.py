@@ -47,6 +47,8 @@ class Mode:
     ``nonfinite_skip``: the ranks can drop a non-finite step together (``trainer.nonfinite=skip``).
     ``sync_every``: runs at ``trainer.sync_every`` > 1 (inner steps per round, the outer step
     carried by its schedule: :mod:`pipesgd.engine.diloco`); other modes refuse it.
+    ``sync_delay``: runs at ``trainer.sync_delay`` > 0, inner steps between a round's launch and the
+    step that waits for it (torchft_diloco: torchft's ``fragment_sync_delay``); other modes refuse it.
     ``min_world``: fewest processes it runs with.
     ``replicas_agree``: identical weights after every step (replica checks apply).
     ``check_on_reductions``: the replica check rides on the engine's own reductions:
@@ -60,7 +62,9 @@ class Mode:
     process per replica group behind a lighthouse; it may return the path of the run's
     summary.json where that is not the run directory's), or None. ``settings``: the mode's own keys,
     ``trainer.<mode>.*`` (a dict), parsed into what its launcher takes, ValueError naming the key
-    and the bad value (the config checks call it before any worker starts), or None: it has none."""
+    and the bad value (the config checks call it before any worker starts), or None: it has none.
+    ``settings_key``: the ``trainer.<key>`` its settings read where that is another mode's (torchft_diloco
+    runs behind the live launcher, so it reads ``trainer.live``); None: its own name."""
 
     width: int | None = 1
     staleness: bool = False
@@ -77,6 +81,7 @@ class Mode:
     fixed_comm: str | None = None
     nonfinite_skip: bool = True
     sync_every: bool = False
+    sync_delay: bool = False
     min_world: int = 1
     replicas_agree: bool = True
     check_on_reductions: bool = False
@@ -84,6 +89,7 @@ class Mode:
     nccl: bool = True
     launcher: Callable[..., object] | None = None
     settings: Callable[[dict], object] | None = None
+    settings_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.overlap not in OVERLAPS:

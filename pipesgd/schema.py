@@ -54,6 +54,7 @@ class TrainerConfig:
     warmup_sync_steps: int = 0
     sync_every: int = 1
     fragments: int = 1
+    sync_delay: int = 0
     epochs: int = 1
     max_steps: Optional[int] = None
     stop_after_step: Optional[int] = None

@@ -129,6 +129,9 @@ class Engine(ABC):
     #: the replicas' weights (:meth:`consistent_weights`) are identical after every step, so replica
     #: checks apply; an engine whose rule lets them differ by design says False
     replicas_agree: bool = True
+    #: :meth:`load_state_dict` only on an engine that has not stepped yet (a resume's), not mid-run:
+    #: an engine around code that builds its state once (torchft's DiLoCo) says True
+    loads_before_first_step: bool = False
 
     def state_for_new_rank(self, state: dict) -> dict:
         """The per-rank part of a surviving rank's :meth:`state_dict` as a rank that did not exist
@@ -212,3 +215,4 @@ class ModeArgs:
     sync_every: int = 1  # trainer.sync_every: inner steps per round (modes with the sync_every fact)
     outer_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None  # at sync_every > 1
     fragments: int = 1  # trainer.fragments: streaming fragments at sync_every > 1
+    sync_delay: int = 0  # trainer.sync_delay: steps a round's exchange has before it is waited for (sync_delay modes)

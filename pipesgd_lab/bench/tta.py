@@ -33,7 +33,7 @@ from pipesgd.observability.runinfo import git_commit, write_json_atomic
 
 from . import probe
 from . import tta_records as records
-from .tta_arms import ARMS, RECIPE, TIMING_ONLY, WARMUP_KEYS
+from .tta_arms import ARMS, DEFAULT_ARMS, RECIPE, TIMING_ONLY, WARMUP_KEYS
 from .tta_report import report, write_curve_record
 from .runner import CellFailed, CpuSampler, Stopped, cpu_split, recorded, run_logged, stop_on_signals
 
@@ -53,8 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. data.root=PATH")
     p.add_argument("--phase", default="all", help=f"all or a comma-separated subset of {', '.join(PHASES)}")
-    p.add_argument("--arms", default=",".join(a for a in ARMS if a not in TIMING_ONLY),
-                   help=f"comma-separated, from {', '.join(ARMS)} (the timing phase adds {', '.join(TIMING_ONLY)})")
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                   help=f"comma-separated (default {', '.join(DEFAULT_ARMS)}), from those and the period-H study's "
+                        "DiLoCo arms, <family>-h<H> (diloco-eager-int8, diloco-none-int8, diloco-blocking, "
+                        "diloco-blocking-int8, torchft-diloco, torchft-streaming; H in 2, 4, 5, 8, 10, 20, 25, 50, "
+                        f"100); the timing phase adds {', '.join(TIMING_ONLY)}")
     p.add_argument("--records", type=Path, default=RECORDS,
                    help="one small JSON per finished curve and validation run, which the report reads "
                         f"(default {RECORDS}: commit them)")

@@ -43,3 +43,57 @@ def metric_for(recipe: str) -> compose.Metric:
 TIMING_ONLY = (compose.COMPUTE_ARM,)
 """Arms that are timed but never trained to a curve: ``compute`` (every worker trains alone, no
 communication) is the ceiling, the step time no scheme can beat on this machine."""
+
+
+# --- the period-H study (docs/period-h.md, "Against torchft"): the DiLoCo family at a round length H --------
+H_CANDIDATES = (2, 5, 10, 25, 50, 100)
+"""The round lengths the period-H study picks from: per link, the smallest whose compressed exchange
+fits under one round's compute (:func:`pipesgd.timing.rounds.smallest_h`)."""
+STUDY_H = (2, 5, 25)
+"""The H the study's links pick from :data:`H_CANDIDATES` (100 and 25 Mbit/s: 2, 5 Mbit/s: 5, 1 Mbit/s:
+25); its DiLoCo arms exist at each and at 2H and 4H (torchft's best of three)."""
+_ROUNDS = ("trainer.warmup_sync_steps=0", "trainer.check_every=null")
+
+
+def streaming(h: int) -> tuple[int, int]:
+    """(fragments, delay) of the torchft streaming arm at ``h``: five fragments where they divide H
+    (two otherwise), and torchft's fragment_sync_delay as long as it may be (one step short of a
+    fragment's period), so the exchange has the most compute to hide under."""
+    fragments = 5 if h % 5 == 0 and h >= 5 else 2
+    return fragments, h // fragments - 1
+
+
+def _diloco_arms() -> dict[str, tuple[str, ...]]:
+    arms: dict[str, tuple[str, ...]] = {}
+    for h in sorted({h * k for h in STUDY_H for k in (1, 2, 4)}):
+        every = f"trainer.sync_every={h}"
+        arms[f"diloco-eager-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=eager",
+                                           "compressor=int8", every, *_ROUNDS)
+        arms[f"diloco-none-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=none",
+                                          "compressor=int8", every, *_ROUNDS)
+        arms[f"diloco-blocking-h{h}"] = ("trainer.mode=sync", "trainer.width=1", "staleness=none",
+                                         "compressor=none", every, *_ROUNDS)
+        arms[f"diloco-blocking-int8-h{h}"] = ("trainer.mode=sync", "trainer.width=1", "staleness=none",
+                                              "compressor=int8", every, *_ROUNDS)
+        # torchft 0.2.0's own DiLoCo behind a lighthouse, one replica group per worker (fp32 on the CPU)
+        arms[f"torchft-diloco-h{h}"] = ("trainer.mode=torchft_diloco", "staleness=none", "compressor=none",
+                                        every, *_ROUNDS)
+        fragments, delay = streaming(h)
+        if delay >= 0:
+            arms[f"torchft-streaming-h{h}"] = ("trainer.mode=torchft_diloco", "staleness=none", "compressor=none",
+                                               every, f"trainer.fragments={fragments}", f"trainer.sync_delay={delay}",
+                                               *_ROUNDS)
+    return arms
+
+
+DEFAULT_ARMS = tuple(a for a in ARMS if a not in TIMING_ONLY)
+"""The time-to-accuracy study's arms, what ``--arms`` runs when not given."""
+ARMS.update(_diloco_arms())
+
+
+def sync_every(arm: str) -> int:
+    """The round length H of ``arm`` (1: it exchanges every step)."""
+    for o in ARMS[arm]:
+        if o.startswith("trainer.sync_every="):
+            return int(o.split("=", 1)[1])
+    return 1

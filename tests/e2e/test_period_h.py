@@ -111,6 +111,17 @@ def test_multirun_sweeps_the_width_at_a_period(tmp_path):
     ("outer_optimizer.lr=0.5", "outer_optimizer.lr is not used at trainer.sync_every=1"),
     ("staleness=eager", "staleness=eager is a rule for the outer step of trainer.sync_every > 1"),
     ("trainer.sync_every=4 outer_optimizer.lr=-1", "outer_optimizer.lr=-1 is invalid"),
+    ("trainer.sync_every=4 trainer.sync_delay=1", "trainer.sync_delay=1 is not used by trainer.mode=pipe"),
+    ("trainer.mode=torchft_diloco staleness=none", "trainer.mode=torchft_diloco runs rounds of inner steps"),
+    ("trainer.mode=torchft_diloco staleness=none trainer.sync_every=4 trainer.fragments=2 trainer.sync_delay=2",
+     "trainer.sync_delay=2 must be below trainer.sync_every / trainer.fragments = 2"),
+    ("trainer.mode=torchft_diloco staleness=none trainer.sync_every=4 compressor=int8",
+     "compressor=int8 is not available with trainer.mode=torchft_diloco"),
+    ("trainer.mode=torchft_diloco staleness=none trainer.sync_every=4 trainer.nonfinite=skip",
+     "trainer.nonfinite=skip"),
+    ("trainer.mode=pipe trainer.live.timeout_s=5", "only trainer.mode=live|torchft_diloco read trainer.live.*"),
+    ("trainer.mode=torchft_diloco staleness=none trainer.sync_every=4 trainer.checkpoint_every=10",
+     "trainer.checkpoint_every=10 is not a multiple of trainer.sync_every / trainer.fragments = 4"),
 ])
 def test_what_cannot_run_in_rounds_is_refused_before_workers_start(overrides, message, tmp_path):
     r = run("+experiment=mnist_mlp", *overrides.split(), f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path)

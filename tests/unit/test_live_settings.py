@@ -43,7 +43,7 @@ def test_a_wrongly_typed_live_setting_is_refused_by_the_schema():
 def test_live_settings_on_another_mode_are_an_error():
     overrides = ["trainer.mode=pipe", "trainer.live.heartbeat_timeout_ms=2000"]
     with pytest.raises(ConfigError, match=r"trainer.live.heartbeat_timeout_ms is not used by trainer.mode=pipe; "
-                                          r"only trainer.mode=live reads trainer.live"):
+                                          r"only trainer.mode=live\|torchft_diloco read trainer.live"):
         validate(composed(*overrides), command_line_keys(overrides))
     validate(composed("trainer.mode=pipe"), command_line_keys(["trainer.mode=pipe"]))  # the file's defaults: fine
 

@@ -278,7 +278,7 @@ def test_predict_rows():
     assert index["sync", "ring", "none"]["speedup_vs_sync"] == 1.0
     # ddp runs the backend's allreduce (its row's fixed_comm), with DDP's own hooks only
     assert ("ddp", "native", "int8") not in index and ("ddp", "native", "fp16") in index
-    assert {r["mode"] for r in rows} == {"sync", "pipe", "ddp", "ps_sync", "ps_async", "live"}
+    assert {r["mode"] for r in rows} == {"sync", "pipe", "ddp", "ps_sync", "ps_async", "live", "torchft_diloco"}
     # priced as width 2 over the ring it runs on torchft's group (int8 too); the quorum round-trip is not
     assert ("live", "ring", "none") in index and ("live", "ring", "int8") in index
     assert ("live", "tree", "none") in index and ("live", "tree", "int8") in index  # the tree runs there too
