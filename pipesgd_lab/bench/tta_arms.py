@@ -53,6 +53,7 @@ STUDY_H = (2, 5, 25)
 """The H the study's links pick from :data:`H_CANDIDATES` (100 and 25 Mbit/s: 2, 5 Mbit/s: 5, 1 Mbit/s:
 25); its DiLoCo arms exist at each and at 2H and 4H (torchft's best of three)."""
 _ROUNDS = ("trainer.warmup_sync_steps=0", "trainer.check_every=null")
+_BOTH = "trainer.live.min_replicas=2"
 
 
 def streaming(h: int) -> tuple[int, int]:
@@ -75,14 +76,15 @@ def _diloco_arms() -> dict[str, tuple[str, ...]]:
                                          "compressor=none", every, *_ROUNDS)
         arms[f"diloco-blocking-int8-h{h}"] = ("trainer.mode=sync", "trainer.width=1", "staleness=none",
                                               "compressor=int8", every, *_ROUNDS)
-        # torchft 0.2.0's own DiLoCo behind a lighthouse, one replica group per worker (fp32 on the CPU)
+        # torchft 0.2.0's own DiLoCo behind a lighthouse, one replica group per worker (fp32 on the CPU);
+        # every quorum holds both groups (a group a second late would otherwise sync alone)
         arms[f"torchft-diloco-h{h}"] = ("trainer.mode=torchft_diloco", "staleness=none", "compressor=none",
-                                        every, *_ROUNDS)
+                                        every, *_ROUNDS, _BOTH)
         fragments, delay = streaming(h)
         if delay >= 0:
             arms[f"torchft-streaming-h{h}"] = ("trainer.mode=torchft_diloco", "staleness=none", "compressor=none",
                                                every, f"trainer.fragments={fragments}", f"trainer.sync_delay={delay}",
-                                               *_ROUNDS)
+                                               *_ROUNDS, _BOTH)
     return arms
 
 

@@ -39,6 +39,11 @@ MIN_MTU, MAX_MTU = 1280, 9000
 # tbf's `latency` is the longest a packet may WAIT in the shaper queue before being dropped (it sets
 # the queue length: limit = rate * latency + burst). It adds no delay to an idle link.
 DEFAULT_QUEUE_S = 0.050
+# The shortest queue in bytes: eight jumbo frames. At 50 ms a 1mbit link queued 6 kB (under one
+# 9014-byte frame beside the burst), dropped TCP's bursts and reached 80 % of its rate (0.8 Mbit/s,
+# 1 MB x 3 each way); eight frames (577 ms there, 115 ms at 5mbit, under 50 ms from 12mbit up, so
+# faster links keep their queue) gave 1.0 Mbit/s (docs/emulated-cluster.md, "Slow links").
+MIN_QUEUE_BYTES = 8 * (MAX_MTU + 14)
 
 EX_NOPERM = 77  # sysexits.h: not root
 EX_UNAVAILABLE = 69  # sysexits.h: ip/tc/netns missing
@@ -97,7 +102,7 @@ class Shaping:
         cls, rate_bps: int, burst_s: float = DEFAULT_BURST_S, queue_s: float = DEFAULT_QUEUE_S
     ) -> Shaping:
         burst = max(_MIN_BURST_BYTES, int(rate_bps / 8 * burst_s))
-        return cls(rate_bps=rate_bps, burst_bytes=burst, queue_s=queue_s)
+        return cls(rate_bps=rate_bps, burst_bytes=burst, queue_s=max(queue_s, MIN_QUEUE_BYTES * 8 / rate_bps))
 
     def tc_args(self) -> list[str]:
         """Arguments after `tc qdisc add dev IF root`."""

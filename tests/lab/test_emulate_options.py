@@ -30,6 +30,14 @@ def test_burst_is_two_ms_of_rate_but_at_least_16k() -> None:
     assert Shaping.for_rate(10**6).burst_bytes == 16 * 1024
 
 
+def test_a_slow_links_queue_holds_eight_jumbo_frames_and_a_fast_ones_keeps_50_ms() -> None:
+    # 1mbit: 50 ms would queue 6 kB, under one 9014-byte frame; eight frames take 577 ms there
+    assert Shaping.for_rate(10**6).tc_args()[-1] == "577ms"
+    assert Shaping.for_rate(5 * 10**6).tc_args()[-1] == "115ms"
+    assert Shaping.for_rate(25 * 10**6).tc_args()[-1] == "50ms"
+    assert Shaping.for_rate(10**6, queue_s=1.0).tc_args()[-1] == "1000ms"  # a longer queue asked for is kept
+
+
 def test_run_dir_chosen_once_user_value_wins() -> None:
     now = time.strptime("2030-01-02 03:04:05", "%Y-%m-%d %H:%M:%S")
     out, run_dir = resolve_run_dir(["a=1"], now)
