@@ -306,7 +306,8 @@ def _prediction(cfg: DictConfig, width: int, model: torch.nn.Module, world_size:
                "per_node": cfg.comm.get("group_size") or pdist.env_int("LOCAL_WORLD_SIZE", world_size),
                "buffers": any(True for _ in model.buffers())}
     if cfg.trainer.sync_every > 1:
-        options["sync_every"] = cfg.trainer.sync_every
+        options |= {"sync_every": cfg.trainer.sync_every, "fragments": cfg.trainer.fragments,
+                    "sync_delay": cfg.trainer.sync_delay}
     algorithm = algorithm_for(cfg.trainer.mode, cfg.comm.name)
     trainable = [p for p in model.parameters() if p.requires_grad]
     return Prediction(instantiate(cfg.timing), cfg.trainer.mode, algorithm, width,

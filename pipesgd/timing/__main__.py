@@ -22,7 +22,8 @@ from .calibration import DEFAULT_BANDWIDTH, DEFAULT_LATENCY, load_calibration, l
 from ..registry import registry
 from .model import DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES, FP32_BYTES, MODEL_PARAMS, Link, predict
 from .presets import BACKWARD_SHARE, GPUS, LINKS, MODELS, compute_preset, link_preset
-from .scale import ALL_ARMS, ARMS, Scenario, arm_rows, summarize
+from .rounds import FILL, H_CANDIDATES
+from .scale import ALL_ARMS, ARMS, TIE, Scenario, arm_rows, family_verdict, round_h, round_rows, summarize
 from .units import format_bandwidth, parse_bandwidth, parse_latency
 
 
@@ -341,6 +342,9 @@ def _map(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     rows = arm_rows(scenario, args.arms)
     summary = summarize(rows)
     s = scenario
+    h = round_h(s)
+    rounds = round_rows(s, h) if h is not None else []
+    verdict = family_verdict(rows, rounds, h)
     if args.json:
         inputs = {"params": s.params, "workers": s.p, "bandwidth_bit_s": s.link.bits_per_second,
                   "latency_s": s.link.alpha, "gamma_s_per_byte": s.link.gamma, "compute_ms": s.compute_s * 1e3,
@@ -349,7 +353,8 @@ def _map(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                   "overlap_slowdown": s.overlap_slowdown, "powersgd_rank": s.powersgd_rank,
                   "powersgd_bytes": s.powersgd_bytes_from, "powersgd_s_per_flop": s.powersgd_s_per_flop, "barrier_s": s.barrier_s, "buffers": s.buffers,
                   "sources": sources}
-        print(json.dumps({"inputs": inputs, "rows": rows, "summary": summary}, indent=1))
+        print(json.dumps({"inputs": inputs, "rows": rows, "summary": summary, "rounds": rounds,
+                          "family": verdict}, indent=1))
         return 0
     intra = (f", {s.per_node} per node, intra {format_bandwidth(s.intra.bits_per_second)} α {s.intra.alpha:.3g} s"
              if s.intra else (f", {s.per_node} per node" if s.per_node > 1 else ""))
@@ -369,7 +374,26 @@ def _map(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     else:
         print(f"winner: {summary['winner']}; best pipe arm {summary['best_pipe']} is "
               f"{summary['pipe_over_ddp']:.2f}x the best DDP arm {summary['best_ddp']}")
+    _print_rounds(rounds, h, verdict)
     return 0
+
+
+def _print_rounds(rounds: list[dict], h: int | None, verdict: dict) -> None:
+    """The round arms at the smallest H that hides the int8 exchange, and which family wins."""
+    if h is None:
+        print(f"rounds: no H of {', '.join(map(str, H_CANDIDATES))} hides the int8 exchange under a round's compute")
+    else:
+        print(f"rounds at H = {h} (the smallest of {', '.join(map(str, H_CANDIDATES))} whose int8 exchange takes at "
+              f"most {FILL:.0%} of a round's compute; torchft also at 2H and 4H):")
+        columns = ["arm", "sync_every", "fragments", "sync_delay", "iter_ms", "utilization"]
+        cells = [[_cell(row[c]) for c in columns] for row in rounds]
+        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+        for line in [columns, *cells]:
+            print("  ".join(v.ljust(w) if i < 1 else v.rjust(w) for i, (v, w) in enumerate(zip(line, widths))))
+    if verdict["family"] is not None:
+        with_h = f" at H = {verdict['h']}" if verdict["h"] else ""
+        print(f"family: {verdict['family']} ({verdict['arm']}{with_h}, {verdict['iter_ms']:.2f} ms per step; ties "
+              f"within {TIE:.0%} go to the family that exchanges most often)")
 
 
 def _cell(value: object) -> str:

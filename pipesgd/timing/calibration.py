@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .model import Link, predict_iter_ms
 from .presets import ComputePreset
+from .rounds import round_iter_ms
 from .units import parse_bandwidth, parse_latency
 
 DEFAULT_BANDWIDTH = "10gbit"
@@ -126,9 +127,13 @@ class TimingModel:
         """:func:`predict_iter_ms` with this model's link, κ of ``compressor``, slowdown and barrier.
 
         ``ratio`` should be the ratio the run measured (wire bytes / raw bytes from its comm stats);
-        ``options`` go to :func:`predict_iter_ms` (``per_node``, ``server_on_worker``, ...).
+        ``options`` go to :func:`predict_iter_ms` (``per_node``, ``server_on_worker``, ...); with
+        ``sync_every`` > 1 (and ``fragments``, ``sync_delay``) to :func:`~pipesgd.timing.rounds.round_iter_ms`.
         """
         kappa = self.compress_s_per_byte.get(compressor, 0.0)  # the model ignores κ when nothing is compressed
+        if options.get("sync_every", 1) > 1:  # rounds: one exchange per H steps, maybe in fragments (rounds.py)
+            return round_iter_ms(mode, algorithm, nbytes, p, self.link, compute_s, update_s, width, ratio, kappa,
+                                 overlap_slowdown=self.overlap_slowdown, **options)
         return predict_iter_ms(mode, algorithm, nbytes, p, self.link, compute_s, update_s, width, ratio, kappa,
                                overlap_slowdown=self.overlap_slowdown, barrier_s=self.barrier_s, **options)
 

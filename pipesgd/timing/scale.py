@@ -38,6 +38,7 @@ from .model import (
     predict_iter_ms,
 )
 from .presets import BACKWARD_SHARE, Shape
+from .rounds import round_iter_ms, smallest_h, streaming_schedule
 
 PIPELINE_WIDTH = 2
 """The width the map runs a pipelined mode (``trainer.width``) at: Pipe-SGD's K = 2, the width at
@@ -275,3 +276,76 @@ def speedup_grid(params: int, compute_s: float, links: Sequence[Link], workers: 
     """:func:`summarize` for every (link, p): ``grid[i][j]`` is ``links[i]`` at ``workers[j]``."""
     return [[summarize(arm_rows(Scenario(params, p, link, compute_s, backward_share, shapes=shapes, **scenario)))
              for p in workers] for link in links]
+
+
+# --- rounds: the DiLoCo family at the smallest H that hides its exchange (docs/scale-map.md, "Rounds") ---
+ROUND_FAMILIES: dict[str, tuple[str, int, str]] = {
+    "diloco-pipelined-int8": ("pipe", PIPELINE_WIDTH, "int8"),  # the period-H pipeline: outer step in flight
+    "diloco-blocking-int8": ("sync", 1, "int8"),
+    "torchft-diloco": ("torchft_diloco", 1, "none"),  # torchft 0.2.0's own (fp32: it quantizes with Triton only)
+    "torchft-streaming": ("torchft_diloco", 1, "none"),  # its fragments, each launched τ steps early
+}
+"""The round arms the map prices, name -> (mode, width, compressor)."""
+TORCHFT_MULTIPLES = (1, 2, 4)
+"""torchft's arms are priced at H, 2H and 4H: its best of three, not held to the pipeline's H."""
+
+
+def round_h(s: Scenario) -> int | None:
+    """The smallest H (:data:`~pipesgd.timing.rounds.H_CANDIDATES`) whose int8 exchange of the whole
+    model hides under a round's compute (:func:`~pipesgd.timing.rounds.smallest_h`); None if none."""
+    ratio = compression_ratio("int8", s.params, chunks_for("ring", s.p))
+    exchange = comm_time("ring", s.nbytes, s.p, s.link, ratio, s.compress_s_per_byte.get("int8", 0.0))
+    return smallest_h(exchange, s.compute_s + s.update_s)
+
+
+def round_rows(s: Scenario, h: int) -> list[dict]:
+    """One row per round arm at ``h`` (torchft's also at 2h and 4h): arm (``<family>-h<H>``), family,
+    mode, width, compressor, sync_every, fragments, sync_delay, iter_ms (per inner step) and
+    utilization (compute and update over the step)."""
+    rows = []
+    for family, (mode, width, compressor) in ROUND_FAMILIES.items():
+        for k in TORCHFT_MULTIPLES if mode == "torchft_diloco" else (1,):
+            every = h * k
+            fragments, delay = streaming_schedule(every) if family == "torchft-streaming" else (1, 0)
+            if delay < 0:
+                continue
+            ratio = compression_ratio(compressor, s.params, chunks_for("ring", s.p))
+            kappa = s.compress_s_per_byte.get(compressor, 0.0) if compressor != "none" else 0.0
+            ms = round_iter_ms(mode, "ring", s.nbytes, s.p, s.link, s.compute_s, s.update_s, width, ratio, kappa,
+                               sync_every=every, fragments=fragments, sync_delay=delay,
+                               overlap_slowdown=s.overlap_slowdown)
+            rows.append({"arm": f"{family}-h{every}", "family": family, "mode": mode, "width": width,
+                         "compressor": compressor, "sync_every": every, "fragments": fragments, "sync_delay": delay,
+                         "iter_ms": ms, "utilization": (s.compute_s + s.update_s) * 1e3 / ms if ms else 1.0})
+    return rows
+
+
+FAMILIES = {"DDP hook": "ddp", "Pipe-SGD": "pipe", "pipelined DiLoCo": "diloco-pipelined-int8",
+            "torchft DiLoCo": "torchft"}
+"""The families the map's verdict names, with how their arms' names begin."""
+
+
+TIE = 0.02
+"""Steps within this share of the fastest tie; the tie goes to the family that exchanges most often."""
+
+
+def family_verdict(step_rows: Sequence[dict], rounds: Sequence[dict], h: int | None) -> dict:
+    """Which family's fastest arm has the shortest step (the per-step arms and the round arms at
+    ``h`` together): {family, arm, iter_ms, h (None for a per-step family)}, and each family's best.
+    Families within :data:`TIE` of the fastest tie, and the one with the shortest period wins (a
+    per-step family before any with rounds, then :data:`FAMILIES`' order): where every family hides
+    its exchange, a round costs loss per step for nothing. Per step only otherwise: a round arm's
+    loss per step is its own (docs/period-h.md measures it at the H chosen here, the smallest that
+    hides the exchange, which keeps it closest to sync's)."""
+    best: dict[str, dict] = {}
+    for row in [*step_rows, *rounds]:
+        name = row["arm"]
+        family = next((f for f, start in FAMILIES.items() if name.startswith(start)), None)
+        if family is None or (family == "Pipe-SGD" and row["width"] < 2):
+            continue
+        if family not in best or row["iter_ms"] < best[family]["iter_ms"]:
+            best[family] = {"arm": name, "iter_ms": row["iter_ms"], "h": row.get("sync_every")}
+    fastest = min((b["iter_ms"] for b in best.values()), default=None)
+    tied = [f for f in FAMILIES if f in best and best[f]["iter_ms"] <= fastest * (1 + TIE)]
+    winner = min(tied, key=lambda f: best[f]["h"] or 1) if tied else None
+    return {"family": winner, **(best[winner] if winner else {}), "h_rule": h, "best": best}

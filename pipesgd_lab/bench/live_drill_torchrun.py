@@ -78,14 +78,16 @@ START_KEY = "trainer.live.start_replicas"
 
 def group_command(train: Sequence[str], address: str, lighthouse: str, run_id: str, replica: int,
                   replicas: int) -> list[str]:
-    """Replica group ``replica``'s torchrun job: ``train`` (``pipesgd.train``'s arguments) told its run.
+    """Replica group ``replica``'s torchrun job: ``train`` (``pipesgd.train``'s arguments) told its run,
+    in ``trainer.mode=live`` unless ``train`` names another mode of the live launcher (torchft_diloco).
     Every group waits for all ``replicas`` before its first step (``trainer.live.start_replicas``,
     unless ``train`` sets it): without that barrier a group that started late trained alone at first
     and a fault early in the run could fall before the other group had joined."""
     barrier = [] if any(_key(t) == START_KEY for t in train) else [f"{START_KEY}={replicas}"]
+    mode = [] if any(_key(t) == "trainer.mode" for t in train) else ["trainer.mode=live"]  # torchft_diloco's own
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
             "--max-restarts", "1", "--monitor-interval", "0.5", "-m", "pipesgd.train", *train,
-            "trainer.mode=live", f"trainer.live.lighthouse={lighthouse}", f"trainer.live.run_id={run_id}",
+            *mode, f"trainer.live.lighthouse={lighthouse}", f"trainer.live.run_id={run_id}",
             f"trainer.live.replica={replica}", f"trainer.live.replicas={replicas}", f"trainer.live.host={address}",
             *barrier]
 

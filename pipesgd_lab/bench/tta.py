@@ -27,13 +27,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipesgd_lab.emulate.netns import DEFAULT_MTU
+from pipesgd.live.launch import replica_dir
+from pipesgd.modes import get_mode
 from pipesgd.observability.hostinfo import fingerprint
 from pipesgd.observability.runinfo import git_commit, write_json_atomic
+from pipesgd_lab.emulate.netns import DEFAULT_MTU
 
 from . import probe
 from . import tta_records as records
-from .tta_arms import ARMS, DEFAULT_ARMS, RECIPE, TIMING_ONLY, WARMUP_KEYS
+
+from .tta_arms import ARMS, DEFAULT_ARMS, RECIPE, TIMING_ONLY, WARMUP_KEYS, arm_mode, sync_every
 from .tta_report import report, write_curve_record
 from .runner import CellFailed, CpuSampler, Stopped, cpu_split, recorded, run_logged, stop_on_signals
 
@@ -173,6 +176,9 @@ def train_command(a: argparse.Namespace, arm: str, link: str, run_dir: Path, ext
                  f"hydra.run.dir={run_dir}"]  # the phase's own settings (extra) win over the user's
     if link == "loopback":
         return [sys.executable, "-m", "pipesgd.train", *overrides]
+    if get_mode(arm_mode(arm)).launcher is not None:  # torchft_diloco: replica groups behind a lighthouse
+        return [sys.executable, "-m", "pipesgd_lab.bench.live_groups", "--workers", str(a.workers), "--rate", link,
+                "--timeout-s", str(int(a.timeout_s)), "--", *overrides]
     return [sys.executable, "-m", "pipesgd_lab.emulate", "--workers", str(a.workers), "--rate", link,
             "--timeout-s", str(int(a.timeout_s)), "--mtu", str(a.mtu), "--", *overrides]
 
@@ -245,6 +251,11 @@ pipe arm's synchronous steps (with a compressor they already carry it, so ``sync
 over-charge them), ``ddp-powersgd``'s plain allreduce steps through torch's hook."""
 
 
+def _whole_rounds(steps: int, h: int, least: int) -> int:
+    """``steps``, at least ``least``, rounded up to whole rounds of ``h`` steps."""
+    return -(-max(steps, least) // h) * h
+
+
 def timing_plan(a: argparse.Namespace, arm: str) -> dict:
     """A timing run's steps: ``--skip`` left out, then for an arm with a warm-up (:data:`WARMUP_KEYS`)
     :data:`WARMUP_TIMED` timed warm-up steps (``warmup`` = their [start, end) indices) and ``--skip``
@@ -252,6 +263,10 @@ def timing_plan(a: argparse.Namespace, arm: str) -> dict:
     then ``--steps`` timed steps of the arm itself from index ``first``. ``overrides``: the settings
     that make the run do so."""
     key = WARMUP_KEYS.get(arm)
+    h = sync_every(arm)
+    if h > 1:  # whole rounds, each timed with its exchange: at least one left out, two timed
+        skip, steps = _whole_rounds(a.skip, h, h), _whole_rounds(a.steps, h, 2 * h)
+        return {"total": skip + steps, "overrides": [], "warmup": None, "first": skip}
     if key is None:
         return {"total": a.skip + a.steps, "overrides": ["trainer.warmup_sync_steps=0"], "warmup": None,
                 "first": a.skip}
@@ -274,8 +289,9 @@ def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: i
     with probe.around(a.probe_s) as host_speed, CpuSampler() as sampler:
         if not _run(cmd, run_dir.parent / f"{run_dir.name}.log", 3600.0):
             return None
-    history = json.loads((run_dir / "history.json").read_text())
-    summary = json.loads((run_dir / "summary.json").read_text())
+    files = run_dir if (run_dir / "history.json").exists() else replica_dir(run_dir, 0)  # a live launcher's run
+    history = json.loads((files / "history.json").read_text())
+    summary = json.loads((files / "summary.json").read_text())
     first = plan["first"]
     steps = history["iter_ms"][first:]
     t0 = history["wall_time"][first - 1] if first else history["wall_time"][0]

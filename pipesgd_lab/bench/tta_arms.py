@@ -99,3 +99,11 @@ def sync_every(arm: str) -> int:
         if o.startswith("trainer.sync_every="):
             return int(o.split("=", 1)[1])
     return 1
+
+
+def arm_mode(arm: str) -> str:
+    """The ``trainer.mode`` ``arm`` runs (the recipe's, pipe, where it names none)."""
+    for o in ARMS[arm]:
+        if o.startswith("trainer.mode="):
+            return o.split("=", 1)[1]
+    return "pipe"

@@ -17,7 +17,7 @@ from pipesgd.observability.runinfo import git_commit, write_json_atomic
 from . import probe
 from . import tta_compose as compose
 from . import tta_records as records
-from .tta_arms import ARMS, metric_for
+from .tta_arms import ARMS, metric_for, sync_every
 
 log = logging.getLogger("pipesgd_lab.bench.tta")
 
@@ -106,13 +106,19 @@ def timing_by_link(rows: list[dict]) -> dict[str, dict]:
         block.setdefault("windows", {}).setdefault(r["arm"], set()).add((window["first"], window["steps"]))
     return {link: {"windows": {arm: [{"first": f, "steps": n} for f, n in sorted(w, key=str)]
                                for arm, w in b["windows"].items()},
-                   "step_ms": {arm: statistics.median(v) for arm, v in b["pooled"].items()},
+                   "step_ms": {arm: _step_ms(arm, v) for arm, v in b["pooled"].items()},
                    "warmup_ms": {arm: statistics.median(v) for arm, v in b.get("warmup", {}).items()},
                    "repeat_median_ms": b["repeat_medians"], "eval_s": statistics.median(b["eval_s"]),
                    "cpu": b["cpu"], "commits": sorted({c for c in b["runs"] if c}), "mtu": _one_mtu(link, b["mtu"]),
                    "hosts": sorted(b["hosts"]), "host_speed": probe.summary(b["rows"]),
                    "measured": [min(d for d in b["dates"] if d), max(d for d in b["dates"] if d)]}
             for link, b in out.items()}
+
+
+def _step_ms(arm: str, iter_ms: list[float]) -> float:
+    """An arm's ms per step: the median step; for an arm of rounds (trainer.sync_every = H > 1, whose
+    timing windows are whole rounds) the mean, so each round's exchange step counts once per H."""
+    return statistics.fmean(iter_ms) if arm in ARMS and sync_every(arm) > 1 else statistics.median(iter_ms)
 
 
 def _one_mtu(link: str, mtus: set[int | None]) -> int | None:

@@ -1,0 +1,103 @@
+"""Rounds: what a step costs when the exchange comes once every H inner steps (DiLoCo's family,
+``trainer.sync_every=H``), and which H a link needs (docs/timing-model.md, "Rounds").
+
+A round is H steps of compute and one exchange of the pseudo-gradient, carried in F fragments of
+1/F of the model each (F = 1: the whole model at once). Its exchange x_f is one fragment's
+allreduce, priced by :func:`~pipesgd.timing.model.comm_time` as any gradient's is. Per inner step:
+
+    pipelined, width K >= 2    max(H·c' + H·u, F·x_f) / H       (pipe at sync_every = H: the round's
+                                                                  exchanges run on one thread under
+                                                                  the next round's compute)
+    width 1, delay τ           ((P − τ)·c + max(τ·c', x_f) + P·u) / P,   P = H/F
+                               (sync at sync_every = H: τ = 0, each fragment's exchange blocks at its
+                                round's end; torchft_diloco: each is launched τ steps before it is
+                                waited for, the streaming paper's overlap)
+
+c' is compute stretched by the overlap slowdown while an exchange runs beside it. At F = 1 and
+τ = 0 these are :func:`~pipesgd.timing.model.predict_iter_ms` at ``sync_every=H``. The smallest H
+that hides the exchange is :func:`smallest_h`: what the period-H study runs on each link.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ..modes import get_mode
+from .model import Link, _overlapped, comm_time
+
+H_CANDIDATES = (2, 5, 10, 25, 50, 100)
+"""The round lengths the study and the map pick from (:func:`smallest_h`)."""
+FILL = 0.9
+"""The share of a round's compute an exchange may take and still count as hidden: the rest is
+margin for the jitter of the steps and the exchange (a round that fits exactly has none)."""
+
+
+def _check(name: str, value: float, low: float = 0.0) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
+        raise ValueError(f"{name} must be a finite number >= {low:g}, got {value!r}")
+
+
+def check_schedule(sync_every: int, fragments: int = 1, sync_delay: int = 0) -> None:
+    """ValueError naming the setting where ``(H, F, τ)`` is not a schedule: F divides H, τ < H/F."""
+    for name, value, low in (("sync_every", sync_every, 1), ("fragments", fragments, 1), ("sync_delay", sync_delay, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if sync_every % fragments:
+        raise ValueError(f"fragments={fragments} does not divide sync_every={sync_every}")
+    if sync_delay >= sync_every // fragments:
+        raise ValueError(f"sync_delay={sync_delay} must be below sync_every / fragments = {sync_every // fragments}")
+
+
+def round_step_s(fragment_exchange_s: float, compute_s: float, update_s: float, sync_every: int, width: int = 1,
+                 fragments: int = 1, sync_delay: int = 0, overlap_slowdown: float = 1.0) -> float:
+    """Seconds per inner step of a round (module docstring): ``fragment_exchange_s`` is one
+    fragment's allreduce (the whole model's at ``fragments=1``)."""
+    check_schedule(sync_every, fragments, sync_delay)
+    for name, value in (("fragment_exchange_s", fragment_exchange_s), ("compute_s", compute_s),
+                        ("update_s", update_s)):
+        _check(name, value)
+    _check("overlap_slowdown", overlap_slowdown, 1.0)
+    h, exchanges = sync_every, fragments * fragment_exchange_s
+    if width >= 2:
+        if sync_delay:
+            raise ValueError(f"sync_delay={sync_delay} is for width 1 (torchft's schedule); width {width} keeps "
+                             "each exchange in flight a whole round")
+        return max(_overlapped(h * compute_s, exchanges, overlap_slowdown) + h * update_s, exchanges) / h
+    period, delay, x = h // fragments, sync_delay, fragment_exchange_s
+    beside = max(_overlapped(delay * compute_s, x, overlap_slowdown), x)  # the τ steps launched beside it, or it
+    return ((period - delay) * compute_s + beside + period * update_s) / period
+
+
+def round_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link, compute_s: float,
+                  update_s: float = 0.0, width: int = 1, ratio: float = 1.0, compress_s_per_byte: float = 0.0, *,
+                  sync_every: int, fragments: int = 1, sync_delay: int = 0, overlap_slowdown: float = 1.0,
+                  **comm_options) -> float:
+    """Predicted milliseconds per inner step of ``mode`` at ``sync_every=H``: each of its F
+    fragments (1/F of ``nbytes``) exchanged over ``algorithm`` at ``ratio``, priced by
+    :func:`round_step_s` at the width the mode runs (``comm_options``: :func:`comm_time`'s)."""
+    width = get_mode(mode).runs_at(width)
+    options = {k: v for k, v in comm_options.items() if k in ("per_node", "intra", "server_on_worker")}
+    exchange = comm_time(algorithm, nbytes / fragments, p, link, ratio, compress_s_per_byte, **options)
+    return 1e3 * round_step_s(exchange, compute_s, update_s, sync_every, width, fragments, sync_delay,
+                              overlap_slowdown)
+
+
+def smallest_h(exchange_s: float, compute_s: float, candidates: Sequence[int] = H_CANDIDATES,
+               fill: float = FILL) -> int | None:
+    """The smallest H of ``candidates`` whose round's compute, H·``compute_s``, hides the exchange
+    with ``fill`` of it (exchange <= fill·H·compute); None if none does. The pipeline's point: the
+    smallest H keeps the loss closest to synchronous training's."""
+    _check("exchange_s", exchange_s)
+    _check("compute_s", compute_s)
+    if not 0 < fill <= 1:
+        raise ValueError(f"fill must be in (0, 1], got {fill!r}")
+    return next((h for h in sorted(candidates) if exchange_s <= fill * h * compute_s), None)
+
+
+def streaming_schedule(sync_every: int) -> tuple[int, int]:
+    """(fragments, delay) of torchft's streaming DiLoCo as the study runs it at ``sync_every``: five
+    fragments where five divide H (two otherwise), and torchft's ``fragment_sync_delay`` as long as
+    its rule allows (one step short of a fragment's period), the most compute to hide under."""
+    fragments = 5 if sync_every % 5 == 0 else 2 if sync_every % 2 == 0 else 1
+    return fragments, sync_every // fragments - 1

@@ -1,0 +1,100 @@
+"""The timing model's rounds (pipesgd/timing/rounds.py, docs/timing-model.md "Rounds"): a step's
+price when the exchange comes once every H steps, in F fragments, launched τ steps early; the
+smallest H that hides it; and the map's verdict on which family wins a link, and with what H."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipesgd.timing.model import Link, comm_time, compression_ratio, predict_iter_ms
+from pipesgd.timing.rounds import check_schedule, round_iter_ms, round_step_s, smallest_h, streaming_schedule
+from pipesgd.timing.scale import Scenario, arm_rows, family_verdict, round_h, round_rows
+
+GPT = 1_240_000
+
+
+@pytest.mark.parametrize("mode, width", [("sync", 1), ("pipe", 2), ("torchft_diloco", 1)])
+def test_a_whole_model_round_without_delay_is_predict_iter_ms_at_sync_every(mode, width):
+    link = Link.from_bandwidth(5e6, 1e-4)
+    ratio = compression_ratio("int8", GPT, 2)
+    for h in (2, 5, 25):
+        expected = predict_iter_ms("sync" if width == 1 else "pipe", "ring", 4 * GPT, 2, link, 1.0, 0.01, width,
+                                   ratio, sync_every=h)
+        assert round_iter_ms(mode, "ring", 4 * GPT, 2, link, 1.0, 0.01, width, ratio, sync_every=h) \
+            == pytest.approx(expected)
+
+
+def test_the_rules_of_a_round_by_hand():
+    # pipelined: the round's exchange under its compute, or the exchange where it is longer
+    assert round_step_s(10.0, 1.0, 0.0, 25, width=2) == pytest.approx(1.0)
+    assert round_step_s(30.0, 1.0, 0.0, 25, width=2) == pytest.approx(30 / 25)
+    # five fragments on one thread: five exchanges of a fifth each per round
+    assert round_step_s(3.0, 1.0, 0.0, 10, width=2, fragments=5) == pytest.approx(15 / 10)
+    # blocking: the exchange after the round's compute
+    assert round_step_s(40.0, 1.0, 0.0, 25) == pytest.approx(65 / 25)
+    # torchft's delay: per fragment period of 5 steps, one launched 4 steps before it is waited for
+    assert round_step_s(8.0, 1.0, 0.0, 25, fragments=5, sync_delay=4) == pytest.approx((1 + 8) / 5)
+    assert round_step_s(3.0, 1.0, 0.0, 25, fragments=5, sync_delay=4) == pytest.approx(1.0)  # hidden
+    # compute slowed beside the exchange: the 4 steps take 4 + min(3, 8)·(1 - 1/2) = 5.5 s
+    assert round_step_s(3.0, 1.0, 0.0, 25, fragments=5, sync_delay=4, overlap_slowdown=2.0) \
+        == pytest.approx((1 + 5.5) / 5)
+
+
+@pytest.mark.parametrize("h, f, delay, width, match", [(4, 3, 0, 1, "does not divide"), (4, 2, 2, 1, "must be below"),
+                                                       (0, 1, 0, 1, "sync_every must be"),
+                                                       (10, 2, 1, 2, "sync_delay=1 is for width 1")])
+def test_a_schedule_that_is_none_is_refused_naming_the_setting(h, f, delay, width, match):
+    with pytest.raises(ValueError, match=match):
+        round_step_s(1.0, 1.0, 0.0, h, width, f, delay)
+
+
+def test_the_smallest_h_that_hides_the_exchange():
+    assert smallest_h(10.0, 1.0) == 25  # 10 s hides under 0.9 x 25 s, not under 0.9 x 10 s
+    assert smallest_h(2.0, 1.0) == 5
+    assert smallest_h(0.1, 1.0) == 2
+    assert smallest_h(1000.0, 1.0) is None
+    assert smallest_h(10.0, 1.0, candidates=(3, 12, 20)) == 12
+    with pytest.raises(ValueError, match="fill"):
+        smallest_h(1.0, 1.0, fill=0)
+
+
+def test_torchfts_streaming_schedule_in_the_study():
+    assert streaming_schedule(25) == (5, 4) and streaming_schedule(50) == (5, 9) and streaming_schedule(4) == (2, 1)
+    for h in (2, 4, 5, 8, 10, 20, 25, 50, 100):
+        f, delay = streaming_schedule(h)
+        check_schedule(h, f, delay)
+
+
+def test_the_map_picks_h_per_link_and_the_family_that_wins():
+    slow, fast = (Scenario(GPT, 2, Link.from_bandwidth(bw, 1e-4), 1.0) for bw in (1e6, 10e9))
+    assert round_h(slow) == 25 and round_h(fast) == 2
+    rows = round_rows(slow, 25)
+    arms = {r["arm"]: r for r in rows}
+    assert {"diloco-pipelined-int8-h25", "torchft-diloco-h25", "torchft-diloco-h50", "torchft-diloco-h100",
+            "torchft-streaming-h25"} <= set(arms)
+    assert arms["diloco-pipelined-int8-h25"]["utilization"] == pytest.approx(1.0)
+    fp32 = comm_time("ring", 4 * GPT, 2, slow.link)  # torchft sends fp32: 4x the int8 ring's bytes
+    assert arms["torchft-diloco-h25"]["iter_ms"] == pytest.approx((25 + fp32) / 25 * 1e3)
+    verdict = family_verdict(arm_rows(slow), rows, 25)
+    assert verdict["family"] == "pipelined DiLoCo" and verdict["h"] == 25
+    # where every family hides its exchange, the tie goes to one that exchanges every step
+    verdict = family_verdict(arm_rows(fast), round_rows(fast, 2), 2)
+    assert verdict["family"] in ("DDP hook", "Pipe-SGD") and verdict["h"] is None
+
+
+@pytest.mark.timeout(60)
+def test_the_map_command_says_each_h_and_the_family():
+    out = subprocess.run([sys.executable, "-m", "pipesgd.timing", "map", "--model", "gpt-shakespeare",
+                          "--compute-ms", "1000", "--workers", "2", "--bandwidth", "1mbit", "--latency", "100us"],
+                         capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert "rounds at H = 25" in out.stdout and "torchft-streaming-h100" in out.stdout
+    assert "family: pipelined DiLoCo (diloco-pipelined-int8-h25 at H = 25" in out.stdout
+    js = subprocess.run([sys.executable, "-m", "pipesgd.timing", "map", "--model", "gpt-shakespeare",
+                         "--compute-ms", "1000", "--workers", "2", "--bandwidth", "1mbit", "--latency", "100us",
+                         "--json"], capture_output=True, text=True, timeout=50)
+    data = json.loads(js.stdout)
+    assert data["family"]["family"] == "pipelined DiLoCo" and data["family"]["h_rule"] == 25
+    assert len(data["rounds"]) == 8
