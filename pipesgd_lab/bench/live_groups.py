@@ -30,10 +30,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.workers < 1:
         p.error(f"argument --workers: must be an integer >= 1, got {a.workers}")
-    check(p, argparse.Namespace(overrides=a.overrides, rate=a.rate))
     dirs = [o.split("=", 1)[1] for o in a.overrides if o.split("=", 1)[0].lstrip("+") == "hydra.run.dir"]
     if not dirs:
         p.error("name the run directory: hydra.run.dir=PATH among the overrides")
+    check(p, argparse.Namespace(overrides=a.overrides, rate=a.rate))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         run_groups(a.overrides, a.workers, Path(dirs[-1]), a.rate, None, a.timeout_s)

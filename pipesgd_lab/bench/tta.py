@@ -264,8 +264,8 @@ def timing_plan(a: argparse.Namespace, arm: str) -> dict:
     that make the run do so."""
     key = WARMUP_KEYS.get(arm)
     h = sync_every(arm)
-    if h > 1:  # whole rounds, each timed with its exchange: at least one left out, two timed
-        skip, steps = _whole_rounds(a.skip, h, h), _whole_rounds(a.steps, h, 2 * h)
+    if h > 1:  # whole rounds, each timed with its exchange: at least one left out and one timed
+        skip, steps = _whole_rounds(a.skip, h, h), _whole_rounds(a.steps, h, h)
         return {"total": skip + steps, "overrides": [], "warmup": None, "first": skip}
     if key is None:
         return {"total": a.skip + a.steps, "overrides": ["trainer.warmup_sync_steps=0"], "warmup": None,

@@ -3,6 +3,8 @@ recipe, spelled here only, for the driver (tta.py) and the report (tta_report.py
 
 from __future__ import annotations
 
+from pipesgd.timing.rounds import streaming_schedule
+
 from . import tta_compose as compose
 
 RECIPE = "resnet_cifar_tta"
@@ -45,23 +47,14 @@ TIMING_ONLY = (compose.COMPUTE_ARM,)
 communication) is the ceiling, the step time no scheme can beat on this machine."""
 
 
-# --- the period-H study (docs/period-h.md, "Against torchft"): the DiLoCo family at a round length H --------
-H_CANDIDATES = (2, 5, 10, 25, 50, 100)
-"""The round lengths the period-H study picks from: per link, the smallest whose compressed exchange
-fits under one round's compute (:func:`pipesgd.timing.rounds.smallest_h`)."""
+# --- the period-H study (docs/period-h.md, "Against torchft's DiLoCo"): the DiLoCo family at a round length H ---
 STUDY_H = (2, 5, 25)
-"""The H the study's links pick from :data:`H_CANDIDATES` (100 and 25 Mbit/s: 2, 5 Mbit/s: 5, 1 Mbit/s:
-25); its DiLoCo arms exist at each and at 2H and 4H (torchft's best of three)."""
+"""The H the study's links take from :data:`pipesgd.timing.rounds.H_CANDIDATES` (the smallest whose
+int8 exchange hides under a round's compute, :func:`~pipesgd.timing.rounds.smallest_h`: 100 and 25
+Mbit/s 2, 5 Mbit/s 5, 1 Mbit/s 25 here); its DiLoCo arms exist at each and at 2H and 4H (torchft's
+best of three)."""
 _ROUNDS = ("trainer.warmup_sync_steps=0", "trainer.check_every=null")
 _BOTH = "trainer.live.min_replicas=2"
-
-
-def streaming(h: int) -> tuple[int, int]:
-    """(fragments, delay) of the torchft streaming arm at ``h``: five fragments where they divide H
-    (two otherwise), and torchft's fragment_sync_delay as long as it may be (one step short of a
-    fragment's period), so the exchange has the most compute to hide under."""
-    fragments = 5 if h % 5 == 0 and h >= 5 else 2
-    return fragments, h // fragments - 1
 
 
 def _diloco_arms() -> dict[str, tuple[str, ...]]:
@@ -80,7 +73,7 @@ def _diloco_arms() -> dict[str, tuple[str, ...]]:
         # every quorum holds both groups (a group a second late would otherwise sync alone)
         arms[f"torchft-diloco-h{h}"] = ("trainer.mode=torchft_diloco", "staleness=none", "compressor=none",
                                         every, *_ROUNDS, _BOTH)
-        fragments, delay = streaming(h)
+        fragments, delay = streaming_schedule(h)
         if delay >= 0:
             arms[f"torchft-streaming-h{h}"] = ("trainer.mode=torchft_diloco", "staleness=none", "compressor=none",
                                                every, f"trainer.fragments={fragments}", f"trainer.sync_delay={delay}",

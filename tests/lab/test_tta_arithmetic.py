@@ -110,6 +110,27 @@ def test_a_pipe_arms_timing_run_times_its_own_warmup_then_its_steps():
     assert block["warmup_ms"] == {"pipe+lookahead-int8": 131.0} and block["step_ms"]["pipe+lookahead-int8"] == 101.0
 
 
+def test_an_arm_of_rounds_is_timed_in_whole_rounds_and_priced_by_their_mean_step():
+    a = tta.parse(["--skip", "10", "--steps", "40"])
+    # H = 25: one round left out (10 rounded up), two timed (40 rounded up to whole rounds)
+    assert tta.timing_plan(a, "diloco-eager-int8-h25") == {"total": 75, "overrides": [], "warmup": None, "first": 25}
+    assert tta.timing_plan(tta.parse(["--skip", "2", "--steps", "5"]), "torchft-diloco-h100") == {
+        "total": 200, "overrides": [], "warmup": None, "first": 100}
+    # a round's exchange step counts once per round: the mean of the window, not its median
+    steps = [1000.0] * 24 + [41000.0]
+    rows = [{"link": "1mbit", "arm": "torchft-diloco-h25", "repeat": 0, "iter_ms": steps, "median_iter_ms": 1000.0,
+             "eval_s": 1.0, "command": "python -m pipesgd_lab.bench.live_groups", "date": "d"}]
+    assert tta_report.timing_by_link(rows)["1mbit"]["step_ms"]["torchft-diloco-h25"] == pytest.approx(2600.0)
+
+
+def test_torchfts_arms_run_behind_a_lighthouse_on_emulated_nodes_and_the_others_under_emulate(tmp_path):
+    a = tta.parse(["--recipe", "gpt_shakespeare"])
+    cmd = tta.train_command(a, "torchft-streaming-h25", "1mbit", tmp_path)
+    assert cmd[1:3] == ["-m", "pipesgd_lab.bench.live_groups"] and "trainer.sync_delay=4" in cmd
+    assert tta.train_command(a, "diloco-eager-int8-h25", "1mbit", tmp_path)[1:3] == ["-m", "pipesgd_lab.emulate"]
+    assert tta.train_command(a, "torchft-diloco-h25", "loopback", tmp_path)[1:3] == ["-m", "pipesgd.train"]
+
+
 def test_speedups_against_the_fastest_ddp_arm_and_the_ceiling():
     runs = [{"name": n, "seed": 0, "curve": [[100, 90.0]]} for n in ("ddp-fp16", "ddp-powersgd", "pipe+lookahead")]
     ms = {"ddp-fp16": 200.0, "ddp-powersgd": 160.0, "pipe+lookahead": 120.0, "compute": 100.0}
