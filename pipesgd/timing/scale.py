@@ -347,5 +347,5 @@ def family_verdict(step_rows: Sequence[dict], rounds: Sequence[dict], h: int | N
             best[family] = {"arm": name, "iter_ms": row["iter_ms"], "h": row.get("sync_every")}
     fastest = min((b["iter_ms"] for b in best.values()), default=None)
     tied = [f for f in FAMILIES if f in best and best[f]["iter_ms"] <= fastest * (1 + TIE)]
-    winner = min(tied, key=lambda f: best[f]["h"] or 1) if tied else None
+    winner = min(tied, key=lambda f: (best[f]["h"] or 1, best[f]["iter_ms"])) if tied else None
     return {"family": winner, **(best[winner] if winner else {}), "h_rule": h, "best": best}

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pipesgd.live.launch import LIGHTHOUSE_KEYS
 from pipesgd_lab.emulate import Cluster, parse_rate
+from pipesgd_lab.emulate.netns import DEFAULT_MTU
 
 from .runner import CellFailed
 
@@ -116,7 +117,8 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def run_groups(train: Sequence[str], replicas: int, run_dir: Path, rate: str, fault: str | None,
-               timeout_s: float, watch: Callable[[subprocess.Popen], None] | None = None) -> None:
+               timeout_s: float, watch: Callable[[subprocess.Popen], None] | None = None,
+               mtu: int = DEFAULT_MTU) -> None:
     """Run the live job of ``replicas`` groups (``train``: ``pipesgd.train``'s arguments, its
     ``hydra.run.dir`` ``run_dir`` included) on an emulated cluster of links ``rate``, with
     ``PIPESGD_FAULT=fault`` for the last group; ``watch(proc)`` as in :func:`runner.run_logged`,
@@ -130,7 +132,7 @@ def run_groups(train: Sequence[str], replicas: int, run_dir: Path, rate: str, fa
     run_id = f"drill-{uuid.uuid4().hex[:8]}"
     deadline = time.monotonic() + timeout_s
     procs: list[subprocess.Popen] = []
-    with Cluster(replicas, rate, handle_signals=False) as cluster:
+    with Cluster(replicas, rate, handle_signals=False, mtu=mtu) as cluster:
         try:
             with lighthouse_log.open("w") as err:
                 procs.append(subprocess.Popen(

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipesgd_lab.emulate.netns import DEFAULT_MTU
+
 from .live_drill_torchrun import check, run_groups
 from .runner import CellFailed
 
@@ -26,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, required=True, help="replica groups, one node each")
     p.add_argument("--rate", required=True, help="every link's tc rate, e.g. 5mbit")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="the most the job may run (default 3600)")
+    p.add_argument("--mtu", type=int, default=DEFAULT_MTU, help=f"the links' MTU (default {DEFAULT_MTU})")
     p.add_argument("overrides", nargs="*", help="pipesgd.train's Hydra overrides (after --)")
     a = p.parse_args(argv)
     if a.workers < 1:
@@ -36,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check(p, argparse.Namespace(overrides=a.overrides, rate=a.rate))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        run_groups(a.overrides, a.workers, Path(dirs[-1]), a.rate, None, a.timeout_s)
+        run_groups(a.overrides, a.workers, Path(dirs[-1]), a.rate, None, a.timeout_s, mtu=a.mtu)
     except CellFailed as e:
         log.error("%s", e)
         return 1

@@ -178,7 +178,7 @@ def train_command(a: argparse.Namespace, arm: str, link: str, run_dir: Path, ext
         return [sys.executable, "-m", "pipesgd.train", *overrides]
     if get_mode(arm_mode(arm)).launcher is not None:  # torchft_diloco: replica groups behind a lighthouse
         return [sys.executable, "-m", "pipesgd_lab.bench.live_groups", "--workers", str(a.workers), "--rate", link,
-                "--timeout-s", str(int(a.timeout_s)), "--", *overrides]
+                "--timeout-s", str(int(a.timeout_s)), "--mtu", str(a.mtu), "--", *overrides]
     return [sys.executable, "-m", "pipesgd_lab.emulate", "--workers", str(a.workers), "--rate", link,
             "--timeout-s", str(int(a.timeout_s)), "--mtu", str(a.mtu), "--", *overrides]
 

@@ -201,8 +201,9 @@ def usable_curves(records: Mapping[tuple[str, int], dict]) -> tuple[list[dict], 
     return used, unfinished
 
 
-EMULATORS = ("pipesgd_lab.emulate", "pipesgd.tools.emulate", "pipesgd.emulate")
-"""The emulated cluster's module, as records of each layout name it (today's first)."""
+EMULATORS = ("pipesgd_lab.emulate", "pipesgd_lab.bench.live_groups", "pipesgd.tools.emulate", "pipesgd.emulate")
+"""The emulated cluster's modules, as records of each layout name them (today's first; live_groups runs
+torchft's arms there, one replica group per node)."""
 
 
 def link_mtu(command: str) -> int | None:

@@ -1,0 +1,221 @@
+"""``python -m pipesgd_lab.bench.period_h``: the period-H study's tables (docs/period-h.md, "Against
+torchft's DiLoCo"), from what the time-to-accuracy tool wrote (``pipesgd_lab.bench.tta``: its timing
+file and its curve records). Per link and arm: the measured step (a round arm's: the mean over whole
+rounds), compute utilization (the same link's compute-alone step over the arm's), bytes sent per step
+(the timing run's summary) and the timing model's prediction from that compute step; per arm the
+final validation loss at equal steps over its seeds; per link the time to sync's final loss + 1 %,
+composed as the tool composes it (each arm's loss curve on loopback, its step time on the link, the
+evaluations at the link's median evaluation time). ``--stand-in ARM=CURVE`` prices an arm timed
+without a curve of its own on another arm's curve (said in the output). Writes ``--json`` and
+``--plot`` (utilization against bandwidth); prints the tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipesgd.live.launch import replica_dir
+from pipesgd.observability.runinfo import git_commit, write_json_atomic
+from pipesgd.timing.model import Link, compression_ratio
+from pipesgd.timing.presets import MODELS
+from pipesgd.timing.rounds import round_iter_ms
+from pipesgd.timing.scale import Scenario, arm_rows
+from pipesgd.timing.units import parse_latency
+from pipesgd_lab.emulate.netns import parse_rate
+
+from . import tta_compose as compose
+from .tta_arms import ARMS, arm_mode, sync_every
+from .tta_report import timing_by_link
+
+log = logging.getLogger("pipesgd_lab.bench.period_h")
+MODEL = MODELS["gpt-shakespeare"]
+FRAME_CEILING = 8948 / 9014
+"""TCP goodput over a tbf-shaped link at MTU 9000 (docs/emulated-cluster.md): the rate the model is given."""
+PER_STEP_MAP_ARMS = {"ddp-fp16": "ddp-fp16", "ddp": "ddp", "pipe+lookahead-int8": "pipe-int8", "sync": "sync"}
+"""Study arm -> the map's arm that prices it (a staleness rule costs no time)."""
+WARMUP_STEPS = {"pipe+lookahead-int8": 300}
+"""The recipe's synchronous steps of a pipe arm, priced at its own timed warm-up rate."""
+
+
+def _setting(arm: str, key: str, default: str) -> str:
+    return next((o.split("=", 1)[1] for o in ARMS[arm] if o.startswith(f"{key}=")), default)
+
+
+def predicted_ms(arm: str, link: str, compute_ms: float, latency_s: float) -> float | None:
+    """The timing model's step for ``arm`` on ``link`` at the measured compute step (None: not priced)."""
+    bw = Link.from_bandwidth(parse_rate(link) * FRAME_CEILING, latency_s)
+    h = sync_every(arm)
+    if h > 1:
+        compressor = _setting(arm, "compressor", "none")
+        mode = arm_mode(arm)
+        width = int(_setting(arm, "trainer.width", "1")) if mode == "pipe" else 1
+        return round_iter_ms(mode, "ring", 4 * MODEL.params, 2, bw, compute_ms / 1e3, 0.0, width,
+                             compression_ratio(compressor, MODEL.params, 2), sync_every=h,
+                             fragments=int(_setting(arm, "trainer.fragments", "1")),
+                             sync_delay=int(_setting(arm, "trainer.sync_delay", "0")))
+    if arm not in PER_STEP_MAP_ARMS:
+        return None
+    rows = arm_rows(Scenario(MODEL.params, 2, bw, compute_ms / 1e3, shapes=MODEL.shapes), [PER_STEP_MAP_ARMS[arm]])
+    return rows[0]["iter_ms"]
+
+
+def _bytes_per_step(row: dict) -> float | None:
+    """The timing run's mean bytes sent per step (its summary.json), or None where it is gone."""
+    run = next((w.split("=", 1)[1] for w in row["command"].split() if w.startswith("hydra.run.dir=")), None)
+    if run is None:
+        return None
+    for folder in (Path(run), replica_dir(run, 0)):
+        if (folder / "summary.json").exists():
+            return json.loads((folder / "summary.json").read_text()).get("mean_bytes_per_step")
+    return None
+
+
+def link_rows(rows: Sequence[dict], latency_s: float) -> dict[str, list[dict]]:
+    """Per link, one row per timed arm: step_ms, utilization, bytes_per_step, predicted_ms, error."""
+    by_link = timing_by_link(list(rows))
+    out: dict[str, list[dict]] = {}
+    for link, block in by_link.items():
+        compute = block["step_ms"].get(compose.COMPUTE_ARM)
+        sent = {}
+        for r in rows:
+            if r["link"] == link:
+                sent.setdefault(r["arm"], []).append(_bytes_per_step(r))
+        table = []
+        for arm, ms in block["step_ms"].items():
+            predicted = predicted_ms(arm, link, compute, latency_s) if compute and arm != compose.COMPUTE_ARM else None
+            values = [b for b in sent.get(arm, []) if b is not None]
+            table.append({"arm": arm, "sync_every": sync_every(arm), "step_ms": ms,
+                          "utilization": compute / ms if compute else None,
+                          "bytes_per_step": statistics.median(values) if values else None,
+                          "predicted_ms": predicted, "error": None if predicted is None else (predicted - ms) / ms,
+                          "window": block["windows"].get(arm)})
+        out[link] = table
+    return out
+
+
+def load_curves(records: Path) -> list[dict]:
+    """Every complete curve record in ``records``: {"name", "seed", "curve", "final"}."""
+    runs = []
+    for path in sorted(records.glob("*.json")):
+        r = json.loads(path.read_text())
+        if r.get("kind") == "curve" and r.get("complete"):
+            runs.append({"name": r["arm"], "seed": r["seed"], "curve": r["curve"], "final": r[f"final_{r['metric']}"],
+                         "steps": r["steps"]})
+    return runs
+
+
+def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str], latency_s: float) -> dict:
+    """The study's result: per link the arm rows and the composed times to sync's final loss + 1 %."""
+    finals: dict[str, list[float]] = {}
+    for r in runs:
+        finals.setdefault(r["name"], []).append(r["final"])
+    if "sync" not in finals:
+        raise SystemExit("no complete sync curve: the target is sync's final loss + 1 %")
+    target = statistics.fmean(finals["sync"]) * (1 + compose.SAME_LOSS_REL)
+    priced = [*runs, *({**r, "name": arm} for arm, curve in stand_ins.items() for r in runs if r["name"] == curve)]
+    by_link = timing_by_link(list(rows))
+    links = {}
+    for link, table in link_rows(rows, latency_s).items():
+        block = by_link[link]
+        ms = {r["arm"]: r["step_ms"] for r in table}
+        composed = compose.compose_link(priced, ms, block["eval_s"], WARMUP_STEPS, target,
+                                        warmup_at={a: a for a in WARMUP_STEPS}, warmup_ms=block["warmup_ms"],
+                                        metric=compose.LOSS)
+        links[link] = {"arms": table, "eval_s": block["eval_s"], "time_to_target_s": composed["time_to_target_s"],
+                       "unpriced": composed["unpriced"], "measured": block["measured"], "commits": block["commits"]}
+    return {"recipe": "gpt_shakespeare", "steps": sorted({r["steps"] for r in runs}), "target_loss": target,
+            "final_loss": {a: {"mean": statistics.fmean(v), "seeds": len(v), "values": v,
+                               "vs_sync": statistics.fmean(v) / statistics.fmean(finals["sync"]) - 1}
+                           for a, v in finals.items()},
+            "stand_ins": stand_ins, "links": links, "latency_s": latency_s, "commit": git_commit()}
+
+
+def _fmt(v, spec: str = "{:.3g}") -> str:
+    return "–" if v is None else spec.format(v)
+
+
+def tables(result: dict) -> str:
+    lines = [f"target: sync's final loss + 1 % = {result['target_loss']:.4f} at {result['steps']} steps", "",
+             "| arm | final loss | vs sync | seeds |", "|---|---|---|---|"]
+    for arm, f in sorted(result["final_loss"].items(), key=lambda kv: kv[1]["mean"]):
+        lines.append(f"| {arm} | {f['mean']:.4f} | {f['vs_sync']:+.2%} | {f['seeds']} |")
+    for link, block in result["links"].items():
+        lines += ["", f"{link} (evaluation {block['eval_s']:.1f} s)", "",
+                  "| arm | H | step s | utilization | MB/step | predicted s | error | to target |", "|---|---|---|---|---|---|---|---|"]
+        for r in sorted(block["arms"], key=lambda r: r["step_ms"]):
+            t = block["time_to_target_s"].get(r["arm"])
+            mb = None if r["bytes_per_step"] is None else r["bytes_per_step"] / 1e6
+            lines.append(f"| {r['arm']} | {r['sync_every']} | {r['step_ms'] / 1e3:.3f} | {_fmt(r['utilization'], '{:.1%}')} "
+                         f"| {_fmt(mb, '{:.3f}')} | {_fmt(None if r['predicted_ms'] is None else r['predicted_ms'] / 1e3, '{:.3f}')} "
+                         f"| {_fmt(r['error'], '{:+.1%}')} | {'not reached' if t is None and r['arm'] in block['time_to_target_s'] else _fmt(None if t is None else t / 60, '{:.1f} min')} |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[tuple[float, float]]] = {}
+    for link, block in result["links"].items():
+        for r in block["arms"]:
+            if r["arm"] != compose.COMPUTE_ARM and r["utilization"] is not None:
+                family = r["arm"].rsplit("-h", 1)[0] if r["sync_every"] > 1 else r["arm"]
+                label = f"{family} (H {r['sync_every']})" if r["sync_every"] > 1 else family
+                series.setdefault(family, []).append((parse_rate(link) / 1e6, r["utilization"], label))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for family, pts in sorted(series.items()):
+        pts.sort()
+        best: dict[float, tuple] = {}
+        for x, u, label in pts:  # the family's best H on each link
+            if x not in best or u > best[x][1]:
+                best[x] = (x, u, label)
+        xs, us = [best[x][0] for x in sorted(best)], [best[x][1] for x in sorted(best)]
+        ax.plot(xs, us, marker="o", label=family)
+    ax.set_xscale("log")
+    ax.set_xlabel("link rate per worker (Mbit/s), emulated, 2 workers")
+    ax.set_ylabel("compute utilization (compute-alone step / arm's step)")
+    ax.set_ylim(0, 1.05)
+    ax.axhline(0.95, color="grey", lw=0.8, ls="--")
+    ax.set_title("GPT on Shakespeare, p = 2: utilization against bandwidth (each DiLoCo family at its best H)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipesgd_lab.bench.period_h", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--timing", type=Path, default=Path("outputs/period-h/timing.json"))
+    p.add_argument("--records", type=Path, default=Path("results/period-h/runs"))
+    p.add_argument("--json", type=Path, default=Path("results/period-h/study.json"))
+    p.add_argument("--plot", type=Path, default=Path("docs/img/period-h-utilization.png"))
+    p.add_argument("--stand-in", action="append", default=[], metavar="ARM=CURVE",
+                   help="price ARM's step on CURVE's loss curve (an arm timed without a curve of its own)")
+    p.add_argument("--latency", default="100us", help="α the model is given (default 100us)")
+    a = p.parse_args(argv)
+    stand_ins = dict(s.split("=", 1) for s in a.stand_in if "=" in s)
+    bad = [s for s in a.stand_in if "=" not in s] + [k for k in stand_ins if k not in ARMS]
+    if bad:
+        p.error(f"argument --stand-in: {bad}: ARM=CURVE, ARM one of the study's arms")
+    if not a.timing.exists():
+        p.error(f"argument --timing: {a.timing} does not exist (the tool's --phase timing writes it)")
+    result = study(json.loads(a.timing.read_text()), load_curves(a.records), stand_ins, parse_latency(a.latency))
+    write_json_atomic(a.json, result)
+    if str(a.plot) not in ("", "."):
+        plot(result, a.plot)
+    print(tables(result))
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    sys.exit(main())

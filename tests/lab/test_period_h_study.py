@@ -1,0 +1,53 @@
+"""pipesgd_lab.bench.period_h, the period-H study's tables: utilization against the same link's
+compute step, a round arm's step as its rounds' mean, the model's prediction beside it, the final
+loss at equal steps, and the time to sync's final loss + 1 % composed from curves and steps."""
+
+import json
+
+import pytest
+
+from pipesgd_lab.bench import period_h
+
+
+def _row(arm, link, iter_ms, tmp_path, sent=None):
+    run = tmp_path / f"{link}-{arm}"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"mean_bytes_per_step": sent}))
+    cmd = ("python -m pipesgd_lab.emulate --workers 2 --rate 1mbit --mtu 9000 -- +experiment=gpt_shakespeare "
+           f"hydra.run.dir={run}")
+    return {"link": link, "arm": arm, "repeat": 0, "iter_ms": iter_ms, "median_iter_ms": sorted(iter_ms)[len(iter_ms) // 2],
+            "eval_s": 10.0, "command": cmd, "date": "2026-12-02T00:00:00", "window": {"first": 0, "steps": len(iter_ms)}}
+
+
+def _curve(arm, finals):
+    return [{"name": arm, "seed": s, "steps": 600, "final": f, "curve": [[300, f + 0.3], [600, f]]}
+            for s, f in enumerate(finals)]
+
+
+def test_the_study_prices_rounds_by_their_mean_and_composes_the_time_to_syncs_loss(tmp_path):
+    rows = [_row("compute", "1mbit", [1000.0] * 50, tmp_path),
+            _row("diloco-eager-int8-h25", "1mbit", [1000.0] * 49 + [1500.0], tmp_path, sent=50_000.0),
+            _row("ddp-fp16", "1mbit", [20_000.0] * 5, tmp_path, sent=2.48e6)]
+    runs = _curve("sync", [2.00, 2.02]) + _curve("diloco-eager-int8-h25", [2.015])
+    result = period_h.study(rows, runs, {"ddp-fp16": "sync"}, 1e-4)
+    assert result["target_loss"] == pytest.approx(2.01 * 1.01)
+    arms = {r["arm"]: r for r in result["links"]["1mbit"]["arms"]}
+    eager = arms["diloco-eager-int8-h25"]
+    assert eager["step_ms"] == pytest.approx(1010.0) and eager["utilization"] == pytest.approx(1000 / 1010)
+    assert eager["bytes_per_step"] == 50_000.0
+    # int8 over 1 Mbit/s: ~10 s a round, hidden under 25 s of compute; the model says the compute step
+    assert eager["predicted_ms"] == pytest.approx(1000.0) and eager["error"] == pytest.approx(-10 / 1010)
+    assert arms["ddp-fp16"]["predicted_ms"] > 10_000  # fp16 buckets over 1 Mbit/s: seconds a step
+    times = result["links"]["1mbit"]["time_to_target_s"]
+    # both reach 2.0301 at step 600 (sync's mean over its seeds; ddp-fp16 priced on sync's curve)
+    assert times["diloco-eager-int8-h25"] == pytest.approx(600 * 1.010 + 2 * 10.0)
+    assert times["ddp-fp16"] == pytest.approx(600 * 20.0 + 2 * 10.0)
+    assert result["final_loss"]["diloco-eager-int8-h25"]["vs_sync"] == pytest.approx(2.015 / 2.01 - 1)
+    assert "diloco-eager-int8-h25" in period_h.tables(result)
+
+
+def test_an_arm_that_never_reaches_the_target_says_so(tmp_path):
+    rows = [_row("compute", "5mbit", [1000.0] * 10, tmp_path), _row("torchft-diloco-h5", "5mbit", [1200.0] * 10, tmp_path)]
+    result = period_h.study(rows, _curve("sync", [2.0]) + _curve("torchft-diloco-h5", [2.5]), {}, 1e-4)
+    assert result["links"]["5mbit"]["time_to_target_s"]["torchft-diloco-h5"] is None
+    assert "not reached" in period_h.tables(result)
