@@ -213,7 +213,8 @@ def link_mtu(command: str) -> int | None:
     words = shlex.split(command)
     if not any(name in words for name in EMULATORS):
         return None
-    return int(words[words.index("--mtu") + 1]) if "--mtu" in words[:words.index("--")] else 1500
+    own = words[:words.index("--")] if "--" in words else words  # the emulator's options, not the job's
+    return int(own[own.index("--mtu") + 1]) if "--mtu" in own else 1500
 
 
 def timing_window(row: Mapping) -> dict:
