@@ -39,6 +39,9 @@ FRAME_CEILING = 8948 / 9014
 PER_STEP_MAP_ARMS = {"ddp-fp16": "ddp-fp16", "ddp": "ddp", "pipe+lookahead-int8": "pipe-int8", "sync": "sync"}
 """Study arm -> the map's arm that prices it (a staleness rule costs no time)."""
 WARMUP_STEPS = {"pipe+lookahead-int8": 300}
+SLACKS = (0.01, 0.05, 0.10, 0.20)
+"""Targets: sync's final loss plus each share; +1 % is the study's, the looser ones rank the arms
+that end above it (the DiLoCo arms at this run length)."""
 """The recipe's synchronous steps of a pipe arm, priced at its own timed warm-up rate."""
 
 
@@ -116,19 +119,23 @@ def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str],
         finals.setdefault(r["name"], []).append(r["final"])
     if "sync" not in finals:
         raise SystemExit("no complete sync curve: the target is sync's final loss + 1 %")
-    target = statistics.fmean(finals["sync"]) * (1 + compose.SAME_LOSS_REL)
+    sync_final = statistics.fmean(finals["sync"])
+    target = sync_final * (1 + compose.SAME_LOSS_REL)
+    targets = {f"+{slack:.0%}": sync_final * (1 + slack) for slack in SLACKS}
     priced = [*runs, *({**r, "name": arm} for arm, curve in stand_ins.items() for r in runs if r["name"] == curve)]
     by_link = timing_by_link(list(rows))
     links = {}
     for link, table in link_rows(rows, latency_s).items():
         block = by_link[link]
         ms = {r["arm"]: r["step_ms"] for r in table}
-        composed = compose.compose_link(priced, ms, block["eval_s"], WARMUP_STEPS, target,
+        composed = compose.compose_link(priced, ms, block["eval_s"], WARMUP_STEPS, {"target": target, **targets},
                                         warmup_at={a: a for a in WARMUP_STEPS}, warmup_ms=block["warmup_ms"],
                                         metric=compose.LOSS)
         links[link] = {"arms": table, "eval_s": block["eval_s"], "time_to_target_s": composed["time_to_target_s"],
+                       "time_s": {name: composed["targets"][name]["time_s"] for name in targets},
                        "unpriced": composed["unpriced"], "measured": block["measured"], "commits": block["commits"]}
     return {"recipe": "gpt_shakespeare", "steps": sorted({r["steps"] for r in runs}), "target_loss": target,
+            "targets": targets,
             "final_loss": {a: {"mean": statistics.fmean(v), "seeds": len(v), "values": v,
                                "vs_sync": statistics.fmean(v) / statistics.fmean(finals["sync"]) - 1}
                            for a, v in finals.items()},
@@ -144,6 +151,13 @@ def tables(result: dict) -> str:
              "| arm | final loss | vs sync | seeds |", "|---|---|---|---|"]
     for arm, f in sorted(result["final_loss"].items(), key=lambda kv: kv[1]["mean"]):
         lines.append(f"| {arm} | {f['mean']:.4f} | {f['vs_sync']:+.2%} | {f['seeds']} |")
+    names = list(result["targets"])
+    for link, block in result["links"].items():
+        lines += ["", f"{link}: minutes to sync's final loss plus " + ", ".join(names), "",
+                  "| arm | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for arm in sorted(block["time_s"][names[0]], key=lambda a: [block["time_s"][n][a] or 1e12 for n in names][::-1]):
+            lines.append(f"| {arm} | " + " | ".join(_fmt(None if block["time_s"][n][arm] is None
+                                                         else block["time_s"][n][arm] / 60, "{:.1f}") for n in names) + " |")
     for link, block in result["links"].items():
         lines += ["", f"{link} (evaluation {block['eval_s']:.1f} s)", "",
                   "| arm | H | step s | utilization | MB/step | predicted s | error | to target |", "|---|---|---|---|---|---|---|---|"]

@@ -51,3 +51,9 @@ def test_an_arm_that_never_reaches_the_target_says_so(tmp_path):
     result = period_h.study(rows, _curve("sync", [2.0]) + _curve("torchft-diloco-h5", [2.5]), {}, 1e-4)
     assert result["links"]["5mbit"]["time_to_target_s"]["torchft-diloco-h5"] is None
     assert "not reached" in period_h.tables(result)
+    # looser targets rank the arms that end above sync's + 1 %: 2.5 is under sync + 30 % only
+    rows.append(_row("diloco-eager-int8-h5", "5mbit", [1000.0] * 10, tmp_path))
+    runs = _curve("sync", [2.0]) + _curve("torchft-diloco-h5", [2.5]) + _curve("diloco-eager-int8-h5", [2.3])
+    times = period_h.study(rows, runs, {}, 1e-4)["links"]["5mbit"]["time_s"]
+    assert times["+20%"]["torchft-diloco-h5"] is None and times["+20%"]["diloco-eager-int8-h5"] == pytest.approx(620.0)
+    assert "sync" not in times["+20%"]  # not timed on this link: not priced
