@@ -296,7 +296,10 @@ def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_resta
             env = {**replica_env(replace(replica_options, lighthouse=lighthouse.address, run_id=run_id,
                                          replica=replica)),
                    ENV_REPLICAS: str(replicas), ENV_START: f"{options.host}:{store.port}",
-                   ENV_RESTART: str(restarts[replica]), ENV_SPAWNED: repr(time.time())}
+                   ENV_RESTART: str(restarts[replica]), ENV_SPAWNED: repr(time.time()),
+                   # the groups share this machine's cores as local workers do (pipesgd.train's _threads);
+                   # each took them all before, and two groups on two cores ran 1.7x slower a step
+                   "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // replicas))}
             p = context.Process(target=_replica_main, args=(env, fn, (container, str(out))),
                                 name=f"pipesgd-live-replica-{replica}")
             p.start()

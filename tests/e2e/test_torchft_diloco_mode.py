@@ -3,6 +3,8 @@ two replica groups, torchft's own streaming DiLoCo trains a few rounds of the MN
 groups evaluate the same global weights. Skipped without torchft (pip install '.[live]'), except
 under CI=true, where it fails."""
 
+import os
+
 import pytest
 
 from needs_torchft import require_torchft
@@ -20,7 +22,7 @@ def test_torchft_diloco_trains_two_replica_groups_in_rounds(tmp_path, fragments,
     run_dir = tmp_path / "run"
     r = run("+experiment=mnist_mlp", "trainer.mode=torchft_diloco", "staleness=none", "trainer.sync_every=4",
             f"trainer.fragments={fragments}", f"trainer.sync_delay={delay}", "trainer.max_steps=16",
-            "data.batch_size=250", "optimizer.lr=0.01", "trainer.lr_reference_batch=250", "dist.threads_per_worker=1",
+            "data.batch_size=250", "optimizer.lr=0.01", "trainer.lr_reference_batch=250",
             "trainer.eval_max_batches=4", "trainer.log_every=4", "trainer.check_every=null",
             "trainer.checkpoint_every=null", f"hydra.run.dir={run_dir}", tmp=tmp_path, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -34,5 +36,8 @@ def test_torchft_diloco_trains_two_replica_groups_in_rounds(tmp_path, fragments,
     # fp32 on the wire (torchft quantizes with Triton only): a ring's 2(p-1)/p of the model a round
     assert first["mean_bytes_per_step"] == pytest.approx(4 * MLP_NUMEL / 4, rel=0.01)
     assert first["test_accuracy"] > 0.5, "four rounds of DiLoCo on MNIST learn something"
+    # the two groups share the machine's cores as two local workers would (each took them all before)
+    assert first["threads_per_worker"] == second["threads_per_worker"] == int(
+        os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // 2))
     assert summary(run_dir) == first
     assert not tagged_processes(r.tag)
