@@ -89,6 +89,11 @@ def _lookup(config: Mapping, key: str):
 _MISSING = object()
 
 
+def _spelled(value: object) -> str:
+    """A config value as an override spells it: ``None`` is ``null`` (case aside)."""
+    return "null" if value is None else str(value).lower()
+
+
 def arm_mismatch(summary_facts: Mapping, arm_overrides: Sequence[str], config: Mapping | None = None) -> str | None:
     """None if the run is the arm: summary.json's mode/width/staleness/compressor, and every dotted
     key of the arm's overrides in the run's config, are what the overrides ask for."""
@@ -99,7 +104,7 @@ def arm_mismatch(summary_facts: Mapping, arm_overrides: Sequence[str], config: M
             return f"{key}={value} asked, {field}={summary_facts[field]} ran"
         if config is not None and field is None:
             found = _lookup(config, key)
-            if found is not _MISSING and str(found).lower() != value.lower():
+            if found is not _MISSING and _spelled(found) != _spelled(value):
                 return f"{key}={value} asked, {found} ran"
     return None
 

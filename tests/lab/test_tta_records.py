@@ -62,6 +62,14 @@ def test_a_run_that_is_not_its_arm_is_not_complete():
     assert not rec["complete"] and "trainer.warmup_sync_steps=0 asked, 100 ran" in rec["why_incomplete"]
 
 
+def test_an_override_of_null_is_the_none_a_config_holds():
+    from pipesgd_lab.bench.tta_records import arm_mismatch
+
+    assert arm_mismatch({}, ["trainer.check_every=null"], {"trainer": {"check_every": None}}) is None
+    assert arm_mismatch({}, ["trainer.check_every=null"], {"trainer": {"check_every": 100}}) == \
+        "trainer.check_every=null asked, 100 ran"
+
+
 def test_runs_of_another_config_are_refused_naming_the_difference():
     sync = _record("sync", _summary())
     pipe = _record("pipe+lookahead", _summary(mode="pipe", width=2, staleness="lookahead", warmup_sync_steps=200))
