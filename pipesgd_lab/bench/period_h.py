@@ -1,8 +1,9 @@
 """``python -m pipesgd_lab.bench.period_h``: the period-H study's tables (docs/period-h.md, "Against
 torchft's DiLoCo"), from what the time-to-accuracy tool wrote (``pipesgd_lab.bench.tta``: its timing
 file and its curve records). Per link and arm: the measured step (a round arm's: the mean over whole
-rounds), compute utilization (the same link's compute-alone step over the arm's), bytes sent per step
-(the timing run's summary) and the timing model's prediction from that compute step; per arm the
+rounds), compute utilization (the run's own compute step over its step), bytes sent per step
+(the timing run's summary) and the timing model's prediction from that compute step (each run's
+own median forward + backward; the compute-alone arm's step beside it); per arm the
 final validation loss at equal steps over its seeds; per link the time to sync's final loss + 1 %,
 composed as the tool composes it (each arm's loss curve on loopback, its step time on the link, the
 evaluations at the link's median evaluation time). ``--stand-in ARM=CURVE`` prices an arm timed
@@ -67,33 +68,46 @@ def predicted_ms(arm: str, link: str, compute_ms: float, latency_s: float) -> fl
     return rows[0]["iter_ms"]
 
 
-def _bytes_per_step(row: dict) -> float | None:
-    """The timing run's mean bytes sent per step (its summary.json), or None where it is gone."""
+def _bytes_per_step(row: dict, root: Path) -> float | None:
+    """Bytes one worker sends per step in the timing run: its summary's bytes per exchange (the
+    median of the steps that sent), times the exchanges per step (F fragments every H steps for a
+    round arm); None where the run directory is gone (``root``: where the recorded command ran)."""
     run = next((w.split("=", 1)[1] for w in row["command"].split() if w.startswith("hydra.run.dir=")), None)
     if run is None:
         return None
-    for folder in (Path(run), replica_dir(run, 0)):
+    arm = row["arm"]
+    per_step = int(_setting(arm, "trainer.fragments", "1")) / sync_every(arm) if arm in ARMS else 1.0
+    for folder in (root / run, replica_dir(root / run, 0)):
         if (folder / "summary.json").exists():
-            return json.loads((folder / "summary.json").read_text()).get("mean_bytes_per_step")
+            sent = json.loads((folder / "summary.json").read_text()).get("bytes_per_step")
+            return None if sent is None else sent * per_step
     return None
 
 
-def link_rows(rows: Sequence[dict], latency_s: float) -> dict[str, list[dict]]:
-    """Per link, one row per timed arm: step_ms, utilization, bytes_per_step, predicted_ms, error."""
+def link_rows(rows: Sequence[dict], latency_s: float, root: Path = Path()) -> dict[str, list[dict]]:
+    """Per link, one row per timed arm: step_ms, compute_ms (the run's own median forward + backward),
+    utilization (compute_ms over step_ms, the run's compute-alone step over its step), vs_compute
+    (the compute-alone arm's step over this one's), bytes_per_step, predicted_ms (the model at
+    compute_ms) and error. A DDP arm's forward + backward holds its allreduce (its buckets run
+    inside backward): its compute is the median of the link's other arms' instead."""
     by_link = timing_by_link(list(rows))
     out: dict[str, list[dict]] = {}
     for link, block in by_link.items():
-        compute = block["step_ms"].get(compose.COMPUTE_ARM)
-        sent = {}
+        alone = block["step_ms"].get(compose.COMPUTE_ARM)
+        sent, computed = {}, {}
         for r in rows:
             if r["link"] == link:
-                sent.setdefault(r["arm"], []).append(_bytes_per_step(r))
+                sent.setdefault(r["arm"], []).append(_bytes_per_step(r, root))
+                computed.setdefault(r["arm"], []).append(r["median_compute_ms"])
+        others = [c for arm, cs in computed.items() if arm_mode(arm) != "ddp" and arm != compose.COMPUTE_ARM for c in cs]
         table = []
         for arm, ms in block["step_ms"].items():
-            predicted = predicted_ms(arm, link, compute, latency_s) if compute and arm != compose.COMPUTE_ARM else None
+            ddp = arm != compose.COMPUTE_ARM and arm_mode(arm) == "ddp"
+            compute = statistics.median(others if ddp and others else computed[arm])
+            predicted = predicted_ms(arm, link, compute, latency_s) if arm != compose.COMPUTE_ARM else None
             values = [b for b in sent.get(arm, []) if b is not None]
-            table.append({"arm": arm, "sync_every": sync_every(arm), "step_ms": ms,
-                          "utilization": compute / ms if compute else None,
+            table.append({"arm": arm, "sync_every": sync_every(arm), "step_ms": ms, "compute_ms": compute,
+                          "utilization": compute / ms, "vs_compute": alone / ms if alone else None,
                           "bytes_per_step": statistics.median(values) if values else None,
                           "predicted_ms": predicted, "error": None if predicted is None else (predicted - ms) / ms,
                           "window": block["windows"].get(arm)})
@@ -112,7 +126,8 @@ def load_curves(records: Path) -> list[dict]:
     return runs
 
 
-def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str], latency_s: float) -> dict:
+def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str], latency_s: float,
+          root: Path = Path()) -> dict:
     """The study's result: per link the arm rows and the composed times to sync's final loss + 1 %."""
     finals: dict[str, list[float]] = {}
     for r in runs:
@@ -125,7 +140,7 @@ def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str],
     priced = [*runs, *({**r, "name": arm} for arm, curve in stand_ins.items() for r in runs if r["name"] == curve)]
     by_link = timing_by_link(list(rows))
     links = {}
-    for link, table in link_rows(rows, latency_s).items():
+    for link, table in link_rows(rows, latency_s, root).items():
         block = by_link[link]
         ms = {r["arm"]: r["step_ms"] for r in table}
         composed = compose.compose_link(priced, ms, block["eval_s"], WARMUP_STEPS, {"target": target, **targets},
@@ -160,11 +175,13 @@ def tables(result: dict) -> str:
                                                          else block["time_s"][n][arm] / 60, "{:.1f}") for n in names) + " |")
     for link, block in result["links"].items():
         lines += ["", f"{link} (evaluation {block['eval_s']:.1f} s)", "",
-                  "| arm | H | step s | utilization | MB/step | predicted s | error | to target |", "|---|---|---|---|---|---|---|---|"]
+                  "| arm | H | step s | compute s | utilization | MB/step | predicted s | error | to target |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(block["arms"], key=lambda r: r["step_ms"]):
             t = block["time_to_target_s"].get(r["arm"])
             mb = None if r["bytes_per_step"] is None else r["bytes_per_step"] / 1e6
-            lines.append(f"| {r['arm']} | {r['sync_every']} | {r['step_ms'] / 1e3:.3f} | {_fmt(r['utilization'], '{:.1%}')} "
+            lines.append(f"| {r['arm']} | {r['sync_every']} | {r['step_ms'] / 1e3:.3f} | {r['compute_ms'] / 1e3:.3f} "
+                         f"| {_fmt(r['utilization'], '{:.1%}')} "
                          f"| {_fmt(mb, '{:.3f}')} | {_fmt(None if r['predicted_ms'] is None else r['predicted_ms'] / 1e3, '{:.3f}')} "
                          f"| {_fmt(r['error'], '{:+.1%}')} | {'not reached' if t is None and r['arm'] in block['time_to_target_s'] else _fmt(None if t is None else t / 60, '{:.1f} min')} |")
     return "\n".join(lines)
@@ -194,7 +211,7 @@ def plot(result: dict, path: Path) -> None:
         ax.plot(xs, us, marker="o", label=family)
     ax.set_xscale("log")
     ax.set_xlabel("link rate per worker (Mbit/s), emulated, 2 workers")
-    ax.set_ylabel("compute utilization (compute-alone step / arm's step)")
+    ax.set_ylabel("compute utilization (the run's compute step / its step)")
     ax.set_ylim(0, 1.05)
     ax.axhline(0.95, color="grey", lw=0.8, ls="--")
     ax.set_title("GPT on Shakespeare, p = 2: utilization against bandwidth (each DiLoCo family at its best H)")
@@ -215,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stand-in", action="append", default=[], metavar="ARM=CURVE",
                    help="price ARM's step on CURVE's loss curve (an arm timed without a curve of its own)")
     p.add_argument("--latency", default="100us", help="α the model is given (default 100us)")
+    p.add_argument("--root", type=Path, default=Path(), help="where the timing runs ran (their run directories "
+                   "hold the bytes sent; default: here; without them the bytes are left out)")
     a = p.parse_args(argv)
     stand_ins = dict(s.split("=", 1) for s in a.stand_in if "=" in s)
     bad = [s for s in a.stand_in if "=" not in s] + [k for k in stand_ins if k not in ARMS]
@@ -222,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"argument --stand-in: {bad}: ARM=CURVE, ARM one of the study's arms")
     if not a.timing.exists():
         p.error(f"argument --timing: {a.timing} does not exist (the tool's --phase timing writes it)")
-    result = study(json.loads(a.timing.read_text()), load_curves(a.records), stand_ins, parse_latency(a.latency))
+    result = study(json.loads(a.timing.read_text()), load_curves(a.records), stand_ins, parse_latency(a.latency),
+                   a.root)
     write_json_atomic(a.json, result)
     if str(a.plot) not in ("", "."):
         plot(result, a.plot)

@@ -12,10 +12,11 @@ from pipesgd_lab.bench import period_h
 def _row(arm, link, iter_ms, tmp_path, sent=None):
     run = tmp_path / f"{link}-{arm}"
     run.mkdir()
-    (run / "summary.json").write_text(json.dumps({"mean_bytes_per_step": sent}))
+    (run / "summary.json").write_text(json.dumps({"bytes_per_step": sent}))  # per exchange
     cmd = ("python -m pipesgd_lab.emulate --workers 2 --rate 1mbit --mtu 9000 -- +experiment=gpt_shakespeare "
            f"hydra.run.dir={run}")
     return {"link": link, "arm": arm, "repeat": 0, "iter_ms": iter_ms, "median_iter_ms": sorted(iter_ms)[len(iter_ms) // 2],
+            "median_compute_ms": 1000.0,
             "eval_s": 10.0, "command": cmd, "date": "2026-12-02T00:00:00", "window": {"first": 0, "steps": len(iter_ms)}}
 
 
@@ -26,7 +27,7 @@ def _curve(arm, finals):
 
 def test_the_study_prices_rounds_by_their_mean_and_composes_the_time_to_syncs_loss(tmp_path):
     rows = [_row("compute", "1mbit", [1000.0] * 50, tmp_path),
-            _row("diloco-eager-int8-h25", "1mbit", [1000.0] * 49 + [1500.0], tmp_path, sent=50_000.0),
+            _row("diloco-eager-int8-h25", "1mbit", [1000.0] * 49 + [1500.0], tmp_path, sent=1_250_000.0),
             _row("ddp-fp16", "1mbit", [20_000.0] * 5, tmp_path, sent=2.48e6)]
     runs = _curve("sync", [2.00, 2.02]) + _curve("diloco-eager-int8-h25", [2.015])
     result = period_h.study(rows, runs, {"ddp-fp16": "sync"}, 1e-4)
@@ -34,7 +35,7 @@ def test_the_study_prices_rounds_by_their_mean_and_composes_the_time_to_syncs_lo
     arms = {r["arm"]: r for r in result["links"]["1mbit"]["arms"]}
     eager = arms["diloco-eager-int8-h25"]
     assert eager["step_ms"] == pytest.approx(1010.0) and eager["utilization"] == pytest.approx(1000 / 1010)
-    assert eager["bytes_per_step"] == 50_000.0
+    assert eager["bytes_per_step"] == 50_000.0  # one exchange of the model every 25 steps
     # int8 over 1 Mbit/s: ~10 s a round, hidden under 25 s of compute; the model says the compute step
     assert eager["predicted_ms"] == pytest.approx(1000.0) and eager["error"] == pytest.approx(-10 / 1010)
     assert arms["ddp-fp16"]["predicted_ms"] > 10_000  # fp16 buckets over 1 Mbit/s: seconds a step
