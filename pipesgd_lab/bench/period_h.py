@@ -210,6 +210,9 @@ def plot(result: dict, path: Path) -> None:
         xs, us = [best[x][0] for x in sorted(best)], [best[x][1] for x in sorted(best)]
         ax.plot(xs, us, marker="o", label=family)
     ax.set_xscale("log")
+    rates = sorted({x for pts in series.values() for x, _, _ in pts})
+    ax.set_xticks(rates, [f"{r:g}" for r in rates])
+    ax.minorticks_off()
     ax.set_xlabel("link rate per worker (Mbit/s), emulated, 2 workers")
     ax.set_ylabel("compute utilization (the run's compute step / its step)")
     ax.set_ylim(0, 1.05)
