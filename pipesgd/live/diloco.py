@@ -34,6 +34,7 @@ from ..engine.base import Engine, ModeArgs, NonFinitePolicy, StepStats
 from ..engine.diloco import DEFAULT_OUTER, OuterFactory, split
 from ..flat import assign_params, flat_params, has_nonfinite, state_to_device
 from ..modes import register
+from ..timing.rounds import check_schedule
 from . import launch as live_launch
 from . import listen, require_torchft
 from .group import TorchftGroup
@@ -289,17 +290,7 @@ class TorchftDiLoCo(Engine):
 
 def _check_schedule(sync_every: int, fragments: int, sync_delay: int) -> None:
     """torchft's own rules, said with the settings' names before torchft asserts them."""
-    for key, value, least in (("trainer.sync_every", sync_every, 1), ("trainer.fragments", fragments, 1),
-                              ("trainer.sync_delay", sync_delay, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{key}={value!r} is invalid: must be an integer >= {least}")
-    if sync_every % fragments:
-        raise ValueError(f"trainer.fragments={fragments} does not divide trainer.sync_every={sync_every}: torchft "
-                         "syncs one fragment every sync_every / fragments steps")
-    if sync_delay >= sync_every // fragments:
-        raise ValueError(f"trainer.sync_delay={sync_delay} must be below trainer.sync_every / trainer.fragments = "
-                         f"{sync_every // fragments}: torchft waits for a fragment's exchange before it launches "
-                         "the next one")
+    check_schedule(sync_every, fragments, sync_delay, prefix="trainer.")
 
 
 @register(MODE, width=1, compressors=("none",), nonfinite_skip=False, sync_every=True, sync_delay=True,

@@ -38,15 +38,18 @@ def _check(name: str, value: float, low: float = 0.0) -> None:
         raise ValueError(f"{name} must be a finite number >= {low:g}, got {value!r}")
 
 
-def check_schedule(sync_every: int, fragments: int = 1, sync_delay: int = 0) -> None:
-    """ValueError naming the setting where ``(H, F, τ)`` is not a schedule: F divides H, τ < H/F."""
+def check_schedule(sync_every: int, fragments: int = 1, sync_delay: int = 0, prefix: str = "") -> None:
+    """ValueError naming the setting (``prefix`` + its name, e.g. ``trainer.``) where ``(H, F, τ)`` is
+    not a schedule: integers, F divides H, τ < H/F (torchft's rules too)."""
     for name, value, low in (("sync_every", sync_every, 1), ("fragments", fragments, 1), ("sync_delay", sync_delay, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+            raise ValueError(f"{prefix}{name}={value!r} is invalid: must be an integer >= {low}")
     if sync_every % fragments:
-        raise ValueError(f"fragments={fragments} does not divide sync_every={sync_every}")
+        raise ValueError(f"{prefix}fragments={fragments} does not divide {prefix}sync_every={sync_every}: one "
+                         "fragment ends its round every sync_every / fragments steps")
     if sync_delay >= sync_every // fragments:
-        raise ValueError(f"sync_delay={sync_delay} must be below sync_every / fragments = {sync_every // fragments}")
+        raise ValueError(f"{prefix}sync_delay={sync_delay} must be below {prefix}sync_every / {prefix}fragments = "
+                         f"{sync_every // fragments}: a fragment's exchange ends before the next one starts")
 
 
 def round_step_s(fragment_exchange_s: float, compute_s: float, update_s: float, sync_every: int, width: int = 1,

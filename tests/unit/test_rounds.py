@@ -43,7 +43,7 @@ def test_the_rules_of_a_round_by_hand():
 
 
 @pytest.mark.parametrize("h, f, delay, width, match", [(4, 3, 0, 1, "does not divide"), (4, 2, 2, 1, "must be below"),
-                                                       (0, 1, 0, 1, "sync_every must be"),
+                                                       (0, 1, 0, 1, "sync_every=0 is invalid"),
                                                        (10, 2, 1, 2, "sync_delay=1 is for width 1")])
 def test_a_schedule_that_is_none_is_refused_naming_the_setting(h, f, delay, width, match):
     with pytest.raises(ValueError, match=match):
