@@ -8,7 +8,8 @@ final validation loss at equal steps over its seeds; per link the time to sync's
 composed as the tool composes it (each arm's loss curve on loopback, its step time on the link, the
 evaluations at the link's median evaluation time). ``--stand-in ARM=CURVE`` prices an arm timed
 without a curve of its own on another arm's curve (said in the output). Writes ``--json`` and
-``--plot`` (utilization against bandwidth); prints the tables."""
+``--plot`` (utilization against bandwidth); prints the tables. The validation records in ``--records``
+(an arm run end to end on a shaped link, ``--phase validate``) are composed against their own clocks."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ log = logging.getLogger("pipesgd_lab.bench.period_h")
 MODEL = MODELS["gpt-shakespeare"]
 FRAME_CEILING = 8948 / 9014
 """TCP goodput over a tbf-shaped link at MTU 9000 (docs/emulated-cluster.md): the rate the model is given."""
-PER_STEP_MAP_ARMS = {"ddp-fp16": "ddp-fp16", "ddp": "ddp", "pipe+lookahead-int8": "pipe-int8", "sync": "sync"}
+PER_STEP_MAP_ARMS = {"ddp-fp16": "ddp-fp16", "ddp": "ddp", "ddp-powersgd": "ddp-powersgd",
+                     "pipe+lookahead-int8": "pipe-int8", "sync": "sync"}
 """Study arm -> the map's arm that prices it (a staleness rule costs no time)."""
 WARMUP_STEPS = {"pipe+lookahead-int8": 300}
 SLACKS = (0.01, 0.05, 0.10, 0.20)
@@ -71,12 +73,15 @@ def predicted_ms(arm: str, link: str, compute_ms: float, latency_s: float) -> fl
 def _bytes_per_step(row: dict, root: Path) -> float | None:
     """Bytes one worker sends per step in the timing run: its summary's bytes per exchange (the
     median of the steps that sent), times the exchanges per step (F fragments every H steps for a
-    round arm); None where the run directory is gone (``root``: where the recorded command ran)."""
+    round arm). The row's own ``sent_bytes`` where it has them (rows recorded since they do), else
+    the run directory's summary (``root``: where the recorded command ran); None where both are gone."""
+    arm = row["arm"]
+    per_step = int(_setting(arm, "trainer.fragments", "1")) / sync_every(arm) if arm in ARMS else 1.0
+    if row.get("sent_bytes") is not None:
+        return row["sent_bytes"] * per_step
     run = next((w.split("=", 1)[1] for w in row["command"].split() if w.startswith("hydra.run.dir=")), None)
     if run is None:
         return None
-    arm = row["arm"]
-    per_step = int(_setting(arm, "trainer.fragments", "1")) / sync_every(arm) if arm in ARMS else 1.0
     for folder in (root / run, replica_dir(root / run, 0)):
         if (folder / "summary.json").exists():
             sent = json.loads((folder / "summary.json").read_text()).get("bytes_per_step")
@@ -126,8 +131,34 @@ def load_curves(records: Path) -> list[dict]:
     return runs
 
 
+VALIDATION_TOLERANCE = 0.05
+"""The composition is validated where an arm run end to end on a shaped link takes the composed
+time within 5 % (the issue's bar)."""
+
+
+def validations(records: Path) -> list[dict]:
+    """Composed against measured for each ``validate-*.json`` record in ``records`` (an arm run end to
+    end on a shaped link by the tool's ``--phase validate``): the steps times the step its bracket's
+    timing runs measured (just before and after it, priced as the timing table prices them), plus its
+    evaluations at their median time, against the run's own clock at its last evaluation."""
+    out = []
+    for path in sorted(records.glob("validate-*.json")) if records.is_dir() else []:
+        v = json.loads(path.read_text())
+        rows = [*(v.get("bracket") or {}).get("before", []), *(v.get("bracket") or {}).get("after", [])]
+        if not rows or v["arm"] not in ARMS:
+            continue
+        block = timing_by_link(rows)[v["link"]]
+        step_ms = block["step_ms"][v["arm"]]
+        row = compose.validation_row(v["arm"], v["link"], v["curve"], v["eval_elapsed_s"], None, step_ms,
+                                     block["eval_s"], metric=compose.LOSS)
+        out.append(row | {"step_ms": step_ms, "eval_s": block["eval_s"], "bracket_runs": len(rows),
+                          "within": None if row["rel_error"] is None else abs(row["rel_error"]) <= VALIDATION_TOLERANCE,
+                          "record": path.name})
+    return out
+
+
 def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str], latency_s: float,
-          root: Path = Path()) -> dict:
+          root: Path = Path(), checks: Sequence[dict] = ()) -> dict:
     """The study's result: per link the arm rows and the composed times to sync's final loss + 1 %."""
     finals: dict[str, list[float]] = {}
     for r in runs:
@@ -154,7 +185,8 @@ def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str],
             "final_loss": {a: {"mean": statistics.fmean(v), "seeds": len(v), "values": v,
                                "vs_sync": statistics.fmean(v) / statistics.fmean(finals["sync"]) - 1}
                            for a, v in finals.items()},
-            "stand_ins": stand_ins, "links": links, "latency_s": latency_s, "commit": git_commit()}
+            "stand_ins": stand_ins, "links": links, "validations": list(checks), "latency_s": latency_s,
+            "commit": git_commit()}
 
 
 def _fmt(v, spec: str = "{:.3g}") -> str:
@@ -184,6 +216,12 @@ def tables(result: dict) -> str:
                          f"| {_fmt(r['utilization'], '{:.1%}')} "
                          f"| {_fmt(mb, '{:.3f}')} | {_fmt(None if r['predicted_ms'] is None else r['predicted_ms'] / 1e3, '{:.3f}')} "
                          f"| {_fmt(r['error'], '{:+.1%}')} | {'not reached' if t is None and r['arm'] in block['time_to_target_s'] else _fmt(None if t is None else t / 60, '{:.1f} min')} |")
+    if result.get("validations"):
+        lines += ["", f"end to end on a shaped link against the composition (within {VALIDATION_TOLERANCE:.0%})", "",
+                  "| arm | link | steps | step s (bracket) | composed s | measured s | error |", "|---|---|---|---|---|---|---|"]
+        for v in result["validations"]:
+            lines.append(f"| {v['arm']} | {v['link']} | {v['at_step']} | {v['step_ms'] / 1e3:.3f} | {_fmt(v['composed_s'], '{:.1f}')} "
+                         f"| {_fmt(v['measured_s'], '{:.1f}')} | {_fmt(v['rel_error'], '{:+.1%}')} |")
     return "\n".join(lines)
 
 
@@ -245,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not a.timing.exists():
         p.error(f"argument --timing: {a.timing} does not exist (the tool's --phase timing writes it)")
     result = study(json.loads(a.timing.read_text()), load_curves(a.records), stand_ins, parse_latency(a.latency),
-                   a.root)
+                   a.root, validations(a.records))
     write_json_atomic(a.json, result)
     if str(a.plot) not in ("", "."):
         plot(result, a.plot)

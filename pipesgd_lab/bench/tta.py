@@ -36,7 +36,7 @@ from pipesgd_lab.emulate.netns import DEFAULT_MTU
 from . import probe
 from . import tta_records as records
 
-from .tta_arms import ARMS, DEFAULT_ARMS, RECIPE, TIMING_ONLY, WARMUP_KEYS, arm_mode, sync_every
+from .tta_arms import ARMS, DEFAULT_ARMS, RECIPE, TIMING_ONLY, WARMUP_KEYS, arm_mode, metric_for, sync_every
 from .tta_report import report, write_curve_record
 from .runner import CellFailed, CpuSampler, Stopped, cpu_split, recorded, run_logged, stop_on_signals
 
@@ -302,6 +302,9 @@ def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: i
            **({"warmup_iter_ms": warm, "median_warmup_ms": statistics.median(warm)} if warm else {}),
            "median_compute_ms": statistics.median(history["compute_ms"][first:]),
            "median_exposed_comm_ms": statistics.median(history["exposed_comm_ms"][first:]),
+           # one worker's bytes in a step that sent (its summary's median): the record keeps it, the
+           # run directory need not outlive the machine
+           "sent_bytes": summary.get("bytes_per_step"),
            "cpu": cpu_split([sampler.between(t0, history["wall_time"][-1])]),
            "loadavg_before": load, "host_speed": host_speed or None,
            "command": recorded(cmd), "commit": git_commit(),
@@ -395,7 +398,9 @@ def run_validation(a: argparse.Namespace) -> bool:
                 ok &= _time_bracket(a, arm, link, "after", bracket)
             path = records.record_path(a.records, arm, a.seeds[0], "validate", _validate_suffix(a, link))
             summary = json.loads((run_dir / "summary.json").read_text())
-            record = records.curve_record(arm, a.seeds[0], ARMS[arm], a.recipe, summary, records.read_segments(run_dir))
+            # the recipe's metric, as its curve records have it (the GPT's validation loss, not accuracy)
+            record = records.curve_record(arm, a.seeds[0], ARMS[arm], a.recipe, summary, records.read_segments(run_dir),
+                                          metric=metric_for(a.recipe))
             a.records.mkdir(parents=True, exist_ok=True)
             write_json_atomic(path, record | {"kind": "validate", "link": link, "steps_limit": a.validate_steps,
                                               "bracket": bracket})

@@ -63,6 +63,13 @@ def _diloco_arms() -> dict[str, tuple[str, ...]]:
         every = f"trainer.sync_every={h}"
         arms[f"diloco-eager-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=eager",
                                            "compressor=int8", every, *_ROUNDS)
+        # the same with a plain outer step of lr 1 (conf/outer_optimizer/sgd.yaml, spelled key by key so a
+        # record's config can be checked against it): the replicas' average move, no outer momentum to
+        # carry the late step's error forward (docs/period-h.md, the diagnosis)
+        arms[f"diloco-eager-sgd-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=eager",
+                                               "compressor=int8", every, "outer_optimizer.lr=1.0",
+                                               "outer_optimizer.momentum=0.0", "outer_optimizer.nesterov=false",
+                                               *_ROUNDS)
         arms[f"diloco-none-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=none",
                                           "compressor=int8", every, *_ROUNDS)
         arms[f"diloco-blocking-h{h}"] = ("trainer.mode=sync", "trainer.width=1", "staleness=none",

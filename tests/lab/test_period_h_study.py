@@ -5,13 +5,14 @@ loss at equal steps, and the time to sync's final loss + 1 % composed from curve
 import json
 
 import pytest
+import torch
 
 from pipesgd_lab.bench import period_h
 
 
 def _row(arm, link, iter_ms, tmp_path, sent=None):
     run = tmp_path / f"{link}-{arm}"
-    run.mkdir()
+    run.mkdir(exist_ok=True)
     (run / "summary.json").write_text(json.dumps({"bytes_per_step": sent}))  # per exchange
     cmd = ("python -m pipesgd_lab.emulate --workers 2 --rate 1mbit --mtu 9000 -- +experiment=gpt_shakespeare "
            f"hydra.run.dir={run}")
@@ -58,3 +59,56 @@ def test_an_arm_that_never_reaches_the_target_says_so(tmp_path):
     times = period_h.study(rows, runs, {}, 1e-4)["links"]["5mbit"]["time_s"]
     assert times["+20%"]["torchft-diloco-h5"] is None and times["+20%"]["diloco-eager-int8-h5"] == pytest.approx(620.0)
     assert "sync" not in times["+20%"]  # not timed on this link: not priced
+
+
+def test_a_rows_own_sent_bytes_outlive_its_run_directory(tmp_path):
+    # recorded since the timing rows carry them: the run directory may be gone (another machine)
+    rows = [_row("compute", "5mbit", [1000.0] * 10, tmp_path),
+            {**_row("torchft-streaming-h20", "5mbit", [1000.0] * 20, tmp_path), "sent_bytes": 2_000_000.0}]
+    (tmp_path / "5mbit-torchft-streaming-h20" / "summary.json").unlink()
+    arms = {r["arm"]: r for r in period_h.study(rows, _curve("sync", [2.0]), {}, 1e-4)["links"]["5mbit"]["arms"]}
+    assert arms["torchft-streaming-h20"]["bytes_per_step"] == pytest.approx(2_000_000.0 * 5 / 20)  # F = 5 every 20
+    assert arms["compute"]["bytes_per_step"] is None  # neither the row nor a summary says
+
+
+def test_an_arm_run_end_to_end_is_judged_against_its_brackets_composition(tmp_path):
+    bracket = {"before": [_row("diloco-eager-int8-h5", "5mbit", [900.0] * 9 + [1900.0], tmp_path)],
+               "after": [{**_row("diloco-eager-int8-h5", "5mbit", [1000.0] * 10, tmp_path), "repeat": 1}]}
+    records = tmp_path / "records"
+    records.mkdir()
+    record = {"kind": "validate", "arm": "diloco-eager-int8-h5", "link": "5mbit", "seed": 0, "steps_limit": 100,
+              "curve": [[100, 2.9]], "eval_elapsed_s": [120.0], "bracket": bracket}
+    (records / "validate-diloco-eager-int8-h5-s0-5mbit-100steps.json").write_text(json.dumps(record))
+    (v,) = period_h.validations(records)
+    # rounds priced by their mean over both runs: (9 * 900 + 1900 + 10 * 1000) / 20 = 1000 ms
+    assert v["step_ms"] == pytest.approx(1000.0) and v["composed_s"] == pytest.approx(100 * 1.0 + 10.0)
+    assert v["rel_error"] == pytest.approx(110 / 120 - 1) and v["within"] is False  # 8.3 % off: over the 5 % bar
+    record["eval_elapsed_s"] = [112.0]
+    (records / "validate-diloco-eager-int8-h5-s0-5mbit-100steps.json").write_text(json.dumps(record))
+    assert period_h.validations(records)[0]["within"] is True
+    rows = [_row("compute", "5mbit", [1000.0] * 10, tmp_path)]
+    assert "end to end" in period_h.tables(period_h.study(rows, _curve("sync", [2.0]), {}, 1e-4,
+                                                          checks=period_h.validations(records)))
+
+
+PERIOD_H_ARMS = sorted(a for a in period_h.ARMS if a.endswith("-h25"))  # every family once (the H is one override)
+
+
+@pytest.mark.parametrize("arm", PERIOD_H_ARMS)
+def test_every_period_h_arm_composes_on_the_gpt_recipe_and_passes_the_checks(arm):
+    """An arm misspelled (a key the config lacks, a rule a round refuses) fails here, not an hour
+    into a study."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from pipesgd.config import validate
+
+    with initialize_config_dir(str(Path(__file__).resolve().parents[2] / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=gpt_shakespeare", *period_h.ARMS[arm]])
+    validate(cfg)
+    assert cfg.trainer.sync_every == period_h.sync_every(arm)
+    if "-sgd-" in arm:  # a plain outer step: lr 1, no momentum (conf/outer_optimizer/sgd.yaml's)
+        outer = instantiate(cfg.outer_optimizer)([torch.zeros(1, requires_grad=True)])
+        assert outer.defaults["lr"] == 1.0 and outer.defaults["momentum"] == 0.0 and not outer.defaults["nesterov"]

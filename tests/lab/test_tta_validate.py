@@ -160,3 +160,20 @@ def test_a_validations_folder_that_is_not_there_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         tta.parse(["--validations", str(tmp_path / "nope")])
     assert e.value.code == 2 and f"--validations: {tmp_path / 'nope'} is not a folder" in capsys.readouterr().err
+
+
+def test_a_validation_record_holds_its_recipes_metric(tmp_path, monkeypatch):
+    # the GPT's curves are validation loss: a validation record of it in accuracy would be judged on
+    # the wrong numbers (it was: 17.68, the run's accuracy in %, read as its loss)
+    def run_segment(cmd, run_dir, timeout_s):
+        run_dir.mkdir(parents=True)
+        summary = _summary() | {"test_loss": 2.5}
+        summary["evals"] = [{"step": 300, "test_accuracy": 17.7, "test_loss": 2.5, "elapsed_s": 20.0, "eval_s": 1.0}]
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        return True
+
+    monkeypatch.setattr(tta, "_run_segment", run_segment)
+    a = _args(tmp_path, recipe="gpt_shakespeare", validate_bracket=0)
+    assert tta.run_validation(a)
+    record = json.loads((a.records / "validate-sync-100mbit.json").read_text())
+    assert record["metric"] == "test_loss" and record["curve"] == [[300, 2.5]]
