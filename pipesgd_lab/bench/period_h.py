@@ -2,7 +2,7 @@
 torchft's DiLoCo"), from what the time-to-accuracy tool wrote (``pipesgd_lab.bench.tta``: its timing
 file and its curve records). Per link and arm: the measured step (a round arm's: the mean over whole
 rounds), compute utilization (the run's own compute step over its step), bytes sent per step
-(the timing run's summary) and the timing model's prediction from that compute step (each run's
+(the timing row's, from its run's summary) and the timing model's prediction from that compute step (each run's
 own median forward + backward; the compute-alone arm's step beside it); per arm the
 final validation loss at equal steps over its seeds; per link the time to sync's final loss + 1 %,
 composed as the tool composes it (each arm's loss curve on loopback, its step time on the link, the
@@ -21,7 +21,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipesgd.live.launch import replica_dir
 from pipesgd.observability.runinfo import git_commit, write_json_atomic
 from pipesgd.timing.model import Link, compression_ratio
 from pipesgd.timing.presets import MODELS
@@ -70,26 +69,17 @@ def predicted_ms(arm: str, link: str, compute_ms: float, latency_s: float) -> fl
     return rows[0]["iter_ms"]
 
 
-def _bytes_per_step(row: dict, root: Path) -> float | None:
-    """Bytes one worker sends per step in the timing run: its summary's bytes per exchange (the
-    median of the steps that sent), times the exchanges per step (F fragments every H steps for a
-    round arm). The row's own ``sent_bytes`` where it has them (rows recorded since they do), else
-    the run directory's summary (``root``: where the recorded command ran); None where both are gone."""
-    arm = row["arm"]
-    per_step = int(_setting(arm, "trainer.fragments", "1")) / sync_every(arm) if arm in ARMS else 1.0
-    if row.get("sent_bytes") is not None:
-        return row["sent_bytes"] * per_step
-    run = next((w.split("=", 1)[1] for w in row["command"].split() if w.startswith("hydra.run.dir=")), None)
-    if run is None:
+def _bytes_per_step(row: dict) -> float | None:
+    """Bytes one worker sends per step in the timing run: the row's ``sent_bytes`` (its summary's
+    bytes per exchange, the median of the steps that sent) times the exchanges per step (F fragments
+    every H steps for a round arm); None where the row does not say."""
+    if row.get("sent_bytes") is None:
         return None
-    for folder in (root / run, replica_dir(root / run, 0)):
-        if (folder / "summary.json").exists():
-            sent = json.loads((folder / "summary.json").read_text()).get("bytes_per_step")
-            return None if sent is None else sent * per_step
-    return None
+    arm = row["arm"]
+    return row["sent_bytes"] * (int(_setting(arm, "trainer.fragments", "1")) / sync_every(arm) if arm in ARMS else 1.0)
 
 
-def link_rows(rows: Sequence[dict], latency_s: float, root: Path = Path()) -> dict[str, list[dict]]:
+def link_rows(rows: Sequence[dict], latency_s: float) -> dict[str, list[dict]]:
     """Per link, one row per timed arm: step_ms, compute_ms (the run's own median forward + backward),
     utilization (compute_ms over step_ms, the run's compute-alone step over its step), vs_compute
     (the compute-alone arm's step over this one's), bytes_per_step, predicted_ms (the model at
@@ -102,7 +92,7 @@ def link_rows(rows: Sequence[dict], latency_s: float, root: Path = Path()) -> di
         sent, computed = {}, {}
         for r in rows:
             if r["link"] == link:
-                sent.setdefault(r["arm"], []).append(_bytes_per_step(r, root))
+                sent.setdefault(r["arm"], []).append(_bytes_per_step(r))
                 computed.setdefault(r["arm"], []).append(r["median_compute_ms"])
         others = [c for arm, cs in computed.items() if arm_mode(arm) != "ddp" and arm != compose.COMPUTE_ARM for c in cs]
         table = []
@@ -131,11 +121,6 @@ def load_curves(records: Path) -> list[dict]:
     return runs
 
 
-VALIDATION_TOLERANCE = 0.05
-"""The composition is validated where an arm run end to end on a shaped link takes the composed
-time within 5 % (the issue's bar)."""
-
-
 def validations(records: Path) -> list[dict]:
     """Composed against measured for each ``validate-*.json`` record in ``records`` (an arm run end to
     end on a shaped link by the tool's ``--phase validate``): the steps times the step its bracket's
@@ -152,13 +137,13 @@ def validations(records: Path) -> list[dict]:
         row = compose.validation_row(v["arm"], v["link"], v["curve"], v["eval_elapsed_s"], None, step_ms,
                                      block["eval_s"], metric=compose.LOSS)
         out.append(row | {"step_ms": step_ms, "eval_s": block["eval_s"], "bracket_runs": len(rows),
-                          "within": None if row["rel_error"] is None else abs(row["rel_error"]) <= VALIDATION_TOLERANCE,
+                          "within": None if row["rel_error"] is None else abs(row["rel_error"]) <= compose.VALIDATION_GOAL,
                           "record": path.name})
     return out
 
 
 def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str], latency_s: float,
-          root: Path = Path(), checks: Sequence[dict] = ()) -> dict:
+          checks: Sequence[dict] = ()) -> dict:
     """The study's result: per link the arm rows and the composed times to sync's final loss + 1 %."""
     finals: dict[str, list[float]] = {}
     for r in runs:
@@ -171,7 +156,7 @@ def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str],
     priced = [*runs, *({**r, "name": arm} for arm, curve in stand_ins.items() for r in runs if r["name"] == curve)]
     by_link = timing_by_link(list(rows))
     links = {}
-    for link, table in link_rows(rows, latency_s, root).items():
+    for link, table in link_rows(rows, latency_s).items():
         block = by_link[link]
         ms = {r["arm"]: r["step_ms"] for r in table}
         composed = compose.compose_link(priced, ms, block["eval_s"], WARMUP_STEPS, {"target": target, **targets},
@@ -217,7 +202,7 @@ def tables(result: dict) -> str:
                          f"| {_fmt(mb, '{:.3f}')} | {_fmt(None if r['predicted_ms'] is None else r['predicted_ms'] / 1e3, '{:.3f}')} "
                          f"| {_fmt(r['error'], '{:+.1%}')} | {'not reached' if t is None and r['arm'] in block['time_to_target_s'] else _fmt(None if t is None else t / 60, '{:.1f} min')} |")
     if result.get("validations"):
-        lines += ["", f"end to end on a shaped link against the composition (within {VALIDATION_TOLERANCE:.0%})", "",
+        lines += ["", f"end to end on a shaped link against the composition (within {compose.VALIDATION_GOAL:.0%})", "",
                   "| arm | link | steps | step s (bracket) | composed s | measured s | error |", "|---|---|---|---|---|---|---|"]
         for v in result["validations"]:
             lines.append(f"| {v['arm']} | {v['link']} | {v['at_step']} | {v['step_ms'] / 1e3:.3f} | {_fmt(v['composed_s'], '{:.1f}')} "
@@ -273,8 +258,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stand-in", action="append", default=[], metavar="ARM=CURVE",
                    help="price ARM's step on CURVE's loss curve (an arm timed without a curve of its own)")
     p.add_argument("--latency", default="100us", help="α the model is given (default 100us)")
-    p.add_argument("--root", type=Path, default=Path(), help="where the timing runs ran (their run directories "
-                   "hold the bytes sent; default: here; without them the bytes are left out)")
     a = p.parse_args(argv)
     stand_ins = dict(s.split("=", 1) for s in a.stand_in if "=" in s)
     bad = [s for s in a.stand_in if "=" not in s] + [k for k in stand_ins if k not in ARMS]
@@ -283,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not a.timing.exists():
         p.error(f"argument --timing: {a.timing} does not exist (the tool's --phase timing writes it)")
     result = study(json.loads(a.timing.read_text()), load_curves(a.records), stand_ins, parse_latency(a.latency),
-                   a.root, validations(a.records))
+                   validations(a.records))
     write_json_atomic(a.json, result)
     if str(a.plot) not in ("", "."):
         plot(result, a.plot)

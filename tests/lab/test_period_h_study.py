@@ -10,14 +10,11 @@ import torch
 from pipesgd_lab.bench import period_h
 
 
-def _row(arm, link, iter_ms, tmp_path, sent=None):
-    run = tmp_path / f"{link}-{arm}"
-    run.mkdir(exist_ok=True)
-    (run / "summary.json").write_text(json.dumps({"bytes_per_step": sent}))  # per exchange
+def _row(arm, link, iter_ms, sent=None):
     cmd = ("python -m pipesgd_lab.emulate --workers 2 --rate 1mbit --mtu 9000 -- +experiment=gpt_shakespeare "
-           f"hydra.run.dir={run}")
+           f"hydra.run.dir=outputs/{link}-{arm}")
     return {"link": link, "arm": arm, "repeat": 0, "iter_ms": iter_ms, "median_iter_ms": sorted(iter_ms)[len(iter_ms) // 2],
-            "median_compute_ms": 1000.0,
+            "median_compute_ms": 1000.0, "sent_bytes": sent,  # per exchange
             "eval_s": 10.0, "command": cmd, "date": "2026-12-02T00:00:00", "window": {"first": 0, "steps": len(iter_ms)}}
 
 
@@ -26,10 +23,10 @@ def _curve(arm, finals):
             for s, f in enumerate(finals)]
 
 
-def test_the_study_prices_rounds_by_their_mean_and_composes_the_time_to_syncs_loss(tmp_path):
-    rows = [_row("compute", "1mbit", [1000.0] * 50, tmp_path),
-            _row("diloco-eager-int8-h25", "1mbit", [1000.0] * 49 + [1500.0], tmp_path, sent=1_250_000.0),
-            _row("ddp-fp16", "1mbit", [20_000.0] * 5, tmp_path, sent=2.48e6)]
+def test_the_study_prices_rounds_by_their_mean_and_composes_the_time_to_syncs_loss():
+    rows = [_row("compute", "1mbit", [1000.0] * 50),
+            _row("diloco-eager-int8-h25", "1mbit", [1000.0] * 49 + [1500.0], sent=1_250_000.0),
+            _row("ddp-fp16", "1mbit", [20_000.0] * 5, sent=2.48e6)]
     runs = _curve("sync", [2.00, 2.02]) + _curve("diloco-eager-int8-h25", [2.015])
     result = period_h.study(rows, runs, {"ddp-fp16": "sync"}, 1e-4)
     assert result["target_loss"] == pytest.approx(2.01 * 1.01)
@@ -48,32 +45,30 @@ def test_the_study_prices_rounds_by_their_mean_and_composes_the_time_to_syncs_lo
     assert "diloco-eager-int8-h25" in period_h.tables(result)
 
 
-def test_an_arm_that_never_reaches_the_target_says_so(tmp_path):
-    rows = [_row("compute", "5mbit", [1000.0] * 10, tmp_path), _row("torchft-diloco-h5", "5mbit", [1200.0] * 10, tmp_path)]
+def test_an_arm_that_never_reaches_the_target_says_so():
+    rows = [_row("compute", "5mbit", [1000.0] * 10), _row("torchft-diloco-h5", "5mbit", [1200.0] * 10)]
     result = period_h.study(rows, _curve("sync", [2.0]) + _curve("torchft-diloco-h5", [2.5]), {}, 1e-4)
     assert result["links"]["5mbit"]["time_to_target_s"]["torchft-diloco-h5"] is None
     assert "not reached" in period_h.tables(result)
     # looser targets rank the arms that end above sync's + 1 %: 2.5 is under sync + 30 % only
-    rows.append(_row("diloco-eager-int8-h5", "5mbit", [1000.0] * 10, tmp_path))
+    rows.append(_row("diloco-eager-int8-h5", "5mbit", [1000.0] * 10))
     runs = _curve("sync", [2.0]) + _curve("torchft-diloco-h5", [2.5]) + _curve("diloco-eager-int8-h5", [2.3])
     times = period_h.study(rows, runs, {}, 1e-4)["links"]["5mbit"]["time_s"]
     assert times["+20%"]["torchft-diloco-h5"] is None and times["+20%"]["diloco-eager-int8-h5"] == pytest.approx(620.0)
     assert "sync" not in times["+20%"]  # not timed on this link: not priced
 
 
-def test_a_rows_own_sent_bytes_outlive_its_run_directory(tmp_path):
-    # recorded since the timing rows carry them: the run directory may be gone (another machine)
-    rows = [_row("compute", "5mbit", [1000.0] * 10, tmp_path),
-            {**_row("torchft-streaming-h20", "5mbit", [1000.0] * 20, tmp_path), "sent_bytes": 2_000_000.0}]
-    (tmp_path / "5mbit-torchft-streaming-h20" / "summary.json").unlink()
+def test_a_streaming_arm_sends_f_fragments_every_h_steps_and_a_silent_row_is_not_guessed():
+    # the timing rows carry their bytes: a run directory need not outlive the machine
+    rows = [_row("compute", "5mbit", [1000.0] * 10), _row("torchft-streaming-h20", "5mbit", [1000.0] * 20, sent=2_000_000.0)]
     arms = {r["arm"]: r for r in period_h.study(rows, _curve("sync", [2.0]), {}, 1e-4)["links"]["5mbit"]["arms"]}
     assert arms["torchft-streaming-h20"]["bytes_per_step"] == pytest.approx(2_000_000.0 * 5 / 20)  # F = 5 every 20
-    assert arms["compute"]["bytes_per_step"] is None  # neither the row nor a summary says
+    assert arms["compute"]["bytes_per_step"] is None  # the row does not say
 
 
 def test_an_arm_run_end_to_end_is_judged_against_its_brackets_composition(tmp_path):
-    bracket = {"before": [_row("diloco-eager-int8-h5", "5mbit", [900.0] * 9 + [1900.0], tmp_path)],
-               "after": [{**_row("diloco-eager-int8-h5", "5mbit", [1000.0] * 10, tmp_path), "repeat": 1}]}
+    bracket = {"before": [_row("diloco-eager-int8-h5", "5mbit", [900.0] * 9 + [1900.0])],
+               "after": [{**_row("diloco-eager-int8-h5", "5mbit", [1000.0] * 10), "repeat": 1}]}
     records = tmp_path / "records"
     records.mkdir()
     record = {"kind": "validate", "arm": "diloco-eager-int8-h5", "link": "5mbit", "seed": 0, "steps_limit": 100,
@@ -86,7 +81,7 @@ def test_an_arm_run_end_to_end_is_judged_against_its_brackets_composition(tmp_pa
     record["eval_elapsed_s"] = [112.0]
     (records / "validate-diloco-eager-int8-h5-s0-5mbit-100steps.json").write_text(json.dumps(record))
     assert period_h.validations(records)[0]["within"] is True
-    rows = [_row("compute", "5mbit", [1000.0] * 10, tmp_path)]
+    rows = [_row("compute", "5mbit", [1000.0] * 10)]
     assert "end to end" in period_h.tables(period_h.study(rows, _curve("sync", [2.0]), {}, 1e-4,
                                                           checks=period_h.validations(records)))
 
