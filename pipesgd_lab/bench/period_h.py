@@ -142,6 +142,25 @@ def validations(records: Path) -> list[dict]:
     return out
 
 
+def final_losses(runs: Sequence[dict]) -> dict[str, dict]:
+    """Per arm its final losses over seeds: the mean, the sample standard deviation (None for one
+    seed), the mean against sync's mean (``vs_sync``) and, seed by seed, against sync's run of the
+    same seed (``paired_vs_sync``: {seed: ratio - 1}, only the seeds sync also ran), the spread a
+    seed's luck puts on the gap."""
+    by_arm: dict[str, dict[int, float]] = {}
+    for r in runs:
+        by_arm.setdefault(r["name"], {})[r["seed"]] = r["final"]
+    sync = by_arm["sync"]
+    out = {}
+    for arm, seeds in by_arm.items():
+        values = [seeds[s] for s in sorted(seeds)]
+        out[arm] = {"mean": statistics.fmean(values), "stdev": statistics.stdev(values) if len(values) > 1 else None,
+                    "seeds": len(values), "values": values, "seed_ids": sorted(seeds),
+                    "vs_sync": statistics.fmean(values) / statistics.fmean(sync.values()) - 1,
+                    "paired_vs_sync": {s: seeds[s] / sync[s] - 1 for s in sorted(seeds) if s in sync}}
+    return out
+
+
 def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str], latency_s: float,
           checks: Sequence[dict] = ()) -> dict:
     """The study's result: per link the arm rows and the composed times to sync's final loss + 1 %."""
@@ -167,9 +186,7 @@ def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str],
                        "unpriced": composed["unpriced"], "measured": block["measured"], "commits": block["commits"]}
     return {"recipe": "gpt_shakespeare", "steps": sorted({r["steps"] for r in runs}), "target_loss": target,
             "targets": targets,
-            "final_loss": {a: {"mean": statistics.fmean(v), "seeds": len(v), "values": v,
-                               "vs_sync": statistics.fmean(v) / statistics.fmean(finals["sync"]) - 1}
-                           for a, v in finals.items()},
+            "final_loss": final_losses(runs),
             "stand_ins": stand_ins, "links": links, "validations": list(checks), "latency_s": latency_s,
             "commit": git_commit()}
 
@@ -180,9 +197,11 @@ def _fmt(v, spec: str = "{:.3g}") -> str:
 
 def tables(result: dict) -> str:
     lines = [f"target: sync's final loss + 1 % = {result['target_loss']:.4f} at {result['steps']} steps", "",
-             "| arm | final loss | vs sync | seeds |", "|---|---|---|---|"]
+             "| arm | final loss | sd | vs sync | vs sync, seed by seed | seeds |", "|---|---|---|---|---|---|"]
     for arm, f in sorted(result["final_loss"].items(), key=lambda kv: kv[1]["mean"]):
-        lines.append(f"| {arm} | {f['mean']:.4f} | {f['vs_sync']:+.2%} | {f['seeds']} |")
+        paired = ", ".join(f"{v:+.2%}" for v in f["paired_vs_sync"].values()) if arm != "sync" else "–"
+        lines.append(f"| {arm} | {f['mean']:.4f} | {_fmt(f['stdev'], '{:.4f}')} | {f['vs_sync']:+.2%} | {paired} | "
+                     f"{f['seeds']} |")
     names = list(result["targets"])
     for link, block in result["links"].items():
         lines += ["", f"{link}: minutes to sync's final loss plus " + ", ".join(names), "",

@@ -45,6 +45,19 @@ def test_the_study_prices_rounds_by_their_mean_and_composes_the_time_to_syncs_lo
     assert "diloco-eager-int8-h25" in period_h.tables(result)
 
 
+def test_final_losses_carry_their_spread_and_each_seeds_gap_to_syncs_run_of_that_seed():
+    runs = _curve("sync", [2.00, 2.10, 1.90]) + _curve("diloco-eager-sgd-int8-h5", [2.02, 2.10])
+    f = period_h.final_losses(runs)
+    assert f["sync"]["stdev"] == pytest.approx(0.1) and f["sync"]["seed_ids"] == [0, 1, 2]
+    eager = f["diloco-eager-sgd-int8-h5"]
+    assert eager["paired_vs_sync"] == pytest.approx({0: 0.01, 1: 0.0})  # seed 2 not run: not paired
+    assert eager["vs_sync"] == pytest.approx(2.06 / 2.00 - 1)  # the means: sync's over its three seeds
+    assert period_h.final_losses(_curve("sync", [2.0]))["sync"]["stdev"] is None
+    rows = [_row("compute", "5mbit", [1000.0] * 10), _row("diloco-eager-sgd-int8-h5", "5mbit", [1000.0] * 10)]
+    assert "| diloco-eager-sgd-int8-h5 | 2.0600 | 0.0566 | +3.00% | +1.00%, +0.00% | 2 |" in period_h.tables(
+        period_h.study(rows, runs, {}, 1e-4))
+
+
 def test_an_arm_that_never_reaches_the_target_says_so():
     rows = [_row("compute", "5mbit", [1000.0] * 10), _row("torchft-diloco-h5", "5mbit", [1200.0] * 10)]
     result = period_h.study(rows, _curve("sync", [2.0]) + _curve("torchft-diloco-h5", [2.5]), {}, 1e-4)
