@@ -374,16 +374,23 @@ def _check_sync_every(cfg: DictConfig, explicit: Collection[str]) -> None:
     delay = cfg.trainer.sync_delay
     if delay and not mode.sync_delay:
         raise ConfigError(f"trainer.sync_delay={delay} is not used by trainer.mode={name}; only trainer.mode="
-                          f"{'|'.join(modes_with('sync_delay'))} waits for a round's exchange steps after "
-                          "launching it (the pipelined modes keep it in flight a whole round: trainer.width=2)")
-    if mode.sync_delay and h == 1:
+                          f"{'|'.join(modes_with('sync_delay'))} wait for a round's exchange steps after "
+                          "launching it")
+    if mode.rounds_only and h == 1:
         raise ConfigError(f"trainer.mode={name} runs rounds of inner steps: set trainer.sync_every=H > 1 "
                           "(inner steps per round)")
-    if mode.sync_delay and h % fragments == 0 and delay >= h // fragments:
+    if delay and h == 1:
+        raise ConfigError(f"trainer.sync_delay={delay} delays a round's exchange and is not used at "
+                          "trainer.sync_every=1: set trainer.sync_every=H > 1 (inner steps per round), or drop it")
+    if delay and mode.sync_every and not mode.rounds_only and mode.runs_at(cfg.trainer.width) != 2:
+        raise ConfigError(f"trainer.sync_delay={delay} says when the one round in flight lands and needs width 2; "
+                          f"trainer.mode={name} runs at width {mode.runs_at(cfg.trainer.width)} (use "
+                          "trainer.mode=pipe trainer.width=2)")
+    if (delay or mode.rounds_only) and h % fragments == 0 and delay >= h // fragments:
         raise ConfigError(f"trainer.sync_delay={delay} must be below trainer.sync_every / trainer.fragments = "
                           f"{h // fragments}: a fragment's exchange ends before the next one starts")
     every = cfg.trainer.checkpoint_every
-    if mode.sync_delay and h % fragments == 0 and every and every % (h // fragments):
+    if mode.rounds_only and h % fragments == 0 and every and every % (h // fragments):
         raise ConfigError(f"trainer.checkpoint_every={every} is not a multiple of trainer.sync_every / "
                           f"trainer.fragments = {h // fragments}: trainer.mode={name} resumes only where a fragment "
                           "has just synced (torchft keeps its place inside a period to itself)")

@@ -48,7 +48,10 @@ class Mode:
     ``sync_every``: runs at ``trainer.sync_every`` > 1 (inner steps per round, the outer step
     carried by its schedule: :mod:`pipesgd.engine.diloco`); other modes refuse it.
     ``sync_delay``: runs at ``trainer.sync_delay`` > 0, inner steps between a round's launch and the
-    step that waits for it (torchft_diloco: torchft's ``fragment_sync_delay``); other modes refuse it.
+    step that waits for it (torchft_diloco: torchft's ``fragment_sync_delay``; pipe at width 2: the
+    step its average lands); other modes refuse it.
+    ``rounds_only``: runs only at ``trainer.sync_every`` > 1 and resumes only where a fragment has
+    just synced (torchft_diloco: torchft keeps its place inside a period to itself).
     ``min_world``: fewest processes it runs with.
     ``replicas_agree``: identical weights after every step (replica checks apply).
     ``check_on_reductions``: the replica check rides on the engine's own reductions:
@@ -82,6 +85,7 @@ class Mode:
     nonfinite_skip: bool = True
     sync_every: bool = False
     sync_delay: bool = False
+    rounds_only: bool = False
     min_world: int = 1
     replicas_agree: bool = True
     check_on_reductions: bool = False

@@ -1,6 +1,8 @@
 """The single-process reference of the period-H rules (PipeDiLoCo): p simulated replicas, each with
 its own weights, inner optimizer, anchor and outer optimizer, and the outer step of the round
-``width - 1`` rounds back applied under the rule ``none`` or ``eager`` (docs/period-h.md)."""
+``width - 1`` rounds back applied under the rule ``none`` or ``eager`` (docs/period-h.md); with a
+``delay`` τ, the round's own average applied τ steps after its launch, the weights moved by what
+the anchor moved."""
 
 from collections import deque
 from functools import partial
@@ -14,10 +16,12 @@ INNER = partial(torch.optim.SGD, lr=LR, momentum=MOMENTUM)
 
 
 def diloco_reference(p: int, sync_every: int, width: int, steps: int, rule: str = "none",
-                     outer=OUTER, inner=INNER, fragments: list[int] | None = None) -> list[torch.Tensor]:
+                     outer=OUTER, inner=INNER, fragments: list[int] | None = None,
+                     delay: int = 0) -> list[torch.Tensor]:
     """Every replica's final weights (after the flush) as flat tensors, one per replica.
     ``fragments``: how many parameter tensors each fragment takes, in order (None: one fragment);
-    fragment f's rounds end at the steps ≡ (f+1)·H/F (mod H)."""
+    fragment f's rounds end at the steps ≡ (f+1)·H/F (mod H). ``delay`` (width 2): a round's average
+    lands ``delay`` steps after its launch (0: at the next round's end)."""
     models = [make_model() for _ in range(p)]
     inners = [inner(m.parameters()) for m in models]
     sizes = fragments or [len(list(models[0].parameters()))]
@@ -62,14 +66,28 @@ def diloco_reference(p: int, sync_every: int, width: int, steps: int, rule: str 
                 outer_step(m, f, [d / p for d in own[m][f][-1]])
         restart(f)
 
+    def land(f):
+        before = [[a.detach().clone() for a in anchors[m][f]] for m in range(p)]
+        apply_oldest(f)
+        with torch.no_grad():
+            for m in range(p):
+                for a, b, q in zip(anchors[m][f], before[m], frag_params[m][f]):
+                    q.add_(a - b)
+
     for t in range(steps):
         for m in range(p):
             inners[m].zero_grad()
             loss_of(models[m], m, t).backward()
             inners[m].step()
         for f, offset in enumerate(offsets):
+            if delay and pending[f] and (t + 1 - offset) % sync_every == delay:
+                land(f)
+        for f, offset in enumerate(offsets):
             if (t + 1 - offset) % sync_every == 0:
                 end_round(f)
+    for f in range(len(sizes)):
+        if delay and pending[f]:
+            land(f)
     for f, offset in enumerate(offsets):
         if (steps - offset) % sync_every:
             end_round(f)

@@ -12,7 +12,10 @@ one outer step in flight behind a whole round of compute. With ``fragments=F`` (
 the parameters are F contiguous fragments, each with its own anchor, outer optimizer and pipe, whose
 rounds end at staggered steps (fragment f at steps ≡ (f+1)·H/F mod H), so an exchange carries 1/F
 of the model every H/F steps; the pipes share one communication thread, which keeps their
-collectives in one order on every rank.
+collectives in one order on every rank. ``sync_delay=τ`` (0 < τ < H/F, width 2) lands each
+fragment's exchange τ steps after its launch instead of at its next round's end: the average is
+applied to the anchor then and the weights move by what the anchor moved, keeping the τ steps
+trained since (the streaming paper's overlap, late by τ steps instead of a round).
 """
 
 from __future__ import annotations
@@ -74,6 +77,16 @@ class _Fragment:
         self.restart()
         return stats
 
+    def land(self) -> StepStats:
+        """Wait for the exchange in flight and apply it to the anchor (``sync_delay``), then move the
+        weights by what the anchor moved: the inner steps trained since the launch stay theirs."""
+        before = flat_params(self.anchor)
+        stats = self.pipe.flush()
+        with torch.no_grad():
+            moved = flat_params(self.anchor).sub_(before)
+            assign_params(self.params, flat_params(self.params).add_(moved))
+        return stats
+
     def restart(self) -> None:
         assign_params(self.params, flat_params(self.anchor))
 
@@ -112,6 +125,10 @@ class PipeDiLoCo(Engine):
     rank (``nonfinite="skip"``), and the rank whose own was non-finite also clears its inner
     optimizer's state, which the non-finite steps wrote. ``fragments=F`` (a divisor of
     ``sync_every``) streams the model in F staggered fragments (the module docstring).
+    ``sync_delay=τ`` (width 2, 0 < τ < sync_every / fragments) applies each round's average τ
+    inner steps after its launch instead of at the next round's end, and moves ``params`` by what
+    the anchor moved, so the τ steps trained since are kept; under ``"eager"`` this replica's own
+    Δ / M is applied at the launch and the others' part when it lands. 0: the whole round.
 
     The anchor is the model every replica trains towards: :meth:`consistent_weights` (evaluation,
     replica checks) puts it into ``params``. With ``"none"`` it is identical on every rank; with
@@ -125,12 +142,22 @@ class PipeDiLoCo(Engine):
                  width: int = 2, outer_optimizer: OuterFactory | None = None,
                  staleness: str | Staleness = "none", compressor: str | Compressor | Reduction | None = "none",
                  allreduce: str | Callable[..., CommStats] = "auto", group=None, nonfinite: str = "abort",
-                 timeout_s: float | None = None, module: torch.nn.Module | None = None, fragments: int = 1):
+                 timeout_s: float | None = None, module: torch.nn.Module | None = None, fragments: int = 1,
+                 sync_delay: int = 0):
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
             raise ValueError(f"sync_every must be an integer >= 1 (inner steps per round), got {sync_every!r}")
         if isinstance(fragments, bool) or not isinstance(fragments, int) or fragments < 1 or sync_every % fragments:
             raise ValueError(f"fragments must be an integer >= 1 that divides sync_every={sync_every} (the "
                              f"fragments' rounds end sync_every/fragments steps apart), got {fragments!r}")
+        if isinstance(sync_delay, bool) or not isinstance(sync_delay, int) or sync_delay < 0:
+            raise ValueError(f"sync_delay must be an integer >= 0 (inner steps between a round's launch and the "
+                             f"step its average lands; 0: the next round's end), got {sync_delay!r}")
+        if sync_delay and width != 2:
+            raise ValueError(f"sync_delay={sync_delay} says when the one exchange in flight lands and needs "
+                             f"width=2, got width={width}")
+        if sync_delay >= sync_every // fragments:
+            raise ValueError(f"sync_delay={sync_delay} must be below sync_every / fragments = "
+                             f"{sync_every // fragments}: a fragment's exchange lands before the next one launches")
         rule = make_staleness(staleness)
         if rule.sync_period == "step":
             raise ValueError(f"staleness={rule.name} is a rule for per-step gradients and cannot apply a round's "
@@ -142,7 +169,7 @@ class PipeDiLoCo(Engine):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params has no tensor with requires_grad=True: nothing to train")
-        self.sync_every, self.width = sync_every, width
+        self.sync_every, self.width, self.sync_delay = sync_every, width, sync_delay
         _broadcast_from_first_rank([*self.params, *(module.buffers() if module is not None else ())], group)
         # fragments share one communication thread: one FIFO keeps their collectives in one order
         self._thread = CommThread() if fragments > 1 else None
@@ -193,8 +220,12 @@ class PipeDiLoCo(Engine):
             finally:
                 self._stepping = False
         self.steps += 1
+        landing = [f for f in self.fragments if self.sync_delay and f.pipe.in_flight
+                   and (self.steps - f.offset) % self.sync_every == self.sync_delay]
         due = [f for f in self.fragments if (self.steps - f.offset) % self.sync_every == 0]
-        stats = self._end_rounds(due) if due else StepStats()
+        stats = self._land(landing) if landing else StepStats()
+        if due:
+            _merge(stats, self._end_rounds(due))
         stats.update_s += time.perf_counter() - t0
         stats.applied = True  # the inner step applied, whatever the outer one did
         self.last = stats
@@ -206,23 +237,30 @@ class PipeDiLoCo(Engine):
         for f in fragments:
             s = f.end_round()
             own_bad |= bool(s.metrics.pop("own_nonfinite"))
-            stats.pack_s += s.pack_s
-            stats.wait_s += s.wait_s
-            stats.update_s += s.update_s
-            stats.comm += s.comm
-            stats.wait_spans += s.wait_spans
-            stats.skipped |= s.skipped
-            stats.staleness = max(stats.staleness, s.staleness)
+            _merge(stats, s)
         if own_bad:
             self.optimizer.state.clear()  # the non-finite inner steps wrote it; the round is dropped
-        stats.metrics = {"outer/round": float(self.rounds),
-                         "outer/bytes_per_step": stats.comm.wire_bytes * len(self.fragments) / self.sync_every}
+        stats.metrics = {"outer/round": float(self.rounds)}
+        if not self.sync_delay:  # the bytes of the round whose average was applied (none yet at the fill)
+            stats.metrics["outer/bytes_per_step"] = stats.comm.wire_bytes * len(self.fragments) / self.sync_every
+        return stats
+
+    def _land(self, fragments: list[_Fragment]) -> StepStats:
+        """The exchanges launched ``sync_delay`` steps ago: waited for and applied (:meth:`_Fragment.land`)."""
+        stats = StepStats()
+        for f in fragments:
+            _merge(stats, f.land())
+        stats.metrics = {"outer/bytes_per_step": stats.comm.wire_bytes * len(self.fragments) / self.sync_every}
         return stats
 
     def flush(self) -> StepStats:
         """End partial rounds early, apply every round in flight; params = the anchor after."""
+        # sync_delay: what is in flight lands first, as it would have before the next launch
+        landing = [f for f in self.fragments if self.sync_delay and f.pipe.in_flight]
+        stats = self._land(landing) if landing else StepStats()
         partial = [f for f in self.fragments if (self.steps - f.offset) % self.sync_every and self.steps]
-        stats = self._end_rounds(partial) if partial else StepStats()
+        if partial:
+            _merge(stats, self._end_rounds(partial))
         for f in self.fragments:
             flushed = f.pipe.flush()
             stats.wait_s += flushed.wait_s
@@ -270,15 +308,17 @@ class PipeDiLoCo(Engine):
         the model and the optimizer from rank 0 only). ``pending``: one list per fragment."""
         pipes = [f.pipe.state_dict() for f in self.fragments]
         return {"width": self.width, "steps": self.steps, "sync_every": self.sync_every,
-                "fragments": len(self.fragments),
+                "fragments": len(self.fragments), "sync_delay": self.sync_delay,
                 "pending": [p.pop("pending") for p in pipes],
                 "pending_nonfinite": [p.pop("pending_nonfinite") for p in pipes], "pipes": pipes,
                 "anchor": flat_params(self.anchor), "outer_optimizers": [f.outer.state_dict() for f in self.fragments],
                 "local": flat_params(self.params), "inner_optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        for key, mine in (("width", self.width), ("sync_every", self.sync_every), ("fragments", len(self.fragments))):
-            if state.get(key) != mine:
+        for key, mine in (("width", self.width), ("sync_every", self.sync_every), ("fragments", len(self.fragments)),
+                          ("sync_delay", self.sync_delay)):
+            # checkpoints from before sync_delay existed ran without one
+            if state.get(key, 0 if key == "sync_delay" else None) != mine:
                 raise ValueError(f"checkpoint has {key}={state.get(key)}, engine has {key}={mine}")
         device = self.params[0].device
         state = state_to_device(state, device)
@@ -314,8 +354,8 @@ class PipeDiLoCo(Engine):
         return {**state, "pipes": pipes, "local": state["anchor"].clone(), "inner_optimizer": None}
 
     def summary(self) -> dict:
-        return {"sync_every": self.sync_every, "fragments": len(self.fragments), "rounds": self.rounds,
-                "outer_rule": self.rule.name}
+        return {"sync_every": self.sync_every, "fragments": len(self.fragments), "sync_delay": self.sync_delay,
+                "rounds": self.rounds, "outer_rule": self.rule.name}
 
     def close(self) -> None:
         self._guard.remove()
@@ -323,6 +363,20 @@ class PipeDiLoCo(Engine):
             f.pipe.close()
         if self._thread is not None:
             self._thread.close()
+
+
+def _merge(into: StepStats, s: StepStats) -> StepStats:
+    """Add one fragment's costs and flags to ``into`` (metrics are the caller's)."""
+    into.pack_s += s.pack_s
+    into.wait_s += s.wait_s
+    into.update_s += s.update_s
+    into.comm += s.comm
+    into.wait_spans += s.wait_spans
+    into.skipped |= s.skipped
+    into.applied |= s.applied
+    into.staleness = max(into.staleness, s.staleness)
+    into.metrics = {**into.metrics, **s.metrics}
+    return into
 
 
 class _Policies:

@@ -294,6 +294,7 @@ def _check_schedule(sync_every: int, fragments: int, sync_delay: int) -> None:
 
 
 @register(MODE, width=1, compressors=("none",), nonfinite_skip=False, sync_every=True, sync_delay=True,
+          rounds_only=True,
           replicas_agree=False, elastic=False, nccl=False, fixed_comm="native", launcher=live_launch.run,
           settings=live_launch.settings, settings_key="live")
 def build(a: ModeArgs) -> tuple[nn.Module, TorchftDiLoCo]:

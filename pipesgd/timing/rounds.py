@@ -11,7 +11,8 @@ allreduce, priced by :func:`~pipesgd.timing.model.comm_time` as any gradient's i
     width 1, delay τ           ((P − τ)·c + max(τ·c', x_f) + P·u) / P,   P = H/F
                                (sync at sync_every = H: τ = 0, each fragment's exchange blocks at its
                                 round's end; torchft_diloco: each is launched τ steps before it is
-                                waited for, the streaming paper's overlap)
+                                waited for, the streaming paper's overlap; pipe at width 2 with
+                                sync_delay τ > 0: the same, its average landing τ steps late)
 
 c' is compute stretched by the overlap slowdown while an exchange runs beside it. At F = 1 and
 τ = 0 these are :func:`~pipesgd.timing.model.predict_iter_ms` at ``sync_every=H``. The smallest H
@@ -62,10 +63,10 @@ def round_step_s(fragment_exchange_s: float, compute_s: float, update_s: float, 
         _check(name, value)
     _check("overlap_slowdown", overlap_slowdown, 1.0)
     h, exchanges = sync_every, fragments * fragment_exchange_s
-    if width >= 2:
-        if sync_delay:
-            raise ValueError(f"sync_delay={sync_delay} is for width 1 (torchft's schedule); width {width} keeps "
-                             "each exchange in flight a whole round")
+    if width >= 2 and sync_delay and width != 2:
+        raise ValueError(f"sync_delay={sync_delay} says when the one round in flight lands: width 2 (pipe) or 1 "
+                         f"(torchft's schedule), got width {width}")
+    if width >= 2 and not sync_delay:
         return max(_overlapped(h * compute_s, exchanges, overlap_slowdown) + h * update_s, exchanges) / h
     period, delay, x = h // fragments, sync_delay, fragment_exchange_s
     beside = max(_overlapped(delay * compute_s, x, overlap_slowdown), x)  # the τ steps launched beside it, or it

@@ -85,6 +85,16 @@ def _diloco_arms() -> dict[str, tuple[str, ...]]:
             arms[f"torchft-streaming-h{h}"] = ("trainer.mode=torchft_diloco", "staleness=none", "compressor=none",
                                                every, f"trainer.fragments={fragments}", f"trainer.sync_delay={delay}",
                                                *_ROUNDS, _BOTH)
+        if delay >= 1:
+            # pipesgd's own streaming on torchft's schedule at this H (F fragments, each round's average
+            # landing τ steps after its launch, the steps since kept), int8 in the ring, under each rule
+            stream = ("trainer.mode=pipe", "trainer.width=2", "compressor=int8", every,
+                      f"trainer.fragments={fragments}", f"trainer.sync_delay={delay}", *_ROUNDS)
+            arms[f"diloco-streaming-none-int8-h{h}"] = (*stream, "staleness=none")
+            arms[f"diloco-streaming-eager-int8-h{h}"] = (*stream, "staleness=eager")
+            arms[f"diloco-streaming-eager-sgd-int8-h{h}"] = (*stream, "staleness=eager", "outer_optimizer.lr=1.0",
+                                                             "outer_optimizer.momentum=0.0",
+                                                             "outer_optimizer.nesterov=false")
     return arms
 
 

@@ -1,6 +1,7 @@
 """The period-H engine (PipeDiLoCo) against single-process references of its rules: blocking DiLoCo,
 the pipelined outer step under ``none`` and ``eager``, H = 1 against synchronous SGD and Pipe-SGD,
-int8 in the ring within its rounding, and resume mid-round and mid-flight bit for bit."""
+int8 in the ring within its rounding, streaming fragments, the average landing ``sync_delay`` steps
+after its launch, and resume mid-round and mid-flight bit for bit."""
 
 from functools import partial
 
@@ -105,13 +106,13 @@ def test_int8_in_the_ring_on_pseudo_gradients_within_its_rounding():
         assert wire < raw / 3, "int8 should send about a quarter of fp32's bytes"
 
 
-def _resume(rank, p, width, rule, stop, fragments=1, h=H):
+def _resume(rank, p, width, rule, stop, fragments=1, h=H, delay=0):
     """Train to ``stop``, save every part of the state, rebuild everything and continue to STEPS."""
     def build():
         model = make_model()
         opt = INNER(model.parameters())
         return model, opt, PipeDiLoCo(opt, model.parameters(), h, width=width, staleness=rule, allreduce="ring",
-                                      fragments=fragments)
+                                      fragments=fragments, sync_delay=delay)
 
     model, opt, engine = build()
     for t in range(STEPS):
@@ -130,13 +131,15 @@ def _resume(rank, p, width, rule, stop, fragments=1, h=H):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("width,rule,stop,fragments,h", [(2, "eager", 7, 1, H), (2, "none", 10, 1, H),
-                                                          (1, "none", 4, 1, H), (2, "eager", 7, 2, 4)])
-def test_resume_mid_round_and_mid_flight_is_bit_exact(width, rule, stop, fragments, h):
+@pytest.mark.parametrize("width,rule,stop,fragments,h,delay", [
+    (2, "eager", 7, 1, H, 0), (2, "none", 10, 1, H, 0), (1, "none", 4, 1, H, 0), (2, "eager", 7, 2, 4, 0),
+    (2, "eager", 9, 1, 4, 2)])
+def test_resume_mid_round_and_mid_flight_is_bit_exact(width, rule, stop, fragments, h, delay):
     """stop=7 and 4: inside a round (in_round 1) with, at width 2, a round in flight; 10: also;
-    with two fragments of rounds of 4, step 7 is inside both fragments' rounds, both in flight."""
-    resumed = run_workers(_resume, 2, width, rule, stop, fragments, h)
-    uninterrupted = run_workers(_resume, 2, width, rule, STEPS + 1, fragments, h)
+    with two fragments of rounds of 4, step 7 is inside both fragments' rounds, both in flight;
+    rounds of 4 landing 2 steps late: step 9 is after round 2's launch (8) and before it lands (10)."""
+    resumed = run_workers(_resume, 2, width, rule, stop, fragments, h, delay)
+    uninterrupted = run_workers(_resume, 2, width, rule, STEPS + 1, fragments, h, delay)
     for a, b in zip(resumed, uninterrupted):
         assert torch.equal(a, b)
 
@@ -264,6 +267,65 @@ def test_streaming_fragments_equal_their_reference(width, rule):
         lands = [s for s in sent if s]
         assert len(set(lands)) == 2 and all(a != b for a, b in zip(lands, lands[1:]))
     assert (expected[0] - whole[0]).abs().max() > 1e-4, "streaming differs from the whole-model rounds"
+
+
+def _run_delayed(rank, p, h, fragments, delay, rule, outer=OUTER):
+    model = make_model()
+    opt = INNER(model.parameters())
+    with PipeDiLoCo(opt, model.parameters(), h, width=2, staleness=rule, allreduce="ring", fragments=fragments,
+                    sync_delay=delay, outer_optimizer=outer) as engine:
+        sent = []
+        for t in range(STEPS + 1):
+            opt.zero_grad()
+            loss_of(model, rank, t).backward()
+            sent.append(engine.step().comm.raw_bytes)
+        engine.flush()
+        assert engine.summary()["sync_delay"] == delay
+    return flat_params(model), sent
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("h,fragments,delay,rule", [(4, 1, 1, "none"), (4, 1, 3, "eager"), (4, 2, 1, "eager"),
+                                                    (6, 2, 2, "none")])
+def test_delayed_landing_equals_its_reference(h, fragments, delay, rule):
+    """sync_delay: each round's average lands ``delay`` steps after its launch (its bytes counted
+    there), the weights keep the steps trained since; the reference does the same in one process."""
+    sizes = [1, 3] if fragments == 2 else None
+    expected = diloco_reference(2, h, 2, STEPS + 1, rule, fragments=sizes, delay=delay)
+    period = h // fragments
+    for rank, (params, sent) in enumerate(run_workers(_run_delayed, 2, h, fragments, delay, rule)):
+        assert (params - expected[rank]).abs().max() <= 1e-6, f"rank {rank}"
+        landed = [t + 1 for t, s in enumerate(sent) if s]
+        assert landed and all((t - delay) % period == 0 for t in landed), landed
+    # landing early differs from landing a round late, and from blocking rounds
+    assert (expected[0] - diloco_reference(2, h, 2, STEPS + 1, rule, fragments=sizes)[0]).abs().max() > 1e-4
+    assert (expected[0] - diloco_reference(2, h, 1, STEPS + 1, "none", fragments=sizes)[0]).abs().max() > 1e-4
+
+
+@pytest.mark.timeout(180)
+def test_delayed_eager_with_plain_outer_step_keeps_the_steps_since_launch():
+    """A plain outer step (lr 1): a landed round moves the anchor by minus the average under either
+    rule (eager's own part early, the rest at the landing), so after the flush the replicas agree
+    under eager too; eager and none still differ, by the gradients the early own step changed."""
+    plain = partial(torch.optim.SGD, lr=1.0)
+    eager = run_workers(_run_delayed, 2, 4, 1, 2, "eager", plain)
+    none = run_workers(_run_delayed, 2, 4, 1, 2, "none", plain)
+    for (a, _), (b, _) in zip(eager, none):
+        assert (a - b).abs().max() > 1e-6, "eager's own early step changes the gradients after the launch"
+    # own / M at the launch plus the rest at the landing is the average, up to float rounding
+    assert (eager[0][0] - eager[1][0]).abs().max() <= 1e-6, "after the flush every replica holds the anchor"
+    assert (eager[0][0] - diloco_reference(2, 4, 2, STEPS + 1, "eager", outer=plain, delay=2)[0]).abs().max() <= 1e-6
+
+
+def test_sync_delay_refusals_name_the_value():
+    model = make_model()
+    opt = INNER(model.parameters())
+    with pytest.raises(ValueError, match="sync_delay=1 says when .* needs width=2, got width=1"):
+        PipeDiLoCo(opt, model.parameters(), 4, width=1, sync_delay=1)
+    with pytest.raises(ValueError, match="sync_delay=2 must be below sync_every / fragments = 2"):
+        PipeDiLoCo(opt, model.parameters(), 4, fragments=2, sync_delay=2)
+    with pytest.raises(ValueError, match="sync_delay must be an integer >= 0.*got -1"):
+        PipeDiLoCo(opt, model.parameters(), 4, sync_delay=-1)
 
 
 def test_fragments_must_divide_the_period():

@@ -21,14 +21,16 @@ MNIST = ["+experiment=mnist_mlp", "trainer.max_steps=40", "data.batch_size=1000"
 
 @needs_mnist
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("rule,compressor,outer,fragments", [("eager", "int8", "nesterov", 1), ("none", "none", "sgd", 1),
-                                                             ("eager", "none", "nesterov", 3)])
-def test_killed_worker_resumes_mid_round_bit_identical(rule, compressor, outer, fragments, tmp_path):
+@pytest.mark.parametrize("rule,compressor,outer,fragments,delay", [("eager", "int8", "nesterov", 1, 0),
+                                                                   ("none", "none", "sgd", 1, 1),
+                                                                   ("eager", "none", "nesterov", 3, 0)])
+def test_killed_worker_resumes_mid_round_bit_identical(rule, compressor, outer, fragments, delay, tmp_path):
     """The checkpoint at step 32 holds each rank's own weights and inner optimizer mid-round, the
     anchor, the outer optimizer's momentum, the round in flight and (eager) each rank's own term;
-    with three streaming fragments (one a step), every fragment's."""
+    with three streaming fragments (one a step), every fragment's; with trainer.sync_delay=1 each
+    round's average lands a step after its launch."""
     args = [*MNIST, f"staleness={rule}", f"compressor={compressor}", f"outer_optimizer={outer}",
-            f"trainer.fragments={fragments}",
+            f"trainer.fragments={fragments}", f"trainer.sync_delay={delay}",
             "trainer.check_every=4" if rule == "none" else "trainer.check_every=null"]
     ref = run(*args, f"hydra.run.dir={tmp_path / 'ref'}", tmp=tmp_path)
     assert ref.returncode == 0, ref.stderr[-3000:]
@@ -40,13 +42,15 @@ def test_killed_worker_resumes_mid_round_bit_identical(rule, compressor, outer, 
     assert a["param_checksum"] == b["param_checksum"], "final weights must be bit-identical"
     assert [e["test_loss"] for e in a["evals"]] == [e["test_loss"] for e in b["evals"]]
     assert a["sync_every"] == 3 and a["rounds"] == 14 and a["outer_rule"] == rule  # 13 rounds + the partial one
-    assert a["fragments"] == fragments
+    assert a["fragments"] == fragments and a["sync_delay"] == delay
     assert a["test_accuracy"] > 0.4, "the run must really train, or equality proves little"
     if fragments > 1:  # a fragment's average lands at every step from the second round on
         return
     # a round's bytes count at the step its average lands (width 2): rounds 1-12 at the ends of
-    # rounds 2-13 (steps 6, 9, ..., 39); 13 and the partial 14th in the final flush, after the loop
-    assert a["mean_bytes_per_step"] == pytest.approx(a["bytes_per_step"] * 12 / 40, rel=0.01)
+    # rounds 2-13 (steps 6, 9, ..., 39); 13 and the partial 14th in the final flush, after the loop;
+    # landing a step after the launch, rounds 1-13 land in the loop (steps 4, 7, ..., 40)
+    landed = 13 if delay else 12
+    assert a["mean_bytes_per_step"] == pytest.approx(a["bytes_per_step"] * landed / 40, rel=0.01)
     assert 0 < a["compute_utilization"] <= 1
     assert not tagged_processes(r.tag)
 
@@ -111,7 +115,11 @@ def test_multirun_sweeps_the_width_at_a_period(tmp_path):
     ("outer_optimizer.lr=0.5", "outer_optimizer.lr is not used at trainer.sync_every=1"),
     ("staleness=eager", "staleness=eager is a rule for the outer step of trainer.sync_every > 1"),
     ("trainer.sync_every=4 outer_optimizer.lr=-1", "outer_optimizer.lr=-1 is invalid"),
-    ("trainer.sync_every=4 trainer.sync_delay=1", "trainer.sync_delay=1 is not used by trainer.mode=pipe"),
+    ("trainer.sync_every=4 trainer.sync_delay=1 trainer.mode=sync", "trainer.sync_delay=1 is not used by trainer.mode=sync"),
+    ("trainer.sync_every=4 trainer.sync_delay=1 trainer.width=3", "trainer.sync_delay=1 says when the one round in flight lands and needs width 2"),
+    ("trainer.sync_delay=1", "trainer.sync_delay=1 delays a round's exchange and is not used at trainer.sync_every=1"),
+    ("trainer.sync_every=4 trainer.fragments=2 trainer.sync_delay=2",
+     "trainer.sync_delay=2 must be below trainer.sync_every / trainer.fragments = 2"),
     ("trainer.mode=torchft_diloco staleness=none", "trainer.mode=torchft_diloco runs rounds of inner steps"),
     ("trainer.mode=torchft_diloco staleness=none trainer.sync_every=4 trainer.fragments=2 trainer.sync_delay=2",
      "trainer.sync_delay=2 must be below trainer.sync_every / trainer.fragments = 2"),

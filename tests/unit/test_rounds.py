@@ -37,6 +37,8 @@ def test_the_rules_of_a_round_by_hand():
     # torchft's delay: per fragment period of 5 steps, one launched 4 steps before it is waited for
     assert round_step_s(8.0, 1.0, 0.0, 25, fragments=5, sync_delay=4) == pytest.approx((1 + 8) / 5)
     assert round_step_s(3.0, 1.0, 0.0, 25, fragments=5, sync_delay=4) == pytest.approx(1.0)  # hidden
+    # pipe at width 2 landing τ steps late: torchft's schedule's price
+    assert round_step_s(8.0, 1.0, 0.0, 25, width=2, fragments=5, sync_delay=4) == pytest.approx((1 + 8) / 5)
     # compute slowed beside the exchange: the 4 steps take 4 + min(3, 8)·(1 - 1/2) = 5.5 s
     assert round_step_s(3.0, 1.0, 0.0, 25, fragments=5, sync_delay=4, overlap_slowdown=2.0) \
         == pytest.approx((1 + 5.5) / 5)
@@ -44,7 +46,7 @@ def test_the_rules_of_a_round_by_hand():
 
 @pytest.mark.parametrize("h, f, delay, width, match", [(4, 3, 0, 1, "does not divide"), (4, 2, 2, 1, "must be below"),
                                                        (0, 1, 0, 1, "sync_every=0 is invalid"),
-                                                       (10, 2, 1, 2, "sync_delay=1 is for width 1")])
+                                                       (10, 2, 1, 3, "sync_delay=1 says when .* got width 3")])
 def test_a_schedule_that_is_none_is_refused_naming_the_setting(h, f, delay, width, match):
     with pytest.raises(ValueError, match=match):
         round_step_s(1.0, 1.0, 0.0, h, width, f, delay)
