@@ -1,8 +1,9 @@
 """The single-process reference of the period-H rules (PipeDiLoCo): p simulated replicas, each with
 its own weights, inner optimizer, anchor and outer optimizer, and the outer step of the round
 ``width - 1`` rounds back applied under the rule ``none`` or ``eager`` (docs/period-h.md); with a
-``delay`` τ, the round's own average applied τ steps after its launch, the weights moved by what
-the anchor moved."""
+``delay`` τ, the round's own average applied τ steps after its launch with the steps trained since
+kept on top (``none``: the weights train on from where the round ended; ``eager``: from the anchor
+with the own part applied, moved by what the rest moves it)."""
 
 from collections import deque
 from functools import partial
@@ -32,6 +33,7 @@ def diloco_reference(p: int, sync_every: int, width: int, steps: int, rule: str 
     own = [[deque() for _ in sizes] for _ in range(p)]
     pending = [deque() for _ in sizes]
     offsets = [(f + 1) * sync_every // len(sizes) for f in range(len(sizes))]
+    launched = [[None for _ in sizes] for _ in range(p)]  # delay under none: the weights at the launch
 
     def outer_step(m, f, grad):
         for a, g in zip(anchors[m][f], grad):
@@ -51,6 +53,7 @@ def diloco_reference(p: int, sync_every: int, width: int, steps: int, rule: str 
     def restart(f):
         with torch.no_grad():
             for m in range(p):
+                launched[m][f] = None
                 for a, q in zip(anchors[m][f], frag_params[m][f]):
                     q.copy_(a)
 
@@ -64,13 +67,18 @@ def diloco_reference(p: int, sync_every: int, width: int, steps: int, rule: str 
         elif rule == "eager":  # the fill: a zero late average
             for m in range(p):
                 outer_step(m, f, [d / p for d in own[m][f][-1]])
-        restart(f)
+        if delay and rule == "none" and len(pending[f]) == 1:  # train on from here until it lands
+            for m in range(p):
+                launched[m][f] = [q.detach().clone() for q in frag_params[m][f]]
+        else:
+            restart(f)
 
     def land(f):
-        before = [[a.detach().clone() for a in anchors[m][f]] for m in range(p)]
+        before = [launched[m][f] or [a.detach().clone() for a in anchors[m][f]] for m in range(p)]
         apply_oldest(f)
         with torch.no_grad():
             for m in range(p):
+                launched[m][f] = None
                 for a, b, q in zip(anchors[m][f], before[m], frag_params[m][f]):
                     q.add_(a - b)
 

@@ -13,9 +13,10 @@ the parameters are F contiguous fragments, each with its own anchor, outer optim
 rounds end at staggered steps (fragment f at steps ≡ (f+1)·H/F mod H), so an exchange carries 1/F
 of the model every H/F steps; the pipes share one communication thread, which keeps their
 collectives in one order on every rank. ``sync_delay=τ`` (0 < τ < H/F, width 2) lands each
-fragment's exchange τ steps after its launch instead of at its next round's end: the average is
-applied to the anchor then and the weights move by what the anchor moved, keeping the τ steps
-trained since (the streaming paper's overlap, late by τ steps instead of a round).
+fragment's exchange τ steps after its launch instead of at its next round's end, keeping the τ
+steps trained since on top of the new anchor (the streaming paper's overlap, late by τ steps
+instead of a round): under ``none`` the weights train on from where the round ended, under
+``eager`` from the anchor with this replica's own Δ / M applied.
 """
 
 from __future__ import annotations
@@ -59,9 +60,14 @@ class _Fragment:
         self.rule = self.pipe.staleness
         self.rule.replicas = self.pipe.world_size
         self.numel = sum(p.numel() for p in params)
+        # sync_delay under ``none``: the weights at the launch, while its round is in flight (the
+        # weights train on from them instead of restarting from the anchor); None otherwise
+        self.launched_at: Tensor | None = None
 
-    def end_round(self) -> StepStats:
-        """Launch the round's pseudo-gradient, let the pipe apply what is due, restart from the anchor."""
+    def end_round(self, keep_local: bool = False) -> StepStats:
+        """Launch the round's pseudo-gradient, let the pipe apply what is due, restart from the
+        anchor; ``keep_local`` (sync_delay under ``none``): train on from the weights as they are
+        instead, until the average lands (:meth:`land`), unless this replica's were non-finite."""
         with torch.no_grad():
             for a, p in zip(self.anchor, self.params):
                 # into the gradient the last outer step left (a buffer the exchange lent and got
@@ -74,21 +80,28 @@ class _Fragment:
         if not stats.applied and not stats.skipped:
             self.rule.filled()
         stats.metrics = {"own_nonfinite": float(own_bad)}
-        self.restart()
+        if keep_local and not own_bad:
+            self.launched_at = flat_params(self.params)
+        else:
+            self.restart()
         return stats
 
     def land(self) -> StepStats:
-        """Wait for the exchange in flight and apply it to the anchor (``sync_delay``), then move the
-        weights by what the anchor moved: the inner steps trained since the launch stay theirs."""
-        before = flat_params(self.anchor)
+        """Wait for the exchange in flight and apply it to the anchor (``sync_delay``), then put the
+        inner steps trained since the launch on top of it: the weights become the new anchor plus
+        what they moved since the launch (:attr:`launched_at`), or, where they restarted from the
+        anchor at the launch, move by what the anchor moved."""
+        before = self.launched_at if self.launched_at is not None else flat_params(self.anchor)
         stats = self.pipe.flush()
         with torch.no_grad():
             moved = flat_params(self.anchor).sub_(before)
             assign_params(self.params, flat_params(self.params).add_(moved))
+        self.launched_at = None
         return stats
 
     def restart(self) -> None:
         assign_params(self.params, flat_params(self.anchor))
+        self.launched_at = None
 
 
 def split(params: list[Tensor], fragments: int) -> list[list[Tensor]]:
@@ -126,9 +139,11 @@ class PipeDiLoCo(Engine):
     optimizer's state, which the non-finite steps wrote. ``fragments=F`` (a divisor of
     ``sync_every``) streams the model in F staggered fragments (the module docstring).
     ``sync_delay=τ`` (width 2, 0 < τ < sync_every / fragments) applies each round's average τ
-    inner steps after its launch instead of at the next round's end, and moves ``params`` by what
-    the anchor moved, so the τ steps trained since are kept; under ``"eager"`` this replica's own
-    Δ / M is applied at the launch and the others' part when it lands. 0: the whole round.
+    inner steps after its launch instead of at the next round's end, and keeps the τ steps
+    trained since on top of the new anchor: under ``"none"`` ``params`` train on from where the
+    round ended and become the new anchor plus what they moved since; under ``"eager"`` this
+    replica's own Δ / M is applied at the launch, ``params`` restart from that anchor and move by
+    what the others' part moves it when it lands. 0: the whole round.
 
     The anchor is the model every replica trains towards: :meth:`consistent_weights` (evaluation,
     replica checks) puts it into ``params``. With ``"none"`` it is identical on every rank; with
@@ -234,8 +249,9 @@ class PipeDiLoCo(Engine):
     def _end_rounds(self, fragments: list[_Fragment]) -> StepStats:
         stats = StepStats()
         own_bad = False
+        keep_local = bool(self.sync_delay) and self.rule.name == "none"
         for f in fragments:
-            s = f.end_round()
+            s = f.end_round(keep_local)
             own_bad |= bool(s.metrics.pop("own_nonfinite"))
             _merge(stats, s)
         if own_bad:
@@ -312,7 +328,8 @@ class PipeDiLoCo(Engine):
                 "pending": [p.pop("pending") for p in pipes],
                 "pending_nonfinite": [p.pop("pending_nonfinite") for p in pipes], "pipes": pipes,
                 "anchor": flat_params(self.anchor), "outer_optimizers": [f.outer.state_dict() for f in self.fragments],
-                "local": flat_params(self.params), "inner_optimizer": self.optimizer.state_dict()}
+                "local": flat_params(self.params), "inner_optimizer": self.optimizer.state_dict(),
+                "launched_at": [f.launched_at for f in self.fragments]}
 
     def load_state_dict(self, state: dict) -> None:
         for key, mine in (("width", self.width), ("sync_every", self.sync_every), ("fragments", len(self.fragments)),
@@ -336,6 +353,8 @@ class PipeDiLoCo(Engine):
             # then steps in place, so a state loaded twice (or shared) would change under the caller
             f.outer.load_state_dict(copy.deepcopy(outer))
         assign_params(self.params, state["local"])
+        for f, at in zip(self.fragments, state.get("launched_at") or [None] * len(self.fragments)):
+            f.launched_at = None if at is None else at.clone()
         if state.get("inner_optimizer") is not None:
             self.optimizer.load_state_dict(copy.deepcopy(state["inner_optimizer"]))
         self.steps = int(state["steps"])
@@ -351,7 +370,9 @@ class PipeDiLoCo(Engine):
                 pipe = {**pipe, "staleness": {**pipe["staleness"],
                                               "own": [torch.zeros_like(t) for t in pipe["staleness"]["own"]]}}
             pipes.append(pipe)
-        return {**state, "pipes": pipes, "local": state["anchor"].clone(), "inner_optimizer": None}
+        # it starts from the anchor: its steps since a launch are all it moves from there
+        return {**state, "pipes": pipes, "local": state["anchor"].clone(), "inner_optimizer": None,
+                "launched_at": [None] * len(self.fragments)}
 
     def summary(self) -> dict:
         return {"sync_every": self.sync_every, "fragments": len(self.fragments), "sync_delay": self.sync_delay,

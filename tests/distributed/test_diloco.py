@@ -133,11 +133,13 @@ def _resume(rank, p, width, rule, stop, fragments=1, h=H, delay=0):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("width,rule,stop,fragments,h,delay", [
     (2, "eager", 7, 1, H, 0), (2, "none", 10, 1, H, 0), (1, "none", 4, 1, H, 0), (2, "eager", 7, 2, 4, 0),
-    (2, "eager", 9, 1, 4, 2)])
+    (2, "eager", 9, 1, 4, 2), (2, "none", 8, 2, 4, 1)])
 def test_resume_mid_round_and_mid_flight_is_bit_exact(width, rule, stop, fragments, h, delay):
     """stop=7 and 4: inside a round (in_round 1) with, at width 2, a round in flight; 10: also;
     with two fragments of rounds of 4, step 7 is inside both fragments' rounds, both in flight;
-    rounds of 4 landing 2 steps late: step 9 is after round 2's launch (8) and before it lands (10)."""
+    rounds of 4 landing 2 steps late: step 9 is after round 2's launch (8) and before it lands (10);
+    two fragments landing a step late under none: fragment 1, launched at step 8, trains on from its
+    weights there, which the checkpoint after step 8 holds."""
     resumed = run_workers(_resume, 2, width, rule, stop, fragments, h, delay)
     uninterrupted = run_workers(_resume, 2, width, rule, STEPS + 1, fragments, h, delay)
     for a, b in zip(resumed, uninterrupted):
