@@ -384,7 +384,7 @@ def _print_rounds(rounds: list[dict], h: int | None, verdict: dict) -> None:
         print(f"rounds: no H of {', '.join(map(str, H_CANDIDATES))} hides the int8 exchange under a round's compute")
     else:
         print(f"rounds at H = {h} (the smallest of {', '.join(map(str, H_CANDIDATES))} whose int8 exchange takes at "
-              f"most {FILL:.0%} of a round's compute; torchft also at 2H and 4H):")
+              f"most {FILL:.0%} of a round's compute; torchft and the streaming arms also at 2H and 4H):")
         columns = ["arm", "sync_every", "fragments", "sync_delay", "iter_ms", "utilization"]
         cells = [[_cell(row[c]) for c in columns] for row in rounds]
         widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]

@@ -281,13 +281,18 @@ def speedup_grid(params: int, compute_s: float, links: Sequence[Link], workers: 
 # --- rounds: the DiLoCo family at the smallest H that hides its exchange (docs/scale-map.md, "Rounds") ---
 ROUND_FAMILIES: dict[str, tuple[str, int, str]] = {
     "diloco-pipelined-int8": ("pipe", PIPELINE_WIDTH, "int8"),  # the period-H pipeline: outer step in flight
+    # the same on torchft's streaming schedule: fragments, each average landing τ steps late (sync_delay)
+    "diloco-pipelined-int8-stream": ("pipe", PIPELINE_WIDTH, "int8"),
     "diloco-blocking-int8": ("sync", 1, "int8"),
     "torchft-diloco": ("torchft_diloco", 1, "none"),  # torchft 0.2.0's own (fp32: it quantizes with Triton only)
     "torchft-streaming": ("torchft_diloco", 1, "none"),  # its fragments, each launched τ steps early
 }
 """The round arms the map prices, name -> (mode, width, compressor)."""
+STREAMING = ("torchft-streaming", "diloco-pipelined-int8-stream")
+"""The round families on torchft's streaming schedule (:func:`~pipesgd.timing.rounds.streaming_schedule`)."""
 TORCHFT_MULTIPLES = (1, 2, 4)
-"""torchft's arms are priced at H, 2H and 4H: its best of three, not held to the pipeline's H."""
+"""torchft's arms and the streaming ones are priced at H, 2H and 4H: their best of three, not held to
+the pipeline's H (a fragment must fit in τ < H/F steps, which H alone may not give)."""
 
 
 def round_h(s: Scenario) -> int | None:
@@ -304,10 +309,10 @@ def round_rows(s: Scenario, h: int) -> list[dict]:
     utilization (compute and update over the step)."""
     rows = []
     for family, (mode, width, compressor) in ROUND_FAMILIES.items():
-        for k in TORCHFT_MULTIPLES if mode == "torchft_diloco" else (1,):
+        for k in TORCHFT_MULTIPLES if mode == "torchft_diloco" or family in STREAMING else (1,):
             every = h * k
-            fragments, delay = streaming_schedule(every) if family == "torchft-streaming" else (1, 0)
-            if delay < 0:
+            fragments, delay = streaming_schedule(every) if family in STREAMING else (1, 0)
+            if delay < 0 or (family != "torchft-streaming" and family in STREAMING and delay == 0):
                 continue
             ratio = compression_ratio(compressor, s.params, chunks_for("ring", s.p))
             kappa = s.compress_s_per_byte.get(compressor, 0.0) if compressor != "none" else 0.0

@@ -77,6 +77,12 @@ def test_the_map_picks_h_per_link_and_the_family_that_wins():
     assert {"diloco-pipelined-int8-h25", "torchft-diloco-h25", "torchft-diloco-h50", "torchft-diloco-h100",
             "torchft-streaming-h25"} <= set(arms)
     assert arms["diloco-pipelined-int8-h25"]["utilization"] == pytest.approx(1.0)
+    # the pipeline on torchft's streaming schedule: priced as torchft's, a fifth of the int8 ring per fragment
+    stream = arms["diloco-pipelined-int8-stream-h50"]
+    assert (stream["fragments"], stream["sync_delay"], stream["width"]) == (5, 9, 2)
+    int8 = comm_time("ring", 4 * GPT / 5, 2, slow.link, compression_ratio("int8", GPT, 2))
+    assert stream["iter_ms"] == pytest.approx((1 + max(9.0, int8)) / 10 * 1e3)  # P = 10 steps, τ = 9 beside it
+    assert stream["utilization"] == pytest.approx(1.0) and int8 < 9
     fp32 = comm_time("ring", 4 * GPT, 2, slow.link)  # torchft sends fp32: 4x the int8 ring's bytes
     assert arms["torchft-diloco-h25"]["iter_ms"] == pytest.approx((25 + fp32) / 25 * 1e3)
     verdict = family_verdict(arm_rows(slow), rows, 25)
@@ -99,4 +105,4 @@ def test_the_map_command_says_each_h_and_the_family():
                          "--json"], capture_output=True, text=True, timeout=50)
     data = json.loads(js.stdout)
     assert data["family"]["family"] == "pipelined DiLoCo" and data["family"]["h_rule"] == 25
-    assert len(data["rounds"]) == 8
+    assert len(data["rounds"]) == 11  # pipelined, blocking; torchft blocking, streaming, pipelined streaming at 3 H
