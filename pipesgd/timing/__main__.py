@@ -391,9 +391,11 @@ def _print_rounds(rounds: list[dict], h: int | None, verdict: dict) -> None:
         for line in [columns, *cells]:
             print("  ".join(v.ljust(w) if i < 1 else v.rjust(w) for i, (v, w) in enumerate(zip(line, widths))))
     if verdict["family"] is not None:
-        with_h = f" at H = {verdict['h']}" if verdict["h"] else ""
+        with_h = (f" at H = {verdict['h']}, landing {verdict['lateness']} step{'s' * (verdict['lateness'] != 1)} "
+                  "after its launch" if verdict["h"] else "")
         print(f"family: {verdict['family']} ({verdict['arm']}{with_h}, {verdict['iter_ms']:.2f} ms per step; ties "
-              f"within {TIE:.0%} go to the family that exchanges most often)")
+              f"within {TIE:.0%} go to the arm whose average lands soonest, then to the family that exchanges "
+              "most often)")
 
 
 def _cell(value: object) -> str:

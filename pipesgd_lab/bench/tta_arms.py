@@ -55,6 +55,9 @@ Mbit/s 2, 5 Mbit/s 5, 1 Mbit/s 25 here); its DiLoCo arms exist at each and at 2H
 best of three)."""
 _ROUNDS = ("trainer.warmup_sync_steps=0", "trainer.check_every=null")
 _BOTH = "trainer.live.min_replicas=2"
+_PLAIN_OUTER = ("outer_optimizer.lr=1.0", "outer_optimizer.momentum=0.0", "outer_optimizer.nesterov=false")
+"""A plain outer step of lr 1, no momentum (conf/outer_optimizer/sgd.yaml, spelled key by key so a
+record's config can be checked against it): the replicas' average move."""
 
 
 def _diloco_arms() -> dict[str, tuple[str, ...]]:
@@ -63,13 +66,10 @@ def _diloco_arms() -> dict[str, tuple[str, ...]]:
         every = f"trainer.sync_every={h}"
         arms[f"diloco-eager-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=eager",
                                            "compressor=int8", every, *_ROUNDS)
-        # the same with a plain outer step of lr 1 (conf/outer_optimizer/sgd.yaml, spelled key by key so a
-        # record's config can be checked against it): the replicas' average move, no outer momentum to
-        # carry the late step's error forward (docs/period-h.md, the diagnosis)
+        # the same with a plain outer step: no outer momentum to carry the late step's error forward
+        # (docs/period-h.md, the diagnosis)
         arms[f"diloco-eager-sgd-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=eager",
-                                               "compressor=int8", every, "outer_optimizer.lr=1.0",
-                                               "outer_optimizer.momentum=0.0", "outer_optimizer.nesterov=false",
-                                               *_ROUNDS)
+                                               "compressor=int8", every, *_PLAIN_OUTER, *_ROUNDS)
         arms[f"diloco-none-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=none",
                                           "compressor=int8", every, *_ROUNDS)
         arms[f"diloco-blocking-h{h}"] = ("trainer.mode=sync", "trainer.width=1", "staleness=none",
@@ -91,10 +91,9 @@ def _diloco_arms() -> dict[str, tuple[str, ...]]:
             stream = ("trainer.mode=pipe", "trainer.width=2", "compressor=int8", every,
                       f"trainer.fragments={fragments}", f"trainer.sync_delay={delay}", *_ROUNDS)
             arms[f"diloco-streaming-none-int8-h{h}"] = (*stream, "staleness=none")
+            arms[f"diloco-streaming-none-sgd-int8-h{h}"] = (*stream, "staleness=none", *_PLAIN_OUTER)
             arms[f"diloco-streaming-eager-int8-h{h}"] = (*stream, "staleness=eager")
-            arms[f"diloco-streaming-eager-sgd-int8-h{h}"] = (*stream, "staleness=eager", "outer_optimizer.lr=1.0",
-                                                             "outer_optimizer.momentum=0.0",
-                                                             "outer_optimizer.nesterov=false")
+            arms[f"diloco-streaming-eager-sgd-int8-h{h}"] = (*stream, "staleness=eager", *_PLAIN_OUTER)
     return arms
 
 

@@ -87,6 +87,14 @@ def test_the_map_picks_h_per_link_and_the_family_that_wins():
     assert arms["torchft-diloco-h25"]["iter_ms"] == pytest.approx((25 + fp32) / 25 * 1e3)
     verdict = family_verdict(arm_rows(slow), rows, 25)
     assert verdict["family"] == "pipelined DiLoCo" and verdict["h"] == 25
+    # within a family, the tied arm landing soonest: fragments 4 steps late, not the whole round 25 late
+    assert verdict["arm"] == "diloco-pipelined-int8-stream-h25" and verdict["lateness"] == 4
+    # torchft hides its fp32 fragments at 2H (τ = 9 steps) and 4H (19): the sooner landing is its best
+    assert verdict["best"]["torchft DiLoCo"]["arm"] == "torchft-streaming-h50"
+    five = Scenario(GPT, 2, Link.from_bandwidth(5e6, 1e-4), 1.0)
+    assert round_h(five) == 5
+    verdict = family_verdict(arm_rows(five), round_rows(five, 5), 5)
+    assert (verdict["arm"], verdict["h"], verdict["lateness"]) == ("diloco-pipelined-int8-stream-h10", 10, 1)
     # where every family hides its exchange, the tie goes to one that exchanges every step
     verdict = family_verdict(arm_rows(fast), round_rows(fast, 2), 2)
     assert verdict["family"] in ("DDP hook", "Pipe-SGD") and verdict["h"] is None
@@ -99,7 +107,9 @@ def test_the_map_command_says_each_h_and_the_family():
                          capture_output=True, text=True, timeout=50)
     assert out.returncode == 0, out.stderr
     assert "rounds at H = 25" in out.stdout and "torchft-streaming-h100" in out.stdout
-    assert "family: pipelined DiLoCo (diloco-pipelined-int8-h25 at H = 25" in out.stdout
+    # every pipelined arm hides its exchange here: the one whose average lands soonest wins the tie, the
+    # streaming fragments landing 4 steps after their launch, not the whole round landing 25 later
+    assert "family: pipelined DiLoCo (diloco-pipelined-int8-stream-h25 at H = 25, landing 4 steps" in out.stdout
     js = subprocess.run([sys.executable, "-m", "pipesgd.timing", "map", "--model", "gpt-shakespeare",
                          "--compute-ms", "1000", "--workers", "2", "--bandwidth", "1mbit", "--latency", "100us",
                          "--json"], capture_output=True, text=True, timeout=50)
