@@ -9,7 +9,13 @@ composed as the tool composes it (each arm's loss curve on loopback, its step ti
 evaluations at the link's median evaluation time). ``--stand-in ARM=CURVE`` prices an arm timed
 without a curve of its own on another arm's curve (said in the output). Writes ``--json`` and
 ``--plot`` (utilization against bandwidth); prints the tables. The validation records in ``--records``
-(an arm run end to end on a shaped link, ``--phase validate``) are composed against their own clocks."""
+(an arm run end to end on a shaped link, ``--phase validate``) are composed against their own clocks.
+
+``--probe DIR`` gives the model each link's rate as measured, per allreduce: the
+``pipesgd_lab.bench.allreduce`` records in DIR (one per link and algorithm, run under
+``pipesgd_lab.emulate``) of pipesgd's ring, which every pipesgd arm sends with on Gloo, and of
+Gloo's own allreduce (``native``), which DDP and torchft send with. Without it every arm is priced
+at the link's nominal rate times TCP's share of a jumbo frame."""
 
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipesgd.observability.runinfo import git_commit, write_json_atomic
-from pipesgd.timing.model import Link, compression_ratio
+from pipesgd.timing.model import Link, comm_time, compression_ratio
 from pipesgd.timing.presets import MODELS
 from pipesgd.timing.rounds import round_iter_ms
 from pipesgd.timing.scale import Scenario, arm_rows
@@ -51,9 +57,52 @@ def _setting(arm: str, key: str, default: str) -> str:
     return next((o.split("=", 1)[1] for o in ARMS[arm] if o.startswith(f"{key}=")), default)
 
 
-def predicted_ms(arm: str, link: str, compute_ms: float, latency_s: float) -> float | None:
-    """The timing model's step for ``arm`` on ``link`` at the measured compute step (None: not priced)."""
-    bw = Link.from_bandwidth(parse_rate(link) * FRAME_CEILING, latency_s)
+NATIVE_MODES = ("ddp", "torchft_diloco")
+"""The modes whose exchange is Gloo's own allreduce (DDP's buckets, torchft's Manager); every other
+arm sends with pipesgd's ring on Gloo (``comm=auto``)."""
+
+
+def algorithm(arm: str) -> str:
+    """The allreduce ``arm``'s exchange runs on this machine: ``native`` (Gloo's) or ``ring`` (pipesgd's)."""
+    return "native" if arm != compose.COMPUTE_ARM and arm_mode(arm) in NATIVE_MODES else "ring"
+
+
+def probe_links(records: Sequence[dict], latency_s: float) -> dict[tuple[str, str], Link]:
+    """(link, algorithm) -> the link as that allreduce measured it: β solved from the median of
+    a ``pipesgd_lab.bench.allreduce`` record's repetitions, priced as a ring of its ``world_size``
+    with α = ``latency_s`` (the model's cost of every allreduce here). A record without a link
+    (loopback) or with no repetitions is skipped; two records of one (link, algorithm) are refused."""
+    links: dict[tuple[str, str], Link] = {}
+    for r in records:
+        if not r.get("link") or not r.get("seconds"):
+            continue
+        key = (r["link"], r["algo"])
+        if key in links:
+            raise ValueError(f"two probe records of {r['algo']} on {r['link']}: keep one")
+        p, nbytes, t = int(r["world_size"]), float(r["bytes"]), statistics.median(r["seconds"])
+        fixed = comm_time("ring", nbytes, p, Link(latency_s, 0.0))
+        per_beta = comm_time("ring", nbytes, p, Link(0.0, 1.0))
+        if t <= fixed:
+            raise ValueError(f"probe of {r['algo']} on {r['link']}: {t} s is under its latency alone ({fixed} s)")
+        links[key] = Link(latency_s, (t - fixed) / per_beta)
+    return links
+
+
+def load_probe(folder: Path) -> list[dict]:
+    """Every ``allreduce.json`` record below ``folder`` (the allreduce bench's, one per link and algorithm)."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"probe folder {folder} does not exist")
+    records = [json.loads(f.read_text()) for f in sorted(folder.rglob("*.json"))]
+    return [r for r in records if isinstance(r, dict) and r.get("algo") is not None]
+
+
+def predicted_ms(arm: str, link: str, compute_ms: float, latency_s: float,
+                 measured: dict[tuple[str, str], Link] | None = None) -> float | None:
+    """The timing model's step for ``arm`` on ``link`` at the measured compute step (None: not
+    priced): at the rate its allreduce measured on that link where ``measured`` has it
+    (:func:`probe_links`), else at the nominal rate times TCP's share of a frame."""
+    bw = (measured or {}).get((link, algorithm(arm))) or Link.from_bandwidth(parse_rate(link) * FRAME_CEILING,
+                                                                             latency_s)
     h = sync_every(arm)
     if h > 1:
         compressor = _setting(arm, "compressor", "none")
@@ -79,7 +128,8 @@ def _bytes_per_step(row: dict) -> float | None:
     return row["sent_bytes"] * (int(_setting(arm, "trainer.fragments", "1")) / sync_every(arm) if arm in ARMS else 1.0)
 
 
-def link_rows(rows: Sequence[dict], latency_s: float) -> dict[str, list[dict]]:
+def link_rows(rows: Sequence[dict], latency_s: float,
+              measured: dict[tuple[str, str], Link] | None = None) -> dict[str, list[dict]]:
     """Per link, one row per timed arm: step_ms, compute_ms (the run's own median forward + backward),
     utilization (compute_ms over step_ms, the run's compute-alone step over its step), vs_compute
     (the compute-alone arm's step over this one's), bytes_per_step, predicted_ms (the model at
@@ -99,9 +149,10 @@ def link_rows(rows: Sequence[dict], latency_s: float) -> dict[str, list[dict]]:
         for arm, ms in block["step_ms"].items():
             ddp = arm != compose.COMPUTE_ARM and arm_mode(arm) == "ddp"
             compute = statistics.median(others if ddp and others else computed[arm])
-            predicted = predicted_ms(arm, link, compute, latency_s) if arm != compose.COMPUTE_ARM else None
+            predicted = predicted_ms(arm, link, compute, latency_s, measured) if arm != compose.COMPUTE_ARM else None
             values = [b for b in sent.get(arm, []) if b is not None]
-            table.append({"arm": arm, "sync_every": sync_every(arm), "step_ms": ms, "compute_ms": compute,
+            table.append({"arm": arm, "sync_every": sync_every(arm), "algorithm": algorithm(arm), "step_ms": ms,
+                          "compute_ms": compute,
                           "utilization": compute / ms, "vs_compute": alone / ms if alone else None,
                           "bytes_per_step": statistics.median(values) if values else None,
                           "predicted_ms": predicted, "error": None if predicted is None else (predicted - ms) / ms,
@@ -162,8 +213,10 @@ def final_losses(runs: Sequence[dict]) -> dict[str, dict]:
 
 
 def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str], latency_s: float,
-          checks: Sequence[dict] = ()) -> dict:
-    """The study's result: per link the arm rows and the composed times to sync's final loss + 1 %."""
+          checks: Sequence[dict] = (), probe: Sequence[dict] = ()) -> dict:
+    """The study's result: per link the arm rows and the composed times to sync's final loss + 1 %;
+    ``probe``: allreduce records that give the model each link's measured rate (:func:`probe_links`)."""
+    measured = probe_links(probe, latency_s)
     finals: dict[str, list[float]] = {}
     for r in runs:
         finals.setdefault(r["name"], []).append(r["final"])
@@ -175,7 +228,7 @@ def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str],
     priced = [*runs, *({**r, "name": arm} for arm, curve in stand_ins.items() for r in runs if r["name"] == curve)]
     by_link = timing_by_link(list(rows))
     links = {}
-    for link, table in link_rows(rows, latency_s).items():
+    for link, table in link_rows(rows, latency_s, measured).items():
         block = by_link[link]
         ms = {r["arm"]: r["step_ms"] for r in table}
         composed = compose.compose_link(priced, ms, block["eval_s"], WARMUP_STEPS, {"target": target, **targets},
@@ -183,7 +236,9 @@ def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str],
                                         metric=compose.LOSS)
         links[link] = {"arms": table, "eval_s": block["eval_s"], "time_to_target_s": composed["time_to_target_s"],
                        "time_s": {name: composed["targets"][name]["time_s"] for name in targets},
-                       "unpriced": composed["unpriced"], "measured": block["measured"], "commits": block["commits"]}
+                       "unpriced": composed["unpriced"], "measured": block["measured"], "commits": block["commits"],
+                       "rate_bit_s": {algo: measured[(link, algo)].bits_per_second for algo in ("ring", "native")
+                                      if (link, algo) in measured}}
     return {"recipe": "gpt_shakespeare", "steps": sorted({r["steps"] for r in runs}), "target_loss": target,
             "targets": targets,
             "final_loss": final_losses(runs),
@@ -210,7 +265,9 @@ def tables(result: dict) -> str:
             lines.append(f"| {arm} | " + " | ".join(_fmt(None if block["time_s"][n][arm] is None
                                                          else block["time_s"][n][arm] / 60, "{:.1f}") for n in names) + " |")
     for link, block in result["links"].items():
-        lines += ["", f"{link} (evaluation {block['eval_s']:.1f} s)", "",
+        rates = ", ".join(f"{algo} {bits / 1e6:.3g} Mbit/s" for algo, bits in (block.get("rate_bit_s") or {}).items())
+        lines += ["", f"{link} (evaluation {block['eval_s']:.1f} s" + (f"; the model's rate, as probed: {rates}" if rates
+                                                                       else "") + ")", "",
                   "| arm | H | step s | compute s | utilization | MB/step | predicted s | error | to target |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(block["arms"], key=lambda r: r["step_ms"]):
@@ -277,6 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stand-in", action="append", default=[], metavar="ARM=CURVE",
                    help="price ARM's step on CURVE's loss curve (an arm timed without a curve of its own)")
     p.add_argument("--latency", default="100us", help="α the model is given (default 100us)")
+    p.add_argument("--probe", type=Path, default=None,
+                   help="a folder of pipesgd_lab.bench.allreduce records (ring and native on each link): the "
+                        "model prices each arm at the rate its allreduce measured there")
     a = p.parse_args(argv)
     stand_ins = dict(s.split("=", 1) for s in a.stand_in if "=" in s)
     bad = [s for s in a.stand_in if "=" not in s] + [k for k in stand_ins if k not in ARMS]
@@ -284,8 +344,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"argument --stand-in: {bad}: ARM=CURVE, ARM one of the study's arms")
     if not a.timing.exists():
         p.error(f"argument --timing: {a.timing} does not exist (the tool's --phase timing writes it)")
-    result = study(json.loads(a.timing.read_text()), load_curves(a.records), stand_ins, parse_latency(a.latency),
-                   validations(a.records))
+    latency = parse_latency(a.latency)
+    try:
+        probe = load_probe(a.probe) if a.probe is not None else []
+        probe_links(probe, latency)
+    except (FileNotFoundError, ValueError) as e:
+        p.error(f"argument --probe: {e}")
+    result = study(json.loads(a.timing.read_text()), load_curves(a.records), stand_ins, latency,
+                   validations(a.records), probe)
     write_json_atomic(a.json, result)
     if str(a.plot) not in ("", "."):
         plot(result, a.plot)
