@@ -73,6 +73,22 @@ def round_step_s(fragment_exchange_s: float, compute_s: float, update_s: float, 
     return ((period - delay) * compute_s + beside + period * update_s) / period
 
 
+def hides(fragment_exchange_s: float, compute_s: float, sync_every: int, width: int = 1, fragments: int = 1,
+          sync_delay: int = 0, fill: float = FILL) -> bool:
+    """Whether a round's exchanges hide under compute with ``fill`` of it to spare for the steps'
+    jitter: pipelined (width >= 2, no delay), the F fragments' exchanges within ``fill`` of the
+    round's compute; landing τ steps after the launch (``sync_delay``), one fragment's within
+    ``fill`` of τ steps; a blocking round (width 1, no delay) never hides. A schedule that fits
+    with no margin is not hidden: each landing waits for the slower replica, and the jitter of τ
+    steps is what a fragment has to spare (docs/period-h.md measures it)."""
+    check_schedule(sync_every, fragments, sync_delay)
+    _check("fragment_exchange_s", fragment_exchange_s)
+    _check("compute_s", compute_s)
+    if sync_delay:
+        return fragment_exchange_s <= fill * sync_delay * compute_s
+    return width >= 2 and fragments * fragment_exchange_s <= fill * sync_every * compute_s
+
+
 def round_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link, compute_s: float,
                   update_s: float = 0.0, width: int = 1, ratio: float = 1.0, compress_s_per_byte: float = 0.0, *,
                   sync_every: int, fragments: int = 1, sync_delay: int = 0, overlap_slowdown: float = 1.0,

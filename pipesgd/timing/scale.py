@@ -38,7 +38,7 @@ from .model import (
     predict_iter_ms,
 )
 from .presets import BACKWARD_SHARE, Shape
-from .rounds import round_iter_ms, smallest_h, streaming_schedule
+from .rounds import hides, round_iter_ms, smallest_h, streaming_schedule
 
 PIPELINE_WIDTH = 2
 """The width the map runs a pipelined mode (``trainer.width``) at: Pipe-SGD's K = 2, the width at
@@ -319,9 +319,11 @@ def round_rows(s: Scenario, h: int) -> list[dict]:
             ms = round_iter_ms(mode, "ring", s.nbytes, s.p, s.link, s.compute_s, s.update_s, width, ratio, kappa,
                                sync_every=every, fragments=fragments, sync_delay=delay,
                                overlap_slowdown=s.overlap_slowdown)
+            exchange = comm_time("ring", s.nbytes / fragments, s.p, s.link, ratio, kappa)
             rows.append({"arm": f"{family}-h{every}", "family": family, "mode": mode, "width": width,
                          "compressor": compressor, "sync_every": every, "fragments": fragments, "sync_delay": delay,
-                         "iter_ms": ms, "utilization": (s.compute_s + s.update_s) * 1e3 / ms if ms else 1.0})
+                         "iter_ms": ms, "utilization": (s.compute_s + s.update_s) * 1e3 / ms if ms else 1.0,
+                         "hidden": hides(exchange, s.compute_s + s.update_s, every, width, fragments, delay)})
     return rows
 
 
@@ -347,8 +349,10 @@ def lateness(row: dict) -> int:
 def family_verdict(step_rows: Sequence[dict], rounds: Sequence[dict], h: int | None) -> dict:
     """Which family's fastest arm has the shortest step (the per-step arms and the round arms at
     ``h`` together): {family, arm, iter_ms, h (None for a per-step family), lateness}, and each
-    family's best. Within a family, the arms within :data:`TIE` of its fastest tie and the one whose
-    average lands soonest after its launch wins (:func:`lateness`, then the shorter round): on the
+    family's best. Within a family, the arms within :data:`TIE` of its fastest tie, and of those the
+    ones that hide their exchange with a margin (``hidden``,
+    :func:`~pipesgd.timing.rounds.hides`) before those that only just fit, then the one whose
+    average lands soonest after its launch (:func:`lateness`, then the shorter round): on the
     GPT recipe a fragment landing one step late ends 1 % over sync and one landing a round late 9 %
     (docs/period-h.md). Families within :data:`TIE` of the fastest tie, and the one with the
     shortest period wins (a per-step family before any with rounds, then :data:`FAMILIES`' order):
@@ -363,7 +367,7 @@ def family_verdict(step_rows: Sequence[dict], rounds: Sequence[dict], h: int | N
     for family, rows in members.items():
         quickest = min(r["iter_ms"] for r in rows)
         row = min((r for r in rows if r["iter_ms"] <= quickest * (1 + TIE)),
-                  key=lambda r: (lateness(r), r.get("sync_every", 1), r["iter_ms"]))
+                  key=lambda r: (not r.get("hidden", True), lateness(r), r.get("sync_every", 1), r["iter_ms"]))
         best[family] = {"arm": row["arm"], "iter_ms": row["iter_ms"], "h": row.get("sync_every"),
                         "lateness": lateness(row)}
     fastest = min((b["iter_ms"] for b in best.values()), default=None)

@@ -6,7 +6,9 @@
 
 Arguments are ``key=value`` (so it runs unchanged under pipesgd_lab.emulate, which appends
 ``hydra.run.dir=DIR``): algo (a registered pipesgd.comm allreduce), bytes, repeats, warmup, nproc (local
-workers when not under torchrun/emulate), hydra.run.dir. Each repetition starts after a barrier;
+workers when not under torchrun/emulate), hydra.run.dir, and tensors (a model preset of
+pipesgd.timing.presets, e.g. ``tensors=gpt-shakespeare``: instead of one buffer of ``bytes``, one
+allreduce per parameter tensor of that model, in turn, as torchft's DiLoCo sends its pseudo-gradient). Each repetition starts after a barrier;
 its time is the slowest rank's (the collective is done when the last rank has its sum). Rank 0
 writes ``DIR/allreduce.json`` with every repetition's seconds.
 """
@@ -14,13 +16,14 @@ writes ``DIR/allreduce.json`` with every repetition's seconds.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
 from pathlib import Path
 
 log = logging.getLogger("pipesgd_lab.bench.allreduce")
-KEYS = ("algo", "bytes", "repeats", "warmup", "nproc", "hydra.run.dir")
+KEYS = ("algo", "bytes", "repeats", "warmup", "nproc", "tensors", "hydra.run.dir")
 
 
 def parse(argv: list[str]) -> dict[str, str]:
@@ -34,7 +37,18 @@ def parse(argv: list[str]) -> dict[str, str]:
     return opts
 
 
-def _worker(algo: str, nbytes: int, repeats: int, warmup: int, out: str) -> None:
+def _buffers(nbytes: int, model: str | None) -> list:
+    """One fp32 buffer of ``nbytes``, or one per parameter tensor of the preset ``model``."""
+    import torch
+
+    if model is None:
+        return [torch.ones(max(nbytes // 4, 1))]
+    from pipesgd.timing.presets import MODELS
+
+    return [torch.ones(math.prod(shape)) for shape in MODELS[model].shapes]
+
+
+def _worker(algo: str, nbytes: int, repeats: int, warmup: int, out: str, model: str | None = None) -> None:
     import torch
     import torch.distributed as dist
 
@@ -46,15 +60,17 @@ def _worker(algo: str, nbytes: int, repeats: int, warmup: int, out: str) -> None
     fn = get_allreduce(algo)
     ctx = pdist.init("gloo")
     try:
-        tensor = torch.ones(max(nbytes // 4, 1))
+        tensors = _buffers(nbytes, model)
         for _ in range(warmup):
-            fn(tensor, None, ctx.comm_group)
+            for tensor in tensors:
+                fn(tensor, None, ctx.comm_group)
         mine = []
         cpu0, wall0 = os.times(), time.perf_counter()
         for _ in range(repeats):
             dist.barrier()
             t0 = time.perf_counter()
-            fn(tensor, None, ctx.comm_group)
+            for tensor in tensors:
+                fn(tensor, None, ctx.comm_group)
             mine.append(time.perf_counter() - t0)
         # This process's CPU (all its threads, Gloo's included; kernel work done in its context
         # counts as system time) per second of the timed loop: what a reduction takes from compute.
@@ -67,7 +83,8 @@ def _worker(algo: str, nbytes: int, repeats: int, warmup: int, out: str) -> None
         if ctx.is_main:
             Path(out).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(out, {
-                "algo": algo, "bytes": 4 * tensor.numel(), "world_size": ctx.world_size,
+                "algo": algo, "bytes": 4 * sum(t.numel() for t in tensors), "tensors": len(tensors), "model": model,
+                "world_size": ctx.world_size,
                 "link": os.environ.get("PIPESGD_EMULATED_LINK", "loopback"), "repeats": repeats,
                 "warmup": warmup, "seconds": [max(rank[i] for rank in everyone) for i in range(repeats)],
                 "seconds_per_rank": everyone, "cpu_cores_per_rank": cpu,
@@ -79,6 +96,7 @@ def _worker(algo: str, nbytes: int, repeats: int, warmup: int, out: str) -> None
 def main(argv: list[str]) -> int:
     from pipesgd import launch
     from pipesgd.comm import REGISTRY
+    from pipesgd.timing.presets import MODELS
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -90,12 +108,15 @@ def main(argv: list[str]) -> int:
         warmup, nproc = int(opts.get("warmup", 2)), int(opts.get("nproc", 2))
         if nbytes < 4 or repeats < 1 or warmup < 0 or nproc < 2:
             raise ValueError(f"need bytes >= 4, repeats >= 1, warmup >= 0, nproc >= 2; got {opts}")
+        model = opts.get("tensors")
+        if model is not None and model not in MODELS:
+            raise ValueError(f"tensors={model!r} is not a model preset; allowed: {', '.join(sorted(MODELS))}")
     except ValueError as e:
         log.error("%s", e)
         return 2
     out = os.path.abspath(os.path.join(opts.get("hydra.run.dir", "."), "allreduce.json"))
     try:
-        launch.run(_worker, (algo, nbytes, repeats, warmup, out), nproc=nproc)
+        launch.run(_worker, (algo, nbytes, repeats, warmup, out, model), nproc=nproc)
     except launch.WorkerFailed as e:
         log.error("%s", e)
         return 1

@@ -11,11 +11,13 @@ without a curve of its own on another arm's curve (said in the output). Writes `
 ``--plot`` (utilization against bandwidth); prints the tables. The validation records in ``--records``
 (an arm run end to end on a shaped link, ``--phase validate``) are composed against their own clocks.
 
-``--probe DIR`` gives the model each link's rate as measured, per allreduce: the
-``pipesgd_lab.bench.allreduce`` records in DIR (one per link and algorithm, run under
-``pipesgd_lab.emulate``) of pipesgd's ring, which every pipesgd arm sends with on Gloo, and of
-Gloo's own allreduce (``native``), which DDP and torchft send with. Without it every arm is priced
-at the link's nominal rate times TCP's share of a jumbo frame."""
+``--probe DIR`` gives the model each link's rate as measured, per way of sending: the
+``pipesgd_lab.bench.allreduce`` records in DIR (one per link and way, run under
+``pipesgd_lab.emulate``) of pipesgd's ring, which every pipesgd arm sends with on Gloo, of Gloo's
+own allreduce on one buffer (``native``), which DDP's bucket is, and of Gloo's allreduce once per
+parameter tensor (``native-tensors``, the bench's ``tensors=gpt-shakespeare``), which torchft's
+DiLoCo does. Without it every arm is priced at the link's nominal rate times TCP's share of a
+jumbo frame."""
 
 from __future__ import annotations
 
@@ -57,33 +59,42 @@ def _setting(arm: str, key: str, default: str) -> str:
     return next((o.split("=", 1)[1] for o in ARMS[arm] if o.startswith(f"{key}=")), default)
 
 
-NATIVE_MODES = ("ddp", "torchft_diloco")
-"""The modes whose exchange is Gloo's own allreduce (DDP's buckets, torchft's Manager); every other
-arm sends with pipesgd's ring on Gloo (``comm=auto``)."""
+SENDS = {"ddp": "native", "torchft_diloco": "native-tensors"}
+"""Mode -> how its exchange is sent, where it is not pipesgd's ring on Gloo (``comm=auto``): DDP's
+bucket (one buffer: this model fits one) through Gloo's allreduce, torchft's pseudo-gradient through
+Gloo's allreduce once per parameter tensor (its DiLoCo's default, ``use_bucketization=False``)."""
 
 
 def algorithm(arm: str) -> str:
-    """The allreduce ``arm``'s exchange runs on this machine: ``native`` (Gloo's) or ``ring`` (pipesgd's)."""
-    return "native" if arm != compose.COMPUTE_ARM and arm_mode(arm) in NATIVE_MODES else "ring"
+    """How ``arm``'s exchange is sent on this machine: ``ring`` (pipesgd's), ``native`` (Gloo's
+    allreduce, one buffer) or ``native-tensors`` (Gloo's, one call per parameter tensor)."""
+    return "ring" if arm == compose.COMPUTE_ARM else SENDS.get(arm_mode(arm), "ring")
+
+
+def _way(record: dict) -> str:
+    """The :func:`algorithm` name of an allreduce bench record: its algo, ``-tensors`` where it sent
+    a model's tensors one by one."""
+    return record["algo"] + ("-tensors" if (record.get("tensors") or 1) > 1 else "")
 
 
 def probe_links(records: Sequence[dict], latency_s: float) -> dict[tuple[str, str], Link]:
-    """(link, algorithm) -> the link as that allreduce measured it: β solved from the median of
-    a ``pipesgd_lab.bench.allreduce`` record's repetitions, priced as a ring of its ``world_size``
-    with α = ``latency_s`` (the model's cost of every allreduce here). A record without a link
-    (loopback) or with no repetitions is skipped; two records of one (link, algorithm) are refused."""
+    """(link, way) -> the link as that way of sending measured it (:func:`algorithm`'s names): β
+    solved from the median of a ``pipesgd_lab.bench.allreduce`` record's repetitions, priced as one
+    ring of its ``world_size`` over all its bytes with α = ``latency_s`` (the model's cost of every
+    exchange here; ``loopback`` too). A record without a link or with no repetitions is skipped; two
+    records of one (link, way) are refused."""
     links: dict[tuple[str, str], Link] = {}
     for r in records:
         if not r.get("link") or not r.get("seconds"):
             continue
-        key = (r["link"], r["algo"])
+        key = (r["link"], _way(r))
         if key in links:
-            raise ValueError(f"two probe records of {r['algo']} on {r['link']}: keep one")
+            raise ValueError(f"two probe records of {key[1]} on {key[0]}: keep one")
         p, nbytes, t = int(r["world_size"]), float(r["bytes"]), statistics.median(r["seconds"])
         fixed = comm_time("ring", nbytes, p, Link(latency_s, 0.0))
         per_beta = comm_time("ring", nbytes, p, Link(0.0, 1.0))
         if t <= fixed:
-            raise ValueError(f"probe of {r['algo']} on {r['link']}: {t} s is under its latency alone ({fixed} s)")
+            raise ValueError(f"probe of {key[1]} on {key[0]}: {t} s is under its latency alone ({fixed} s)")
         links[key] = Link(latency_s, (t - fixed) / per_beta)
     return links
 
@@ -100,9 +111,12 @@ def predicted_ms(arm: str, link: str, compute_ms: float, latency_s: float,
                  measured: dict[tuple[str, str], Link] | None = None) -> float | None:
     """The timing model's step for ``arm`` on ``link`` at the measured compute step (None: not
     priced): at the rate its allreduce measured on that link where ``measured`` has it
-    (:func:`probe_links`), else at the nominal rate times TCP's share of a frame."""
-    bw = (measured or {}).get((link, algorithm(arm))) or Link.from_bandwidth(parse_rate(link) * FRAME_CEILING,
-                                                                             latency_s)
+    (:func:`probe_links`), else at the nominal rate times TCP's share of a frame (loopback has no
+    nominal rate: not priced without a probe)."""
+    bw = (measured or {}).get((link, algorithm(arm)))
+    if bw is None and link == "loopback":
+        return None
+    bw = bw or Link.from_bandwidth(parse_rate(link) * FRAME_CEILING, latency_s)
     h = sync_every(arm)
     if h > 1:
         compressor = _setting(arm, "compressor", "none")
@@ -237,8 +251,8 @@ def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str],
         links[link] = {"arms": table, "eval_s": block["eval_s"], "time_to_target_s": composed["time_to_target_s"],
                        "time_s": {name: composed["targets"][name]["time_s"] for name in targets},
                        "unpriced": composed["unpriced"], "measured": block["measured"], "commits": block["commits"],
-                       "rate_bit_s": {algo: measured[(link, algo)].bits_per_second for algo in ("ring", "native")
-                                      if (link, algo) in measured}}
+                       "rate_bit_s": {way: measured[(link, way)].bits_per_second
+                                      for way in ("ring", "native", "native-tensors") if (link, way) in measured}}
     return {"recipe": "gpt_shakespeare", "steps": sorted({r["steps"] for r in runs}), "target_loss": target,
             "targets": targets,
             "final_loss": final_losses(runs),
@@ -294,7 +308,7 @@ def plot(result: dict, path: Path) -> None:
 
     series: dict[str, list[tuple[float, float]]] = {}
     for link, block in result["links"].items():
-        for r in block["arms"]:
+        for r in block["arms"] if link != "loopback" else ():  # the plot's axis is the link's rate
             if r["arm"] != compose.COMPUTE_ARM and r["utilization"] is not None:
                 family = r["arm"].rsplit("-h", 1)[0] if r["sync_every"] > 1 else r["arm"]
                 label = f"{family} (H {r['sync_every']})" if r["sync_every"] > 1 else family

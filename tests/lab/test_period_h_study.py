@@ -122,27 +122,34 @@ def test_every_period_h_arm_composes_on_the_gpt_recipe_and_passes_the_checks(arm
         assert outer.defaults["lr"] == 1.0 and outer.defaults["momentum"] == 0.0 and not outer.defaults["nesterov"]
 
 
-def _probe(link, algo, seconds, nbytes=4_956_160):
-    return {"algo": algo, "bytes": nbytes, "world_size": 2, "link": link, "seconds": seconds}
+def _probe(link, algo, seconds, nbytes=4_956_160, tensors=1):
+    return {"algo": algo, "bytes": nbytes, "tensors": tensors, "world_size": 2, "link": link, "seconds": seconds}
 
 
 def test_a_probe_prices_each_arm_at_the_rate_its_own_allreduce_measured_on_the_link(tmp_path):
     rows = [_row("compute", "5mbit", [1000.0] * 10), _row("torchft-diloco-h5", "5mbit", [2800.0] * 10),
-            _row("diloco-blocking-int8-h5", "5mbit", [1400.0] * 10)]
+            _row("diloco-blocking-int8-h5", "5mbit", [1400.0] * 10), _row("ddp-fp16", "5mbit", [4800.0] * 8)]
     runs = _curve("sync", [2.0])
     nominal = {r["arm"]: r for r in period_h.study(rows, runs, {}, 1e-4)["links"]["5mbit"]["arms"]}
-    # Gloo's allreduce of the 4.96 MB fp32 model took 8.5 s on the link, pipesgd's ring 8.0 s
+    # the 4.96 MB fp32 model on the link: pipesgd's ring 8.0 s, Gloo's allreduce 8.5 s in one buffer and
+    # 9.5 s sent tensor by tensor (the GPT's 76), as torchft sends it
     probe = [_probe("5mbit", "native", [8.4, 8.5, 8.6]), _probe("5mbit", "ring", [8.0, 8.0]),
-             _probe(None, "ring", [0.01])]  # loopback: no link to calibrate
+             _probe("5mbit", "native", [9.5], tensors=76), _probe(None, "ring", [0.01])]  # no link: not a probe
     result = period_h.study(rows, runs, {}, 1e-4, probe=probe)
     arms = {r["arm"]: r for r in result["links"]["5mbit"]["arms"]}
-    assert arms["torchft-diloco-h5"]["algorithm"] == "native" and arms["diloco-blocking-int8-h5"]["algorithm"] == "ring"
-    # torchft's fp32 round: five steps of compute and the 8.5 s its allreduce took, per step
-    assert arms["torchft-diloco-h5"]["predicted_ms"] == pytest.approx((5 * 1000 + 8500) / 5, rel=1e-3)
+    assert [arms[a]["algorithm"] for a in ("torchft-diloco-h5", "ddp-fp16", "diloco-blocking-int8-h5")] == [
+        "native-tensors", "native", "ring"]
+    # torchft's fp32 round: five steps of compute and the 9.5 s its tensors took, per step
+    assert arms["torchft-diloco-h5"]["predicted_ms"] == pytest.approx((5 * 1000 + 9500) / 5, rel=1e-3)
     assert arms["torchft-diloco-h5"]["predicted_ms"] > nominal["torchft-diloco-h5"]["predicted_ms"]
     int8 = 8000 / period_h.compression_ratio("int8", period_h.MODEL.params, 2)  # the ring's rate, a quarter of the bytes
     assert arms["diloco-blocking-int8-h5"]["predicted_ms"] == pytest.approx((5 * 1000 + int8) / 5, rel=1e-3)
-    assert result["links"]["5mbit"]["rate_bit_s"]["native"] == pytest.approx(4_956_160 * 8 / 8.5, rel=1e-3)
+    # DDP's fp16 bucket at Gloo's one-buffer rate: slower than at the nominal one, by 8.5 / 8.0 at most
+    ratio = arms["ddp-fp16"]["predicted_ms"] / nominal["ddp-fp16"]["predicted_ms"]
+    assert 1.0 < ratio < 8.5 / 7.99
+    rates = result["links"]["5mbit"]["rate_bit_s"]
+    assert rates["native"] == pytest.approx(4_956_160 * 8 / 8.5, rel=1e-3) and set(rates) == {
+        "ring", "native", "native-tensors"}
     assert "native 4.66 Mbit/s" in period_h.tables(result)
     with pytest.raises(ValueError, match="two probe records of ring on 5mbit"):
         period_h.probe_links([_probe("5mbit", "ring", [8.0])] * 2, 1e-4)
@@ -154,3 +161,16 @@ def test_a_probe_prices_each_arm_at_the_rate_its_own_allreduce_measured_on_the_l
     with pytest.raises(SystemExit):
         period_h.main(["--timing", str(timing), "--probe", str(tmp_path / "nowhere"), "--json", str(tmp_path / "s.json")])
     assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.timeout(120)
+def test_the_allreduce_probe_sends_a_models_tensors_one_by_one(tmp_path):
+    from pipesgd_lab.bench import allreduce
+
+    assert allreduce.main(["algo=native", "repeats=1", "warmup=0", "tensors=gpt-shakespeare",
+                           f"hydra.run.dir={tmp_path}"]) == 0
+    record = json.loads((tmp_path / "allreduce.json").read_text())
+    assert (record["tensors"], record["bytes"], record["model"]) == (76, 4_956_160, "gpt-shakespeare")
+    assert len(record["seconds"]) == 1 and record["seconds"][0] > 0
+    assert allreduce.main(["algo=native", "tensors=gpt-7b", f"hydra.run.dir={tmp_path / 'bad'}"]) == 2
+    assert not (tmp_path / "bad").exists()

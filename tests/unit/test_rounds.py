@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pipesgd.timing.model import Link, comm_time, compression_ratio, predict_iter_ms
-from pipesgd.timing.rounds import check_schedule, round_iter_ms, round_step_s, smallest_h, streaming_schedule
+from pipesgd.timing.rounds import check_schedule, hides, round_iter_ms, round_step_s, smallest_h, streaming_schedule
 from pipesgd.timing.scale import Scenario, arm_rows, family_verdict, round_h, round_rows
 
 GPT = 1_240_000
@@ -116,3 +116,28 @@ def test_the_map_command_says_each_h_and_the_family():
     data = json.loads(js.stdout)
     assert data["family"]["family"] == "pipelined DiLoCo" and data["family"]["h_rule"] == 25
     assert len(data["rounds"]) == 11  # pipelined, blocking; torchft blocking, streaming, pipelined streaming at 3 H
+
+
+def test_a_schedule_hides_only_with_a_margin_for_the_steps_jitter():
+    # landing 4 steps late: a 2.1 s fragment fits 4 steps of 0.55 s (2.2 s) but not with 10 % to spare
+    assert not hides(2.1, 0.55, 25, width=2, fragments=5, sync_delay=4)
+    assert hides(2.1, 1.0, 25, width=2, fragments=5, sync_delay=4)
+    assert hides(2.1, 0.55, 50, width=2, fragments=5, sync_delay=9)
+    # pipelined rounds: all F fragments' exchanges within the round's compute; blocking never hides
+    assert hides(10.5, 0.55, 25, width=2) and not hides(10.5, 0.40, 25, width=2)
+    assert not hides(0.0, 1.0, 25, width=1)
+    with pytest.raises(ValueError, match="sync_delay"):
+        hides(1.0, 1.0, 10, width=2, fragments=5, sync_delay=2)
+
+
+def test_on_a_faster_step_the_map_lands_later_rather_than_wait():
+    # the GPT at 1 Mbit/s with 0.55 s of compute a step: five int8 fragments landing 4 steps late only
+    # just fit (no margin), so the pipelined family's best lands 9 steps late at 2H
+    fast = Scenario(GPT, 2, Link.from_bandwidth(1e6, 1e-4), 0.55)
+    h = round_h(fast)
+    rows = round_rows(fast, h)
+    arms = {r["arm"]: r for r in rows}
+    assert h == 25 and not arms["diloco-pipelined-int8-stream-h25"]["hidden"]
+    assert arms["diloco-pipelined-int8-stream-h50"]["hidden"]
+    verdict = family_verdict(arm_rows(fast), rows, h)
+    assert verdict["best"]["pipelined DiLoCo"]["arm"] == "diloco-pipelined-int8-stream-h50"
