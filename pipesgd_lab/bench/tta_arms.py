@@ -85,6 +85,11 @@ def _diloco_arms() -> dict[str, tuple[str, ...]]:
             arms[f"torchft-streaming-h{h}"] = ("trainer.mode=torchft_diloco", "staleness=none", "compressor=none",
                                                every, f"trainer.fragments={fragments}", f"trainer.sync_delay={delay}",
                                                *_ROUNDS, _BOTH)
+        if fragments > 1:
+            # the fragments alone, blocking (width 1, no delay): what streaming costs before any lateness
+            arms[f"diloco-fragments-int8-h{h}"] = ("trainer.mode=sync", "trainer.width=1", "staleness=none",
+                                                   "compressor=int8", every, f"trainer.fragments={fragments}",
+                                                   *_ROUNDS)
         if delay >= 1:
             # pipesgd's own streaming on torchft's schedule at this H (F fragments, each round's average
             # landing τ steps after its launch, the steps since kept), int8 in the ring, under each rule
