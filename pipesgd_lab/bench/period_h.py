@@ -273,6 +273,8 @@ def tables(result: dict) -> str:
                      f"{f['seeds']} |")
     names = list(result["targets"])
     for link, block in result["links"].items():
+        if link == "loopback":  # timed for what a sync costs beyond its bytes; nobody trains across it here
+            continue
         lines += ["", f"{link}: minutes to sync's final loss plus " + ", ".join(names), "",
                   "| arm | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
         for arm in sorted(block["time_s"][names[0]], key=lambda a: [block["time_s"][n][a] or 1e12 for n in names][::-1]):

@@ -174,3 +174,16 @@ def test_the_allreduce_probe_sends_a_models_tensors_one_by_one(tmp_path):
     assert len(record["seconds"]) == 1 and record["seconds"][0] > 0
     assert allreduce.main(["algo=native", "tensors=gpt-7b", f"hydra.run.dir={tmp_path / 'bad'}"]) == 2
     assert not (tmp_path / "bad").exists()
+
+
+def test_loopback_rows_price_only_from_a_probe_and_stay_out_of_the_time_tables():
+    rows = [_row("compute", "loopback", [600.0] * 8), _row("torchft-diloco-h2", "loopback", [600.0, 700.0] * 4),
+            _row("compute", "5mbit", [1000.0] * 10)]
+    runs = _curve("sync", [2.0]) + _curve("torchft-diloco-h2", [2.5])
+    plain = {r["arm"]: r for r in period_h.study(rows, runs, {}, 1e-4)["links"]["loopback"]["arms"]}
+    assert plain["torchft-diloco-h2"]["predicted_ms"] is None  # no nominal rate to price it at
+    result = period_h.study(rows, runs, {}, 1e-4, probe=[_probe("loopback", "native", [0.1], tensors=76)])
+    arms = {r["arm"]: r for r in result["links"]["loopback"]["arms"]}
+    assert arms["torchft-diloco-h2"]["predicted_ms"] == pytest.approx((2 * 1000 + 100) / 2, rel=1e-2)
+    text = period_h.tables(result)
+    assert "loopback (evaluation" in text and "loopback: minutes" not in text and "5mbit: minutes" in text
