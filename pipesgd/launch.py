@@ -77,7 +77,7 @@ def run(fn: Callable[..., object], args: tuple, nproc: int, max_restarts: int = 
     )
     multiprocessing.set_forkserver_preload(PRELOAD)  # read only by the forkserver start method
     try:
-        with _reap_stopped_workers():
+        with _own_signal_handlers(), _reap_stopped_workers():
             elastic_launch(config, fn)(*args)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
@@ -124,6 +124,24 @@ def has_exited(pid: int) -> bool:
     """Gone, or a zombie its parent has not reaped yet: ``os.kill(pid, 0)`` still finds a zombie, whose
     sockets and memory are released all the same. True where /proc cannot say (not Linux)."""
     return process_state(pid) in (None, "Z", "X")
+
+
+# torch's elastic agent installs its own handlers for these and leaves them behind when it returns.
+_AGENT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+                       if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """Give the caller's signal handlers back once the launch returns or fails, so that a training loop
+    which called ``pipesgd.launch`` still handles Ctrl-C and SIGTERM its own way afterwards."""
+    saved = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:  # None: installed outside Python, nothing to restore to
+                signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
