@@ -201,7 +201,9 @@ def validations(records: Path) -> list[dict]:
         step_ms = block["step_ms"][v["arm"]]
         row = compose.validation_row(v["arm"], v["link"], v["curve"], v["eval_elapsed_s"], None, step_ms,
                                      block["eval_s"], metric=compose.LOSS)
+        window = sorted({(r.get("window") or {}).get("steps") for r in rows} - {None})
         out.append(row | {"step_ms": step_ms, "eval_s": block["eval_s"], "bracket_runs": len(rows),
+                          "bracket_steps": window[0] if len(window) == 1 else None,
                           "within": None if row["rel_error"] is None else abs(row["rel_error"]) <= compose.VALIDATION_GOAL,
                           "record": path.name})
     return out
@@ -295,9 +297,12 @@ def tables(result: dict) -> str:
                          f"| {_fmt(r['error'], '{:+.1%}')} | {'not reached' if t is None and r['arm'] in block['time_to_target_s'] else _fmt(None if t is None else t / 60, '{:.1f} min')} |")
     if result.get("validations"):
         lines += ["", f"end to end on a shaped link against the composition (within {compose.VALIDATION_GOAL:.0%})", "",
-                  "| arm | link | steps | step s (bracket) | composed s | measured s | error |", "|---|---|---|---|---|---|---|"]
+                  "| arm | link | steps | bracket: runs × steps timed | step s (bracket) | composed s | measured s | error |",
+                  "|---|---|---|---|---|---|---|---|"]
         for v in result["validations"]:
-            lines.append(f"| {v['arm']} | {v['link']} | {v['at_step']} | {v['step_ms'] / 1e3:.3f} | {_fmt(v['composed_s'], '{:.1f}')} "
+            bracket = f"{v['bracket_runs']} × {_fmt(v.get('bracket_steps'), '{}')}"
+            lines.append(f"| {v['arm']} | {v['link']} | {v['at_step']} | {bracket} | {v['step_ms'] / 1e3:.3f} "
+                         f"| {_fmt(v['composed_s'], '{:.1f}')} "
                          f"| {_fmt(v['measured_s'], '{:.1f}')} | {_fmt(v['rel_error'], '{:+.1%}')} |")
     return "\n".join(lines)
 
