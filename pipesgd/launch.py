@@ -22,6 +22,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -127,8 +128,8 @@ def has_exited(pid: int) -> bool:
 
 
 # torch's elastic agent installs its own handlers for these and leaves them behind when it returns.
-_AGENT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-                       if hasattr(signal, name))
+_AGENT_SIGNALS = ((signal.SIGTERM, signal.SIGINT) if sys.platform == "win32"
+                  else (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT))
 
 
 @contextlib.contextmanager
