@@ -84,6 +84,8 @@ def hides(fragment_exchange_s: float, compute_s: float, sync_every: int, width: 
     check_schedule(sync_every, fragments, sync_delay)
     _check("fragment_exchange_s", fragment_exchange_s)
     _check("compute_s", compute_s)
+    if not 0 < fill <= 1:
+        raise ValueError(f"fill must be in (0, 1], got {fill!r}")
     if sync_delay:
         return fragment_exchange_s <= fill * sync_delay * compute_s
     return width >= 2 and fragments * fragment_exchange_s <= fill * sync_every * compute_s
@@ -105,14 +107,12 @@ def round_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link, 
 
 def smallest_h(exchange_s: float, compute_s: float, candidates: Sequence[int] = H_CANDIDATES,
                fill: float = FILL) -> int | None:
-    """The smallest H of ``candidates`` whose round's compute, H·``compute_s``, hides the exchange
-    with ``fill`` of it (exchange <= fill·H·compute); None if none does. The pipeline's point: the
-    smallest H keeps the loss closest to synchronous training's."""
-    _check("exchange_s", exchange_s)
-    _check("compute_s", compute_s)
-    if not 0 < fill <= 1:
-        raise ValueError(f"fill must be in (0, 1], got {fill!r}")
-    return next((h for h in sorted(candidates) if exchange_s <= fill * h * compute_s), None)
+    """The smallest H of ``candidates`` at which the pipeline (width 2, the whole model) hides the
+    exchange under the round's compute, H·``compute_s``, with ``fill`` of it (:func:`hides`:
+    exchange <= fill·H·compute); None if none does. The pipeline's point: the smallest H keeps the
+    loss closest to synchronous training's."""
+    _check("exchange_s", exchange_s)  # named as the caller passed it, before any candidate
+    return next((h for h in sorted(candidates) if hides(exchange_s, compute_s, h, width=2, fill=fill)), None)
 
 
 def streaming_schedule(sync_every: int) -> tuple[int, int]:

@@ -38,6 +38,7 @@ from pipesgd.timing.units import parse_latency
 from pipesgd_lab.emulate.netns import parse_rate
 
 from . import tta_compose as compose
+from .grid import LOOPBACK
 from .tta_arms import ARMS, arm_mode, sync_every
 from .tta_report import timing_by_link
 
@@ -114,7 +115,7 @@ def predicted_ms(arm: str, link: str, compute_ms: float, latency_s: float,
     (:func:`probe_links`), else at the nominal rate times TCP's share of a frame (loopback has no
     nominal rate: not priced without a probe)."""
     bw = (measured or {}).get((link, algorithm(arm)))
-    if bw is None and link == "loopback":
+    if bw is None and link == LOOPBACK:
         return None
     bw = bw or Link.from_bandwidth(parse_rate(link) * FRAME_CEILING, latency_s)
     h = sync_every(arm)
@@ -275,7 +276,7 @@ def tables(result: dict) -> str:
                      f"{f['seeds']} |")
     names = list(result["targets"])
     for link, block in result["links"].items():
-        if link == "loopback":  # timed for what a sync costs beyond its bytes; nobody trains across it here
+        if link == LOOPBACK:  # timed for what a sync costs beyond its bytes; nobody trains across it here
             continue
         lines += ["", f"{link}: minutes to sync's final loss plus " + ", ".join(names), "",
                   "| arm | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
@@ -315,7 +316,7 @@ def plot(result: dict, path: Path) -> None:
 
     series: dict[str, list[tuple[float, float]]] = {}
     for link, block in result["links"].items():
-        for r in block["arms"] if link != "loopback" else ():  # the plot's axis is the link's rate
+        for r in block["arms"] if link != LOOPBACK else ():  # the plot's axis is the link's rate
             if r["arm"] != compose.COMPUTE_ARM and r["utilization"] is not None:
                 family = r["arm"].rsplit("-h", 1)[0] if r["sync_every"] > 1 else r["arm"]
                 label = f"{family} (H {r['sync_every']})" if r["sync_every"] > 1 else family
