@@ -3,7 +3,10 @@ block under ``torchrun --standalone`` on two CPU ranks (Gloo on loopback), with 
 here: the weights after the flush equal the same run without the pipelined hook (torch's
 ``fp16_compress_hook`` registered the plain way) with each update applied one step late, within
 1e-6; they differ from that run applied at once; the replicas agree bit for bit; as many
-optimizer updates as the plain run. No hub access: the models are built in code, HF offline."""
+optimizer updates as the plain run; the script, once it lets go of what it built and destroys the
+group, has as many threads as before its first group (a group left running aborted the finished
+process about one run in seven: docs/reliability.md, "Teardown"). No hub access: the models are
+built in code, HF offline."""
 
 from __future__ import annotations
 
@@ -24,14 +27,16 @@ TOLERANCE = 1e-6
 STEPS = 6  # 96 samples, 8 per rank and step, 2 ranks
 
 COMMON = """
-import hashlib, json, os
+import gc, hashlib, json, os
 import torch
 import torch.distributed as dist
+import pipesgd.hooks  # before any group, as a script's imports come first (pipesgd/reliability/teardown.py)
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 torch.set_num_threads(1)
+alone = len(os.listdir("/proc/self/task"))  # this process's threads before any group
 updates = [0]
 register_optimizer_step_post_hook(lambda *_: updates.__setitem__(0, updates[0] + 1))
 
@@ -53,13 +58,22 @@ def counted(run):
 
 def report(pipelined, late, at_once):
     (mine, n), (ref, n_ref), (sync, _) = pipelined, late, at_once
-    with open(f"result-{dist.get_rank()}.json", "w") as f:  # in the working directory: the test's tmp_path
+    rank = dist.get_rank()
+    # What the recipe left in globals holds DDP, DDP its group: let go of it (the trainers are cycles,
+    # hence the collection) so that destroy_process_group() joins Gloo's workers while Python is whole.
+    # A worker left running into interpreter exit aborts the finished process when it lets go of a
+    # collective's tensors (SIGABRT, "terminate called without an active exception").
+    for name in ("model", "optimizer", "loader", "accelerator", "state", "trainer", "args"):
+        globals().pop(name, None)
+    gc.collect()
+    dist.destroy_process_group()
+    with open(f"result-{rank}.json", "w") as f:  # in the working directory: the test's tmp_path
         json.dump({
-            "rank": dist.get_rank(), "updates": n, "updates_plain": n_ref,
+            "rank": rank, "updates": n, "updates_plain": n_ref,
             "late": (mine - ref).abs().max().item(), "at_once": (mine - sync).abs().max().item(),
             "moved": (mine - initial).abs().max().item(),
-            "digest": hashlib.sha1(mine.numpy().tobytes()).hexdigest()}, f)
-    dist.destroy_process_group()
+            "digest": hashlib.sha1(mine.numpy().tobytes()).hexdigest(),
+            "threads": [alone, len(os.listdir("/proc/self/task"))]}, f)
 """
 
 ACCELERATE = COMMON + """
@@ -242,3 +256,6 @@ def test_the_documented_recipe_is_the_plain_run_one_step_late(name, harness, tmp
         assert res["moved"] > 1e-3, f"{name}: the optimizer stepped: {res}"
         assert res["updates"] == res["updates_plain"] == STEPS, f"{name}: as many updates as the plain run: {res}"
     assert results[0]["digest"] == results[1]["digest"], f"{name}: the replicas differ"
+    for res in results:
+        alone, after = res["threads"]
+        assert after == alone, f"{name}: {after} threads after destroy_process_group(), {alone} before any group: a group outlived it"
