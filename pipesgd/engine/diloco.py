@@ -185,6 +185,7 @@ class PipeDiLoCo(Engine):
         if not self.params:
             raise ValueError("params has no tensor with requires_grad=True: nothing to train")
         self.sync_every, self.width, self.sync_delay = sync_every, width, sync_delay
+        self.steps = 0  # inner steps: the tick every fragment's schedule launches and lands at
         _broadcast_from_first_rank([*self.params, *(module.buffers() if module is not None else ())], group)
         # fragments share one communication thread: one FIFO keeps their collectives in one order
         self._thread = CommThread() if fragments > 1 else None
@@ -195,17 +196,20 @@ class PipeDiLoCo(Engine):
         self.fragments = [
             _Fragment(part, (f + 1) * step, outer_optimizer or DEFAULT_OUTER,
                       dict(width=width, compressor=compressors[f], allreduce=allreduce, group=group,
-                           staleness=rules[f], nonfinite=nonfinite, timeout_s=timeout_s, comm_thread=self._thread))
+                           staleness=rules[f], nonfinite=nonfinite, timeout_s=timeout_s, comm_thread=self._thread,
+                           delay=sync_delay, clock=self._tick))
             for f, part in enumerate(split(self.params, fragments))]
         first = self.fragments[0]
         self.rule = first.rule
         self.nonfinite = first.pipe.nonfinite if fragments == 1 else _Policies([f.pipe for f in self.fragments])
         self.compressor = first.pipe.compressor
         self.replicas_agree = rule.sync_period != "round"
-        self.steps = 0
         self.last = StepStats()
         self._stepping = False
         self._guard = optimizer.register_step_pre_hook(self._check_stepping)
+
+    def _tick(self) -> int:
+        return self.steps
 
     @property
     def anchor(self) -> list[Tensor]:
@@ -235,8 +239,9 @@ class PipeDiLoCo(Engine):
             finally:
                 self._stepping = False
         self.steps += 1
-        landing = [f for f in self.fragments if self.sync_delay and f.pipe.in_flight
-                   and (self.steps - f.offset) % self.sync_every == self.sync_delay]
+        # a round lands when its fragment's schedule says (sync_delay steps after its launch), else
+        # by its pipe's width at the fragment's next round end
+        landing = [f for f in self.fragments if f.pipe.schedule.due(self.steps)]
         due = [f for f in self.fragments if (self.steps - f.offset) % self.sync_every == 0]
         stats = self._land(landing) if landing else StepStats()
         if due:
@@ -344,10 +349,15 @@ class PipeDiLoCo(Engine):
             if state[key].numel() != numel:
                 raise ValueError(f"checkpoint's {key} has {state[key].numel()} values, model has {numel}")
         anchors = state["anchor"].split([f.numel for f in self.fragments])
+        steps = int(state["steps"])
         for f, pipe, pending, flags, anchor, outer in zip(self.fragments, state["pipes"], state["pending"],
                                                           state["pending_nonfinite"], anchors,
                                                           state["outer_optimizers"]):
-            f.pipe.load_state_dict({**pipe, "pending": pending, "pending_nonfinite": flags})
+            # launch ticks (inner steps) of checkpoints from before they were saved: the fragment's
+            # round ends, the newest the last one at or before the step
+            last = steps - (steps - f.offset) % self.sync_every
+            at = pipe.get("pending_at") or [last - (len(pending) - 1 - i) * self.sync_every for i in range(len(pending))]
+            f.pipe.load_state_dict({**pipe, "pending": pending, "pending_nonfinite": flags, "pending_at": at})
             assign_params(f.anchor, anchor)
             # a copy: torch's load_state_dict keeps the caller's tensors as the momentum buffers it
             # then steps in place, so a state loaded twice (or shared) would change under the caller

@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 
@@ -20,6 +18,7 @@ from ..observability import trace
 from ..comm import CommError, CommStats, CommThread, CompletedHandle, Handle, get_allreduce, note
 from ..compress import Compressor
 from ..flat import set_grads, state_to_device
+from ..inflight import InFlight
 from .exchange import GradientExchange, Reduced
 from ..reduction import Reduction
 from ..reliability.replicas import ReplicaMismatch, describe_mismatch, digest
@@ -90,7 +89,7 @@ class PipeSGD(Engine):
                  timeout_s: float | None = None, max_grad_norm: float | None = None,
                  module: torch.nn.Module | None = None, broadcast_buffers: bool = True,
                  find_unused_parameters: bool = False, pseudo_gradients: bool = False,
-                 comm_thread: CommThread | None = None):
+                 comm_thread: CommThread | None = None, delay: int = 0, clock: Callable[[], int] | None = None):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
         if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
@@ -118,12 +117,13 @@ class PipeSGD(Engine):
         self._guard = optimizer.register_step_pre_hook(_guard(self.staleness))
         self._clip = None if max_grad_norm is None else clip_applied_gradient(
             optimizer, float(max_grad_norm), self._reducer.params)
-        self._pending: deque[Handle[Reduced]] = deque()
+        # WHEN: launched reductions until they are due (pipesgd.inflight, every engine's schedule)
+        self.schedule: InFlight[Handle[Reduced]] = InFlight(width, delay, owner="a PipeSGD engine")
+        self._clock = clock or (lambda: self.steps + 1)  # the tick a launch is at: this step, 1-based
         self.nonfinite = NonFinitePolicy(nonfinite)
         self.timeout_s = timeout_s
         self.steps = 0
         self.last = StepStats()
-        weakref.finalize(self, _warn_unapplied, self._pending)  # at collection or interpreter exit
         self._forward_seen = False  # forward_context() entered since the last step
         self._warned_forward = False
         self._joining = False  # inside join(): every step carries the active count
@@ -132,7 +132,7 @@ class PipeSGD(Engine):
 
     @property
     def in_flight(self) -> int:
-        return len(self._pending)
+        return len(self.schedule)
 
     @property
     def world_size(self) -> int:
@@ -178,13 +178,12 @@ class PipeSGD(Engine):
                     self._reducer.control_round(control)  # summed in place, first on the thread
                     control, reduced_control = None, control
                 buffers = self._buffers.start()
-            self._pending.append(self._reducer.launch(buf, control, reduced_control))
+            self.schedule.launch(self._reducer.launch(buf, control, reduced_control), self._clock())
         if buffers is not None:
             self._buffers.land(self._wait(buffers, self.steps + 1, self.steps + 1,
                                           f"the broadcast of the module's buffers at step {self.steps + 1}"))
         stats = StepStats(pack_s=time.perf_counter() - t0)
-        width = 1 if self.steps < self.warmup_sync_steps else self.width
-        if len(self._pending) == width:
+        if self.schedule.due(self._clock(), width=1 if self.steps < self.warmup_sync_steps else None):
             self._apply_oldest(stats, self.steps + 1)
         self.steps += 1
         self.last = stats
@@ -222,16 +221,16 @@ class PipeSGD(Engine):
     def flush(self) -> StepStats:
         """Wait for and apply every outstanding reduction, oldest first."""
         stats = StepStats()
-        while self._pending:
+        while self.schedule:
             self._apply_oldest(stats, self.steps)
         return stats
 
     def _apply_oldest(self, stats: StepStats, current: int) -> None:
         """Wait for the oldest reduction and apply it; ``current`` is the (1-based) step the caller is in."""
-        step = current - len(self._pending) + 1  # the step whose gradient this is
+        step = current - len(self.schedule) + 1  # the step whose gradient this is
         tr = trace.current()
         t0 = time.perf_counter()
-        handle = self._pending.popleft()
+        _, handle = self.schedule.pop()
         with tr.span("wait", "wait", self.steps):
             reduced = self._wait(handle, step, current)
         t1 = time.perf_counter()
@@ -260,7 +259,7 @@ class PipeSGD(Engine):
         with tr.span("update", "update", self.steps):
             self.staleness.apply(reduced.flat)
         self._reducer.release(reduced.flat)  # reused once the gradients no longer view it
-        stats.staleness = len(self._pending)
+        stats.staleness = len(self.schedule)
         stats.update_s += time.perf_counter() - t1
         stats.applied = True
 
@@ -322,10 +321,11 @@ class PipeSGD(Engine):
         residuals), so a restored engine applies exactly what this one would have. Does not
         include the optimizer. ``pending`` is identical on every rank; ``staleness`` and
         ``reduction`` may be per rank. Waiting here exposes at most one reduction time."""
-        done = [self._wait(h, self.steps - len(self._pending) + 1 + i, self.steps)
-                for i, h in enumerate(self._pending)]
-        self._replace_pending(CompletedHandle(r) for r in done)
+        first = self.steps - len(self.schedule) + 1
+        settled = self.schedule.settle(lambda at, h: CompletedHandle(self._wait(h, first, self.steps)))
+        done = [h.wait() for h in settled]
         return {"width": self.width, "steps": self.steps, "pending": [r.flat.clone() for r in done],
+                "pending_at": [at for at, _ in self.schedule],
                 "pending_nonfinite": [r.nonfinite for r in done], "nonfinite": self.nonfinite.state_dict(),
                 "staleness": self.staleness.state_dict(), "reduction": self._reducer.state_dict()}
 
@@ -337,16 +337,10 @@ class PipeSGD(Engine):
         drop = self._reducer.reduction.elastic_drop
         return {**state, "reduction": {k: v for k, v in state.get("reduction", {}).items() if k not in drop}}
 
-    def _replace_pending(self, handles: Iterable[Handle[Reduced]]) -> None:
-        """In place: the exit check (``_warn_unapplied``) holds this very deque."""
-        handles = list(handles)
-        self._pending.clear()
-        self._pending.extend(handles)
-
     def load_state_dict(self, state: dict) -> None:
         if state["width"] != self.width:
             raise ValueError(f"checkpoint has width={state['width']}, engine has width={self.width}")
-        if self._pending:
+        if self.schedule:
             raise RuntimeError("load_state_dict on an engine with reductions in flight; call flush() first")
         device = self._reducer.params[0].device
         state = state_to_device(state, device)  # a checkpoint is loaded to the CPU; the state lives with the params
@@ -358,10 +352,13 @@ class PipeSGD(Engine):
         self.staleness.load_state_dict(state.get("staleness", {}))
         self._reducer.load_state_dict(state.get("reduction", {}))
         flags = state.get("pending_nonfinite", [False] * len(state["pending"]))
-        self._replace_pending(
-            CompletedHandle(Reduced(f.clone(), CommStats(),
-                                    torch.tensor([float("inf") if bad else 0.0], device=device)))
-            for f, bad in zip(state["pending"], flags))
+        # launch ticks: saved since the schedule was shared; before, they were the steps in a row
+        ticks = state.get("pending_at") or [self.steps - len(state["pending"]) + 1 + i
+                                            for i in range(len(state["pending"]))]
+        self.schedule.restore(
+            (at, CompletedHandle(Reduced(f.clone(), CommStats(),
+                                         torch.tensor([float("inf") if bad else 0.0], device=device))))
+            for at, f, bad in zip(ticks, state["pending"], flags))
         if "nonfinite" in state:
             self.nonfinite.load_state_dict(state["nonfinite"])
         self._resume.engine_loaded = True
@@ -517,9 +514,3 @@ def clip_applied_gradient(optimizer: torch.optim.Optimizer, max_norm: float,
         torch.nn.utils.clip_grad_norm_(clipped, max_norm)
 
     return optimizer.register_step_pre_hook(clip)
-
-
-def _warn_unapplied(pending: deque) -> None:
-    if pending:
-        warnings.warn(f"a PipeSGD engine ended with {len(pending)} update(s) in flight that were never applied: "
-                      "call engine.flush() after the last engine.step()", RuntimeWarning, stacklevel=2)

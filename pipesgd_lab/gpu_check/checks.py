@@ -182,7 +182,7 @@ def _cuda_engine_worker(rank, p):
         for t in range(STEPS):
             if t == split_at:
                 saved = copy.deepcopy(state_to_device((model.state_dict(), opt.state_dict(), engine.state_dict()), "cpu"))
-                engine._pending.clear()  # carried by the checkpoint, applied by the resumed engine
+                engine.schedule.clear()  # carried by the checkpoint, applied by the resumed engine
                 engine.close()
                 model, opt, engine = build()
                 model.load_state_dict(saved[0])

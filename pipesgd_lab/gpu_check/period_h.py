@@ -39,7 +39,7 @@ def _period_h_worker(rank, p):
             if t == split_at:
                 saved = copy.deepcopy(state_to_device((model.state_dict(), engine.state_dict()), "cpu"))
                 for f in engine.fragments:
-                    f.pipe._pending.clear()  # carried by the checkpoint, applied by the resumed engine
+                    f.pipe.schedule.clear()  # carried by the checkpoint, applied by the resumed engine
                 engine.close()
                 model, opt, engine = build()
                 model.load_state_dict(saved[0])

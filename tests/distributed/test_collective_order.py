@@ -22,7 +22,7 @@ def _worker(rank, p):
     engine = PipeSGD(opt, model.parameters(), width=2, timeout_s=30)
     model(torch.randn(8, 64)).square().mean().backward()
     engine.step()  # one reduction in flight
-    in_flight = engine._pending[0]
+    _, in_flight = next(iter(engine.schedule))
     seen = {}
 
     def evaluation():

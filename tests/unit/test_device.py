@@ -211,7 +211,7 @@ def test_launching_steps_never_reads_the_device_and_applying_reads_only_the_flag
             pass
         with pytest.raises(RuntimeError, match="meta") as info:
             engine.step()
-        engine._pending.clear()  # meta results cannot be applied; no exit warning
+        engine.schedule.clear()  # meta results cannot be applied; no exit warning
     package = str(Path(inspect.getfile(PipeSGD)).parents[1])  # the package's own frames, not a checkout named pipesgd
     frames = [f.name for f in traceback.extract_tb(info.tb) if f.filename.startswith(package)]
     assert frames[-1] == "nonfinite", frames
@@ -248,12 +248,12 @@ def test_resume_puts_restored_state_on_the_parameters_device(monkeypatch, stalen
     FakeDist(2, 0, "nccl").install(monkeypatch)
     _, engine = engine_on(META)
     engine.load_state_dict(state)
-    pending = [h.wait() for h in engine._pending]
+    pending = [h.wait() for _, h in engine.schedule]
     assert all(r.flat.device == META and r.flag.device == META for r in pending)
     # (state_dict() would read the flags on the host, which meta cannot)
     restored = {"pending": [r.flat for r in pending], "staleness": engine.staleness.state_dict(),
                 "reduction": engine._reducer.state_dict()}
-    engine._pending.clear()  # meta values cannot be applied
+    engine.schedule.clear()  # meta values cannot be applied
     engine.close()
     assert len(_tensors(restored)) == len(_tensors({k: state[k] for k in restored}))
     wrong = sorted({str(t.device) for t in _tensors(restored) if t.device != META})
@@ -453,7 +453,7 @@ def test_a_hung_reduction_is_waited_for_k_minus_1_steps_after_its_enqueue(monkey
     finally:
         hung.set()
         engine.close()
-        engine._pending.clear()  # abandoned with the failed run: no "never applied" warning
+        engine.schedule.clear()  # abandoned with the failed run: no "never applied" warning
     assert stepped == list(range(1, 3 + width - 1)), "the steps after the enqueue do not wait for it"
     assert f"step 3's gradient (waited for at step {3 + width - 1}) did not finish within 0.2 s" in str(raised.value)
 
