@@ -105,7 +105,7 @@ def _run_ddp(rank: int, cell: dict) -> list[str]:
     model = make_model()
     ddp = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    state = PipelinedState(ddp, optimizer=opt, staleness=cell["staleness"])
+    state = PipelinedState(ddp, optimizer=opt, staleness=cell["staleness"], width=cell["width"])
     ddp.register_comm_hook(state, pipelined())
     shas = []
     for step in range(STEPS):
@@ -117,17 +117,23 @@ def _run_ddp(rank: int, cell: dict) -> list[str]:
         if step == STEPS // 2:
             saved = state.state_dict()
             shas.append(_sha(model))
-            pending = torch.cat([saved["pending"][n].reshape(-1) for n in sorted(saved["pending"])])
+            rounds = saved["pending"] if isinstance(saved["pending"], list) else [saved["pending"]]  # before: a dict
+            pending = torch.cat([r[n].reshape(-1) for r in rounds for n in sorted(r)])
             shas.append(hashlib.sha256(pending.numpy().tobytes()).hexdigest()[:16])
     state.flush(opt)
     shas.append(_sha(model))
     return shas
 
 
+def later_cells() -> list[tuple[str, dict]]:
+    """Cells added with the shared schedule (no record from before it): the hook at width 3."""
+    return [(f"ddp/w3/{rule}", dict(engine="ddp", width=3, staleness=rule)) for rule in ("none", "lookahead")]
+
+
 def run_all(rank: int, world: int, names: list[str] | None = None) -> dict[str, list[str]]:
     torch.use_deterministic_algorithms(True)
     out = {}
-    for name, cell in cells():
+    for name, cell in cells() + later_cells():
         if names is not None and name not in names:
             continue
         out[name] = (_run_ddp if cell["engine"] == "ddp" else _run_engine)(rank, cell)
@@ -143,7 +149,7 @@ def measure(names: list[str] | None = None) -> dict[str, list[list[str]]]:
 
 
 if __name__ == "__main__":
-    found = measure()
+    found = measure([name for name, _ in cells()])
     if "--record" in sys.argv:
         RECORD.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
     else:

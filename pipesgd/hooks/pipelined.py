@@ -1,5 +1,6 @@
-"""Pipe-SGD of width 2 inside PyTorch DDP: a comm hook that hands DDP the average of the previous
-step and leaves this step's reduction in flight (docs/ddp-hook.md).
+"""Pipe-SGD of width K inside PyTorch DDP: a comm hook that hands DDP the average of the step K-1
+back (the previous one at the default width 2) and leaves this step's reduction in flight
+(docs/ddp-hook.md).
 
     state = PipelinedState(ddp_model)                      # or PipelinedState(ddp_model, PowerSGDState(...))
     ddp_model.register_comm_hook(state, pipelined(inner))  # inner: allreduce_hook, fp16_compress_hook, ...
@@ -23,9 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from ..inflight import InFlight
 from .powersgd import HookState, PowerSGDHookState, powersgd_state
-
-SLOTS = 2  # reductions in flight at once: this step's and the one DDP is handed (width 2)
 
 
 class _Bucket:
@@ -79,7 +79,9 @@ class PipelinedState:
     With DDP's ``find_unused_parameters=True`` the set of parameters that get gradients must stay
     the same from step to step: DDP writes this step's set with the previous step's averages, so a
     step whose set differs is refused (:meth:`ready`, or the next step's backward), naming the
-    parameters. The reductions run on two process groups of their own (one per in-flight step, over
+    parameters. ``width`` = K: the average handed to DDP at step t is step t-K+1's (K-1 steps'
+    reductions in flight behind this step's; 2, the default, hands the previous step's). The
+    reductions run on K process groups of their own (one per step in flight, over
     ``process_group``'s ranks, default DDP's or the world; created here, collectively: construct
     the state at the same point on every rank), so they never queue on DDP's group, nor on the one
     ``broadcast_buffers`` or SyncBatchNorm use, and a stateful inner hook never shares a group
@@ -99,8 +101,13 @@ class PipelinedState:
 
     def __init__(self, model: nn.Module, inner_state: Any = None, *, process_group=None,
                  scaler: torch.amp.GradScaler | None = None, optimizer: torch.optim.Optimizer | None = None,
-                 staleness: str = "none"):
+                 staleness: str = "none", width: int = 2):
         from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if isinstance(width, bool) or not isinstance(width, int) or width < 2:
+            raise ValueError(f"width={width!r} is invalid for the pipelined DDP hook: an integer >= 2 (steps in "
+                             "flight + 1); width 1 is DDP itself, without the hook")
+        self.width = width
 
         # Weakly: DDP's reducer holds this state, so a strong reference back would be a cycle through
         # C++ that Python's collector cannot see, keeping the model, its buckets and every process
@@ -126,8 +133,12 @@ class PipelinedState:
         self.rule = _lookahead(staleness, optimizer, self.params)
         self.steps = 0  # rounds launched (steps whose backward ran the hook)
         self._pool: dict[tuple[int, int], Tensor] = {}  # (slot, bucket index) -> private copy
-        self._inflight: _Round | None = None  # the previous step's reductions
+        # WHEN: the earlier steps' rounds in flight (pipesgd.inflight); the oldest is handed to DDP
+        # once width - 1 are, and leaves the schedule when this step's round is launched behind it
+        self.schedule: InFlight[_Round] = InFlight(width, owner="a PipelinedState (the pipelined DDP hook)",
+                                                    remedy="call state.flush(optimizer) after the last step")
         self._current: _Round | None = None  # this step's, while its backward runs
+        self._handing: _Round | None = None  # the round this step's backward hands DDP
         self._returned = False  # the last round handed DDP an earlier step's average
         self._local: Tensor | None = None  # lookahead: this rank's gradient of the round
         self._joined = False
@@ -152,7 +163,7 @@ class PipelinedState:
         group = self._group if self._group is not None else (
             self.ddp.process_group if self.ddp is not None else dist.group.WORLD)
         ranks = dist.get_process_group_ranks(group)
-        self.groups = [dist.new_group(ranks) for _ in range(SLOTS)]
+        self.groups = [dist.new_group(ranks) for _ in range(self.width)]
         self.inner_states = [_slot_state(self._inner_state, g, self.params) for g in self.groups]
         if self._pending_inner is not None:
             self._load_inner(self._pending_inner)
@@ -166,7 +177,7 @@ class PipelinedState:
         if self._current is None:
             self._begin_round()
         buf = bucket.buffer()
-        slot = self.steps % SLOTS
+        slot = self.steps % self.width
         copy = self._copy(slot, bucket.index(), buf)
         params = bucket.parameters()
         sizes = [p.numel() for p in params]
@@ -197,9 +208,10 @@ class PipelinedState:
         self._check_used(read=False)  # the loop may not have asked ready(); the forward read the map
         scale = self.scaler.get_scale() if self.scaler is not None and self.scaler.is_enabled() else 1.0
         self._current = _Round(scale)
-        self._returned = self._inflight is not None
+        self._handing = self._oldest() if len(self.schedule) == self.width - 1 else None
+        self._returned = self._handing is not None
         self._zeros_handed = not self._returned
-        self._handed_used = None if self._inflight is None else self._inflight.used
+        self._handed_used = None if self._handing is None else self._handing.used
         if self.rule is not None:
             self._local = torch.zeros(self.numel, dtype=self.params[0].dtype, device=self.params[0].device)
 
@@ -209,7 +221,10 @@ class PipelinedState:
                 self.rule.skip()  # the oldest local gradient lands in this step's optimizer.step()
             self.rule.launched(self._local.div_(self._current.scale))
             self._local = None
-        self._inflight, self._current = self._current, None
+        self.schedule.launch(self._current, self.steps + 1)
+        if self.schedule.due(self.steps + 1):
+            self.schedule.pop()  # the round this backward handed DDP: applied by the loop's optimizer.step()
+        self._current = self._handing = None
         self.steps += 1
 
     def _copy(self, slot: int, index: int, buf: Tensor) -> Tensor:
@@ -226,8 +241,8 @@ class PipelinedState:
         return mine
 
     def _previous(self, params: list[Tensor], buf: Tensor) -> torch.futures.Future:
-        """A future of the previous step's average of ``params``, laid out as ``buf``."""
-        prev = self._inflight
+        """A future of the handed step's average of ``params`` (K-1 steps back), laid out as ``buf``."""
+        prev = self._handing
         if prev is None:
             done = torch.futures.Future()
             done.set_result(torch.zeros_like(buf))
@@ -277,9 +292,10 @@ class PipelinedState:
         wrote this step's set with the previous step's averages, which belong to the old set."""
         if self._current is not None:
             return
+        newest = self._newest()  # the step whose backward ran last: DDP wrote its set of gradients
         if read:
-            self._read_used(self._inflight)
-        now, handed = None if self._inflight is None else self._inflight.used, self._handed_used
+            self._read_used(newest)
+        now, handed = None if newest is None else newest.used, self._handed_used
         if not self._returned or now is None or handed is None or now == handed:
             return
         gained = sorted(self.names.get(i, "?") for i in now - handed)
@@ -307,25 +323,31 @@ class PipelinedState:
 
     def forward_context(self) -> AbstractContextManager:
         """Run each forward and backward inside: with ``staleness="lookahead"``, the weights the
-        optimizer reaches once the in-flight step lands, restored on exit; else nothing."""
-        if self.rule is None or self._inflight is None:
+        optimizer reaches once the steps in flight land, restored on exit; else nothing."""
+        if self.rule is None or not self.schedule:
             return nullcontext()
-        return self.rule.forward_context(1)
+        return self.rule.forward_context(len(self.schedule))
 
     def flush(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> bool:
-        """Apply the step still in flight (after the last step): every ``p.grad`` becomes its
-        average and ``optimizer.step()`` runs (``scaler.step`` and ``scaler.update`` with a
-        scaler). After ``Join``, every rank then takes the last joiner's weights, as DDP does at
-        the end of ``Join``. False when nothing was in flight."""
+        """Apply the steps still in flight (after the last step), oldest first: every ``p.grad``
+        becomes its average and ``optimizer.step()`` runs (``scaler.step`` and ``scaler.update``
+        with a scaler). After ``Join``, every rank then takes the last joiner's weights, as DDP does
+        at the end of ``Join``. False when nothing was in flight."""
         self._check_used()
-        prev, self._inflight = self._inflight, None
         self._zeros_handed = False
-        if prev is None:
-            self._returned = False
-            return False
+        applied = False
+        for _, prev in self.schedule.drain():
+            self._apply(prev, optimizer, scaler or self.scaler)
+            applied = True
+        self._returned = False
+        if applied and self._joined:
+            self._sync_after_join()
+        return applied
+
+    def _apply(self, prev: _Round, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> None:
+        """One round's averages into ``p.grad``, then the optimizer's step (flush)."""
         self._returned = True  # an optimizer whose step() asks ready() (the HF Trainer recipe) steps
         self._handed_used = prev.used
-        scaler = scaler or self.scaler
         now = scaler.get_scale() if scaler is not None and scaler.is_enabled() else 1.0
         values = prev.values()
         with torch.no_grad():
@@ -344,10 +366,6 @@ class PipelinedState:
             scaler.update()
         else:
             optimizer.step()
-        self._returned = False
-        if self._joined:
-            self._sync_after_join()
-        return True
 
     def _sync_after_join(self) -> None:
         """The last joiner's parameters on every rank (the flush applied one update with optimizer
@@ -359,41 +377,35 @@ class PipelinedState:
         self._joined = False
 
     def state_dict(self) -> dict[str, Any]:
-        """Waits for the reductions in flight (never applies them): ``pending`` (each parameter's
-        in-flight average by name, ``{}`` when none), the scale it was taken at, the inner hooks'
+        """Waits for the reductions in flight (never applies them): ``pending``, per step in flight
+        (oldest first), each parameter's average by name; the scale each was taken at
+        (``pending_scale``) and the parameters it updates (``pending_used``); the inner hooks'
         states per slot (PowerSGD: residuals, warm-start factors, iteration, generator) and the
         lookahead rule's."""
-        prev = self._inflight
-        self._read_used(prev)
-        pending = {} if prev is None else {self.names[i]: v.clone() for i, v in prev.values().items()}
-        used = None if prev is None or prev.used is None else sorted(self.names[i] for i in prev.used)
-        return {"steps": self.steps, "pending": pending, "pending_scale": 1.0 if prev is None else prev.scale,
-                "pending_used": used,
+        newest = self._newest()
+        self._read_used(newest)
+        rounds = [r for _, r in self.schedule]
+        return {"width": self.width, "steps": self.steps,
+                "pending": [{self.names[i]: v.clone() for i, v in r.values().items()} for r in rounds],
+                "pending_scale": [r.scale for r in rounds],
+                "pending_used": [None if r.used is None else sorted(self.names[i] for i in r.used) for r in rounds],
                 "inner": [s.state_dict() if isinstance(s, HookState) else {} for s in self.inner_states],
                 "staleness": {} if self.rule is None else self.rule.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue as if uninterrupted, into any bucket layout (the averages follow their parameter)."""
-        if self._inflight is not None or self._current is not None:
+        """Continue as if uninterrupted, into any bucket layout (the averages follow their parameter).
+        A checkpoint of the width-2 hook from before it took width K (one step in flight, ``pending``
+        a dict) loads too."""
+        if self.schedule or self._current is not None:
             raise RuntimeError("load_state_dict on a PipelinedState with a step in flight; call flush() first")
-        pending = state["pending"]
-        if pending:
-            known = {self.names[id(p)] for p in self.params}
-            if set(pending) != known:
-                odd = sorted(set(pending) ^ known)
-                raise ValueError(f"the checkpoint's in-flight averages do not match the model's trainable "
-                                 f"parameters: {', '.join(odd[:5])}")
-            device = self.params[0].device
-            flat = torch.cat([pending[self.names[id(p)]].to(device).reshape(-1) for p in self.params])
-            done = torch.futures.Future()
-            done.set_result(flat)
-            self._inflight = _Round(float(state.get("pending_scale", 1.0)))
-            self._inflight.where = {id(p): (done, *self._flat_at[id(p)]) for p in self.params}
-            self._inflight.read = True  # DDP's used map belongs to no step of this process yet
-            used = state.get("pending_used")
-            if used is not None:
-                by_name = {n: i for i, n in self.names.items()}
-                self._inflight.used = frozenset(by_name[n] for n in used if n in by_name)
+        pending, scales, used = state["pending"], state.get("pending_scale", 1.0), state.get("pending_used")
+        if isinstance(pending, dict):  # the width-2 format: the one step in flight, or {} for none
+            pending, scales, used = ([pending], [scales], [used]) if pending else ([], [], [])
+        if state.get("width", 2) != self.width or len(pending) > self.width - 1:
+            raise ValueError(f"checkpoint has width={state.get('width', 2)} ({len(pending)} step(s) in flight), "
+                             f"this PipelinedState has width={self.width}")
+        at = int(state["steps"]) - len(pending) + 1
+        self.schedule.restore((at + i, self._restored(p, s, u)) for i, (p, s, u) in enumerate(zip(pending, scales, used)))
         self.steps = int(state["steps"])
         if self.inner_states:
             self._load_inner(state["inner"])
@@ -401,6 +413,31 @@ class PipelinedState:
             self._pending_inner = state["inner"]
         if self.rule is not None:
             self.rule.load_state_dict(state.get("staleness", {}))
+
+    def _restored(self, pending: dict[str, Tensor], scale: float, used: list[str] | None) -> _Round:
+        """A checkpointed step in flight as a round whose reductions are done."""
+        known = {self.names[id(p)] for p in self.params}
+        if set(pending) != known:
+            odd = sorted(set(pending) ^ known)
+            raise ValueError(f"the checkpoint's in-flight averages do not match the model's trainable "
+                             f"parameters: {', '.join(odd[:5])}")
+        device = self.params[0].device
+        done = torch.futures.Future()
+        done.set_result(torch.cat([pending[self.names[id(p)]].to(device).reshape(-1) for p in self.params]))
+        round_ = _Round(float(scale))
+        round_.where = {id(p): (done, *self._flat_at[id(p)]) for p in self.params}
+        round_.read = True  # DDP's used map belongs to no step of this process yet
+        if used is not None:
+            by_name = {n: i for i, n in self.names.items()}
+            round_.used = frozenset(by_name[n] for n in used if n in by_name)
+        return round_
+
+    def _oldest(self) -> _Round | None:
+        return next(iter(self.schedule))[1] if self.schedule else None
+
+    def _newest(self) -> _Round | None:
+        """The round of the step whose backward ran last (while none runs)."""
+        return list(self.schedule)[-1][1] if self.schedule else None
 
     def _load_inner(self, saved: list) -> None:
         for mine, theirs in zip(self.inner_states, saved):
@@ -456,7 +493,7 @@ def _read_used_before(state: weakref.ref) -> Callable:
     def hook(module, args):
         me = state()
         if me is not None and me._current is None:
-            me._read_used(me._inflight)
+            me._read_used(me._newest())
 
     return hook
 

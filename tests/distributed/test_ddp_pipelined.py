@@ -298,7 +298,7 @@ def _resume(rank, world, powersgd):
     model.load_state_dict(saved["model"])
     without = _hooked(rank, steps=range(steps // 2, steps), model=model,
                       resume=lost | {"hook": saved["hook"] | {"pending": {}}}, **options)
-    return straight[steps // 2:], resumed, without, sorted(saved["hook"]["pending"])
+    return straight[steps // 2:], resumed, without, sorted(saved["hook"]["pending"][0])
 
 
 @pytest.mark.timeout(300)
@@ -433,7 +433,7 @@ def _find_unused(rank, world):
     model = _Gated()
     model.load_state_dict(saved["model"])
     found["resumed"] = (_hooked(rank, steps=range(STEPS // 2, STEPS), model=model, resume=saved, ddp_options=unused),
-                        saved["hook"]["pending_used"])
+                        saved["hook"]["pending_used"][0])
 
     def changing(ask_ready: bool):
         """``extra`` used from step 3 on; ``ask_ready``: the loop asks ready(), else it always steps."""
@@ -535,3 +535,42 @@ def test_stepping_the_optimizer_at_the_first_step_is_told_once():
         assert not torch.equal(weights[0], _flat(_model())), "the zeros moved the weights: hence the warning"
         assert asked[0] == [] and one[0] == [], "a loop that asks ready(), and the flush, are not warned"
         assert torch.equal(asked[1][0], _flat(_model())), "asked, the first step applies nothing"
+
+
+WARN_SCRIPT = """
+import torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from pipesgd.hooks import PipelinedState, pipelined
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+model = DDP(nn.Linear(4, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+state = PipelinedState(model, width=3)
+model.register_comm_hook(state, pipelined())
+for _ in range(4):
+    opt.zero_grad()
+    model(torch.ones(3, 4)).sum().backward()
+    if state.ready():
+        opt.step()
+{end}
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("end,warned", [("", True), ("state.flush(opt)", False)])
+def test_a_hook_that_ends_with_steps_in_flight_warns(end, warned):
+    """The schedule's unapplied-work warning, which only PipeSGD gave before it was shared: at
+    width 3, two steps' averages are in flight after the last backward."""
+    import os
+    import subprocess
+    import sys
+
+    from distributed_utils import free_port
+
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    r = subprocess.run([sys.executable, "-c", WARN_SCRIPT.format(port=free_port(), end=end)], capture_output=True,
+                       text=True, env=env, timeout=100)
+    assert r.returncode == 0, r.stderr[-2000:]
+    message = ("a PipelinedState (the pipelined DDP hook) ended with 2 update(s) in flight that were never applied: "
+               "call state.flush(optimizer)")
+    assert (message in r.stderr) == warned, r.stderr[-2000:]
