@@ -30,7 +30,7 @@ from .comm import bind, get_allreduce
 from .config import ConfigError, KeyOrigin, check_batch, check_removed, command_line_keys, staleness_rule, validate
 from .data import DatasetError
 from .engine import Engine, ModeArgs
-from .engine.pipe import clip_applied_gradient
+from .engine.parity import clip_applied_gradient
 from .reliability.faults import Faults
 from .observability.hostinfo import fingerprint
 from .live.options import replica_shard

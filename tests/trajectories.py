@@ -3,7 +3,7 @@ Gloo ranks (the reference model and batches of tests/engine_reference.py), the s
 rank's weights after a mid-run checkpoint round trip and after the flush.
 
 ``tests/trajectories.json`` holds the checksums taken on main at ca9ff32, before the in-flight
-schedule was shared (issue 72); tests/distributed/test_trajectories.py recomputes them and asserts
+schedule was shared; tests/distributed/test_trajectories.py recomputes them and asserts
 each is bit-identical. ``python tests/trajectories.py --record`` rewrites the file (only for a change
 that means to move a trajectory, said in its commit).
 """

@@ -38,7 +38,8 @@ from ..flat import assign_params, flat_params, has_nonfinite, state_to_device
 from ..reduction import Reduction
 from ..staleness import Staleness, make_staleness
 from .base import Engine, StepStats, T
-from .pipe import PipeSGD, _broadcast_from_first_rank
+from .parity import broadcast_from_first_rank
+from .pipe import PipeSGD
 
 OuterFactory = Callable[[list[Tensor]], torch.optim.Optimizer]
 
@@ -186,7 +187,7 @@ class PipeDiLoCo(Engine):
             raise ValueError("params has no tensor with requires_grad=True: nothing to train")
         self.sync_every, self.width, self.sync_delay = sync_every, width, sync_delay
         self.steps = 0  # inner steps: the tick every fragment's schedule launches and lands at
-        _broadcast_from_first_rank([*self.params, *(module.buffers() if module is not None else ())], group)
+        broadcast_from_first_rank([*self.params, *(module.buffers() if module is not None else ())], group)
         # fragments share one communication thread: one FIFO keeps their collectives in one order
         self._thread = CommThread() if fragments > 1 else None
         step = sync_every // fragments

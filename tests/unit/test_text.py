@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from pipesgd.data import DatasetError, Shakespeare, TextSplit, WindowEvalLoader, WindowLoader
 from pipesgd.data.shakespeare import ARCHIVES, FOLDER, VALID_WORKS, WORKS
-from pipesgd.engine.pipe import clip_applied_gradient
+from pipesgd.engine.parity import clip_applied_gradient
 from pipesgd.models import GPT
 from pipesgd.objective import Classification, NextToken
 from pipesgd.optim import adamw
