@@ -18,11 +18,14 @@ INNER = partial(torch.optim.SGD, lr=LR, momentum=MOMENTUM)
 
 def diloco_reference(p: int, sync_every: int, width: int, steps: int, rule: str = "none",
                      outer=OUTER, inner=INNER, fragments: list[int] | None = None,
-                     delay: int = 0) -> list[torch.Tensor]:
+                     delay: int = 0, warmup: int = 0, alpha: float | None = None) -> list[torch.Tensor]:
     """Every replica's final weights (after the flush) as flat tensors, one per replica.
     ``fragments``: how many parameter tensors each fragment takes, in order (None: one fragment);
     fragment f's rounds end at the steps ≡ (f+1)·H/F (mod H). ``delay`` (width 2): a round's average
-    lands ``delay`` steps after its launch (0: at the next round's end)."""
+    lands ``delay`` steps after its launch (0: at the next round's end). ``warmup``: that many
+    synchronous steps first (each step's gradient averaged over the replicas), the rounds counted
+    from the end of it, their anchors the weights it left. ``alpha`` (with ``delay``): at a landing
+    the weights become α·weights + (1 − α)·anchor instead of keeping the steps since the launch."""
     models = [make_model() for _ in range(p)]
     inners = [inner(m.parameters()) for m in models]
     sizes = fragments or [len(list(models[0].parameters()))]
@@ -80,24 +83,48 @@ def diloco_reference(p: int, sync_every: int, width: int, steps: int, rule: str 
             for m in range(p):
                 launched[m][f] = None
                 for a, b, q in zip(anchors[m][f], before[m], frag_params[m][f]):
-                    q.add_(a - b)
+                    if alpha is None:
+                        q.add_(a - b)
+                    else:
+                        q.mul_(alpha).add_(a, alpha=1 - alpha)
+
+    def anchors_from_weights():
+        with torch.no_grad():
+            for m in range(p):
+                for f in range(len(sizes)):
+                    for a, q in zip(anchors[m][f], frag_params[m][f]):
+                        a.copy_(q)
 
     for t in range(steps):
         for m in range(p):
             inners[m].zero_grad()
             loss_of(models[m], m, t).backward()
+        if t < warmup:  # synchronous: every replica steps with the average
+            grads = [[q.grad.clone() for q in models[m].parameters()] for m in range(p)]
+            for m in range(p):
+                for q, *gs in zip(models[m].parameters(), *grads):
+                    q.grad.copy_(sum(gs) / p)
+        for m in range(p):
             inners[m].step()
+        if t + 1 == warmup:
+            anchors_from_weights()
+        if t < warmup:
+            continue
+        clock = t + 1 - warmup
         for f, offset in enumerate(offsets):
-            if delay and pending[f] and (t + 1 - offset) % sync_every == delay:
+            if delay and pending[f] and (clock - offset) % sync_every == delay:
                 land(f)
         for f, offset in enumerate(offsets):
-            if (t + 1 - offset) % sync_every == 0:
+            if (clock - offset) % sync_every == 0:
                 end_round(f)
+    if steps <= warmup:
+        anchors_from_weights()
+        return [flat_params(m) for m in models]
     for f in range(len(sizes)):
         if delay and pending[f]:
             land(f)
     for f, offset in enumerate(offsets):
-        if (steps - offset) % sync_every:
+        if (steps - warmup - offset) % sync_every:
             end_round(f)
     for f in range(len(sizes)):
         while pending[f]:

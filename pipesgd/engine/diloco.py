@@ -87,16 +87,21 @@ class _Fragment:
             self.restart()
         return stats
 
-    def land(self) -> StepStats:
-        """Wait for the exchange in flight and apply it to the anchor (``sync_delay``), then put the
-        inner steps trained since the launch on top of it: the weights become the new anchor plus
-        what they moved since the launch (:attr:`launched_at`), or, where they restarted from the
-        anchor at the launch, move by what the anchor moved."""
+    def land(self, alpha: float | None = None) -> StepStats:
+        """Wait for the exchange in flight and apply it to the anchor (``sync_delay``), then merge
+        the inner steps trained since the launch: by default keep them on top of it (the weights
+        become the new anchor plus what they moved since the launch, :attr:`launched_at`, or,
+        where they restarted from the anchor at the launch, move by what the anchor moved); with
+        ``alpha`` = α, streaming DiLoCo's mix: θ ← α·θ + (1 − α)·anchor."""
         before = self.launched_at if self.launched_at is not None else flat_params(self.anchor)
         stats = self.pipe.flush()
         with torch.no_grad():
-            moved = flat_params(self.anchor).sub_(before)
-            assign_params(self.params, flat_params(self.params).add_(moved))
+            if alpha is None:
+                moved = flat_params(self.anchor).sub_(before)
+                assign_params(self.params, flat_params(self.params).add_(moved))
+            else:
+                assign_params(self.params, flat_params(self.params).mul_(alpha).add_(flat_params(self.anchor),
+                                                                                     alpha=1.0 - alpha))
         self.launched_at = None
         return stats
 
@@ -159,7 +164,7 @@ class PipeDiLoCo(Engine):
                  staleness: str | Staleness = "none", compressor: str | Compressor | Reduction | None = "none",
                  allreduce: str | Callable[..., CommStats] = "auto", group=None, nonfinite: str = "abort",
                  timeout_s: float | None = None, module: torch.nn.Module | None = None, fragments: int = 1,
-                 sync_delay: int = 0):
+                 sync_delay: int = 0, warmup_sync_steps: int = 0, landing_alpha: float | None = None):
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
             raise ValueError(f"sync_every must be an integer >= 1 (inner steps per round), got {sync_every!r}")
         if isinstance(fragments, bool) or not isinstance(fragments, int) or fragments < 1 or sync_every % fragments:
@@ -185,9 +190,16 @@ class PipeDiLoCo(Engine):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params has no tensor with requires_grad=True: nothing to train")
+        _check_warmup_and_mix(warmup_sync_steps, landing_alpha, sync_delay)
         self.sync_every, self.width, self.sync_delay = sync_every, width, sync_delay
+        self.warmup_sync_steps, self.landing_alpha = warmup_sync_steps, landing_alpha
         self.steps = 0  # inner steps: the tick every fragment's schedule launches and lands at
         broadcast_from_first_rank([*self.params, *(module.buffers() if module is not None else ())], group)
+        # the synchronous steps before the first round: each step's gradient averaged (width 1) and
+        # stepped by the inner optimizer, so rounds start from a data-parallel model
+        self._warmup = None if not warmup_sync_steps else PipeSGD(
+            optimizer, self.params, width=1, compressor=copy.deepcopy(compressor), allreduce=allreduce, group=group,
+            nonfinite=nonfinite, timeout_s=timeout_s)
         # fragments share one communication thread: one FIFO keeps their collectives in one order
         self._thread = CommThread() if fragments > 1 else None
         step = sync_every // fragments
@@ -223,8 +235,12 @@ class PipeDiLoCo(Engine):
 
     @property
     def in_round(self) -> int:
-        """Inner steps since the last fragment's round ended."""
-        return self.steps % self.sync_every
+        """Inner steps since the last fragment's round ended (0 during the synchronous warm-up)."""
+        return max(0, self.steps - self.warmup_sync_steps) % self.sync_every
+
+    def _round_clock(self) -> int:
+        """Inner steps since the rounds started (after ``warmup_sync_steps``); <= 0 before."""
+        return self.steps - self.warmup_sync_steps
 
     @property
     def in_flight(self) -> int:
@@ -232,6 +248,8 @@ class PipeDiLoCo(Engine):
 
     def step(self) -> StepStats:
         """One inner step with this rank's gradient; the outer exchange of each fragment whose round ends here."""
+        if self._warmup is not None:
+            return self._warmup_step()
         t0 = time.perf_counter()
         with trace.current().span("update", "update", self.steps):
             self._stepping = True
@@ -243,7 +261,8 @@ class PipeDiLoCo(Engine):
         # a round lands when its fragment's schedule says (sync_delay steps after its launch), else
         # by its pipe's width at the fragment's next round end
         landing = [f for f in self.fragments if f.pipe.schedule.due(self.steps)]
-        due = [f for f in self.fragments if (self.steps - f.offset) % self.sync_every == 0]
+        clock = self._round_clock()
+        due = [f for f in self.fragments if (clock - f.offset) % self.sync_every == 0]
         stats = self._land(landing) if landing else StepStats()
         if due:
             _merge(stats, self._end_rounds(due))
@@ -251,6 +270,28 @@ class PipeDiLoCo(Engine):
         stats.applied = True  # the inner step applied, whatever the outer one did
         self.last = stats
         return stats
+
+    def _warmup_step(self) -> StepStats:
+        """A synchronous step: this step's averaged gradient, stepped by the inner optimizer; the
+        last one starts the rounds from the weights it leaves (every replica's, identical)."""
+        self._stepping = True
+        try:
+            stats = self._warmup.step()
+        finally:
+            self._stepping = False
+        self.steps += 1
+        if self.steps >= self.warmup_sync_steps:
+            self._start_rounds()
+        self.last = stats
+        return stats
+
+    def _start_rounds(self) -> None:
+        """The warm-up is over: every fragment's anchor takes the weights (the outer optimizers,
+        never stepped yet, start fresh)."""
+        self._warmup.close()
+        self._warmup = None
+        for f in self.fragments:
+            assign_params(f.anchor, flat_params(f.params))
 
     def _end_rounds(self, fragments: list[_Fragment]) -> StepStats:
         stats = StepStats()
@@ -271,16 +312,23 @@ class PipeDiLoCo(Engine):
         """The exchanges launched ``sync_delay`` steps ago: waited for and applied (:meth:`_Fragment.land`)."""
         stats = StepStats()
         for f in fragments:
-            _merge(stats, f.land())
+            _merge(stats, f.land(self.landing_alpha))
         stats.metrics = {"outer/bytes_per_step": stats.comm.wire_bytes * len(self.fragments) / self.sync_every}
         return stats
 
     def flush(self) -> StepStats:
-        """End partial rounds early, apply every round in flight; params = the anchor after."""
+        """End partial rounds early, apply every round in flight; params = the anchor after
+        (during the synchronous warm-up: the anchor takes the weights)."""
+        if self._warmup is not None:
+            stats = self._warmup.flush()
+            for f in self.fragments:
+                assign_params(f.anchor, flat_params(f.params))
+            return stats
         # sync_delay: what is in flight lands first, as it would have before the next launch
         landing = [f for f in self.fragments if self.sync_delay and f.pipe.in_flight]
         stats = self._land(landing) if landing else StepStats()
-        partial = [f for f in self.fragments if (self.steps - f.offset) % self.sync_every and self.steps]
+        clock = self._round_clock()
+        partial = [f for f in self.fragments if clock > 0 and (clock - f.offset) % self.sync_every]
         if partial:
             _merge(stats, self._end_rounds(partial))
         for f in self.fragments:
@@ -298,8 +346,9 @@ class PipeDiLoCo(Engine):
                                "or engine.close() to release it")
 
     def consistent_weights(self) -> AbstractContextManager:
-        """Inside: ``params`` hold the anchor (this replica's; see :attr:`replicas_agree`)."""
-        return self._anchor_in_params()
+        """Inside: ``params`` hold the anchor (this replica's; see :attr:`replicas_agree`); during
+        the synchronous warm-up, the weights themselves (every replica's)."""
+        return contextlib.nullcontext() if self._warmup is not None else self._anchor_in_params()
 
     @contextlib.contextmanager
     def _anchor_in_params(self) -> Iterator[None]:
@@ -311,10 +360,12 @@ class PipeDiLoCo(Engine):
             assign_params(self.params, local)
 
     def collective(self, fn: Callable[[], T], what: str = "a collective") -> T:
-        return self.fragments[0].pipe.collective(fn, what)
+        return (self._warmup or self.fragments[0].pipe).collective(fn, what)
 
     def check_replicas(self) -> None:
         """PipeSGD's check on each fragment's anchor (``staleness=none``: identical on every rank)."""
+        if self._warmup is not None:
+            return self._warmup.check_replicas()
         if not self.replicas_agree:
             raise RuntimeError("staleness=eager replicas differ by their own fresh pseudo-gradient by design; "
                                "there is nothing every replica must agree on to check")
@@ -331,6 +382,8 @@ class PipeDiLoCo(Engine):
         pipes = [f.pipe.state_dict() for f in self.fragments]
         return {"width": self.width, "steps": self.steps, "sync_every": self.sync_every,
                 "fragments": len(self.fragments), "sync_delay": self.sync_delay,
+                "warmup_sync_steps": self.warmup_sync_steps,
+                "warmup": None if self._warmup is None else self._warmup.state_dict(),
                 "pending": [p.pop("pending") for p in pipes],
                 "pending_nonfinite": [p.pop("pending_nonfinite") for p in pipes], "pipes": pipes,
                 "anchor": flat_params(self.anchor), "outer_optimizers": [f.outer.state_dict() for f in self.fragments],
@@ -339,9 +392,9 @@ class PipeDiLoCo(Engine):
 
     def load_state_dict(self, state: dict) -> None:
         for key, mine in (("width", self.width), ("sync_every", self.sync_every), ("fragments", len(self.fragments)),
-                          ("sync_delay", self.sync_delay)):
-            # checkpoints from before sync_delay existed ran without one
-            if state.get(key, 0 if key == "sync_delay" else None) != mine:
+                          ("sync_delay", self.sync_delay), ("warmup_sync_steps", self.warmup_sync_steps)):
+            # checkpoints from before sync_delay and the warm-up existed ran without them
+            if state.get(key, 0 if key in ("sync_delay", "warmup_sync_steps") else None) != mine:
                 raise ValueError(f"checkpoint has {key}={state.get(key)}, engine has {key}={mine}")
         device = self.params[0].device
         state = state_to_device(state, device)
@@ -356,7 +409,7 @@ class PipeDiLoCo(Engine):
                                                           state["outer_optimizers"]):
             # launch ticks (inner steps) of checkpoints from before they were saved: the fragment's
             # round ends, the newest the last one at or before the step
-            last = steps - (steps - f.offset) % self.sync_every
+            last = steps - (steps - self.warmup_sync_steps - f.offset) % self.sync_every
             at = pipe.get("pending_at") or [last - (len(pending) - 1 - i) * self.sync_every for i in range(len(pending))]
             f.pipe.load_state_dict({**pipe, "pending": pending, "pending_nonfinite": flags, "pending_at": at})
             assign_params(f.anchor, anchor)
@@ -369,6 +422,12 @@ class PipeDiLoCo(Engine):
         if state.get("inner_optimizer") is not None:
             self.optimizer.load_state_dict(copy.deepcopy(state["inner_optimizer"]))
         self.steps = int(state["steps"])
+        if self._warmup is not None:
+            if state.get("warmup") is not None:
+                self._warmup.load_state_dict(state["warmup"])
+            else:  # saved after the warm-up: the rounds it started are in the state loaded above
+                self._warmup.close()
+                self._warmup = None
 
     def state_for_new_rank(self, state: dict) -> dict:
         """A rank that did not exist before an elastic resume starts its round from the donor's
@@ -387,10 +446,13 @@ class PipeDiLoCo(Engine):
 
     def summary(self) -> dict:
         return {"sync_every": self.sync_every, "fragments": len(self.fragments), "sync_delay": self.sync_delay,
+                "warmup_sync_steps": self.warmup_sync_steps, "landing_alpha": self.landing_alpha,
                 "rounds": self.rounds, "outer_rule": self.rule.name}
 
     def close(self) -> None:
         self._guard.remove()
+        if self._warmup is not None:
+            self._warmup.close()
         for f in self.fragments:
             f.pipe.close()
         if self._thread is not None:
@@ -420,3 +482,18 @@ class _Policies:
     @property
     def skipped(self) -> list[int]:
         return sorted(s for p in self._policies for s in p.skipped)
+
+
+def _check_warmup_and_mix(warmup_sync_steps: int, landing_alpha: float | None, sync_delay: int) -> None:
+    if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
+        raise ValueError(f"warmup_sync_steps must be an integer >= 0 (synchronous steps before the first round), "
+                         f"got {warmup_sync_steps!r}")
+    if landing_alpha is None:
+        return
+    if isinstance(landing_alpha, bool) or not isinstance(landing_alpha, (int, float)) or not 0 <= landing_alpha <= 1:
+        raise ValueError(f"landing_alpha must be a number in [0, 1] (the local weights' share at a landing: "
+                         f"θ ← α·θ + (1 − α)·anchor) or None (keep the steps since the launch), got {landing_alpha!r}")
+    if not sync_delay:
+        raise ValueError(f"landing_alpha={landing_alpha} mixes the weights where a round's average lands sync_delay "
+                         "steps after its launch; at sync_delay=0 every round restarts from the anchor: set "
+                         "sync_delay > 0 or leave landing_alpha unset")

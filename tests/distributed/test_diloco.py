@@ -336,3 +336,73 @@ def test_fragments_must_divide_the_period():
         PipeDiLoCo(INNER(model.parameters()), model.parameters(), 4, fragments=3)
     with pytest.raises(ValueError, match="fragments=8 is more than the model's 4 parameter tensors"):
         PipeDiLoCo(INNER(model.parameters()), model.parameters(), 8, fragments=8)
+
+
+def _run_warm(rank, p, h, width, rule, warmup, fragments=1, delay=0, alpha=None, stop=None):
+    """``warmup`` synchronous steps, then rounds; ``stop``: a checkpoint round trip after that step."""
+    def build():
+        model = make_model()
+        opt = INNER(model.parameters())
+        return model, opt, PipeDiLoCo(opt, model.parameters(), h, width=width, staleness=rule, allreduce="ring",
+                                      fragments=fragments, sync_delay=delay, warmup_sync_steps=warmup,
+                                      landing_alpha=alpha)
+
+    model, opt, engine = build()
+    for t in range(STEPS + 1):
+        if t == stop:
+            saved = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "engine": engine.state_dict()}
+            engine.close()
+            model, opt, engine = build()
+            model.load_state_dict(saved["model"])
+            engine.load_state_dict(saved["engine"])
+        opt.zero_grad()
+        loss_of(model, rank, t).backward()
+        engine.step()
+    engine.flush()
+    engine.close()
+    return flat_params(model)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("h,width,rule,warmup,fragments,delay", [
+    (4, 1, "none", 3, 1, 0), (4, 2, "eager", 5, 1, 0), (4, 2, "none", 6, 2, 1), (4, 2, "none", 30, 1, 0)])
+def test_rounds_after_synchronous_steps_equal_their_reference(h, width, rule, warmup, fragments, delay):
+    """trainer.warmup_sync_steps at sync_every > 1: that many steps of the averaged gradient (the
+    replicas identical), then rounds counted from there, starting from the weights it left; a
+    warm-up longer than the run is synchronous SGD throughout."""
+    sizes = [1, 3] if fragments == 2 else None
+    expected = diloco_reference(2, h, width, STEPS + 1, rule, fragments=sizes, delay=delay, warmup=warmup)
+    for rank, params in enumerate(run_workers(_run_warm, 2, h, width, rule, warmup, fragments, delay)):
+        assert (params - expected[rank]).abs().max() <= 1e-6, f"rank {rank}"
+    assert (expected[0] - diloco_reference(2, h, width, STEPS + 1, rule, fragments=sizes, delay=delay)[0]
+            ).abs().max() > 1e-4, "the warm-up changes the run"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("stop", [2, 9])
+def test_resume_during_and_after_the_warm_up_is_bit_exact(stop):
+    """A checkpoint inside the synchronous steps (2) and inside a delayed round after them (9)."""
+    resumed = run_workers(_run_warm, 2, 4, 2, "none", 3, 2, 1, None, stop)
+    uninterrupted = run_workers(_run_warm, 2, 4, 2, "none", 3, 2, 1)
+    for a, b in zip(resumed, uninterrupted):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("alpha,rule", [(0.0, "none"), (0.5, "none"), (0.5, "eager")])
+def test_the_alpha_mix_at_a_landing_equals_its_reference(alpha, rule):
+    """landing_alpha=α: where a round's average lands (sync_delay), θ ← α·θ + (1 − α)·anchor
+    (streaming DiLoCo's merge; α = 0 drops the steps since the launch, as torchft does)."""
+    expected = diloco_reference(2, 4, 2, STEPS + 1, rule, delay=2, alpha=alpha)
+    for rank, params in enumerate(run_workers(_run_warm, 2, 4, 2, rule, 0, 1, 2, alpha)):
+        assert (params - expected[rank]).abs().max() <= 1e-6, f"rank {rank}"
+    assert (expected[0] - diloco_reference(2, 4, 2, STEPS + 1, rule, delay=2)[0]).abs().max() > 1e-4
+
+
+def test_warm_up_and_mix_refusals_name_the_value():
+    model = make_model()
+    for kwargs, match in (({"warmup_sync_steps": -1}, "warmup_sync_steps must be an integer >= 0"),
+                          ({"landing_alpha": 1.5, "sync_delay": 1}, r"landing_alpha must be a number in \[0, 1\]"),
+                          ({"landing_alpha": 0.5}, "landing_alpha=0.5 mixes the weights")):
+        with pytest.raises(ValueError, match=match):
+            PipeDiLoCo(INNER(model.parameters()), model.parameters(), 4, **kwargs)
