@@ -108,26 +108,7 @@ def test_int8_in_the_ring_on_pseudo_gradients_within_its_rounding():
 
 def _resume(rank, p, width, rule, stop, fragments=1, h=H, delay=0):
     """Train to ``stop``, save every part of the state, rebuild everything and continue to STEPS."""
-    def build():
-        model = make_model()
-        opt = INNER(model.parameters())
-        return model, opt, PipeDiLoCo(opt, model.parameters(), h, width=width, staleness=rule, allreduce="ring",
-                                      fragments=fragments, sync_delay=delay)
-
-    model, opt, engine = build()
-    for t in range(STEPS):
-        if t == stop:
-            saved = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "engine": engine.state_dict()}
-            engine.close()
-            model, opt, engine = build()
-            model.load_state_dict(saved["model"])
-            engine.load_state_dict(saved["engine"])
-        opt.zero_grad()
-        loss_of(model, rank, t).backward()
-        engine.step()
-    engine.flush()
-    engine.close()
-    return flat_params(model)
+    return _run_warm(rank, p, h, width, rule, 0, fragments, delay, stop=stop, steps=STEPS)
 
 
 @pytest.mark.timeout(240)
@@ -338,8 +319,9 @@ def test_fragments_must_divide_the_period():
         PipeDiLoCo(INNER(model.parameters()), model.parameters(), 8, fragments=8)
 
 
-def _run_warm(rank, p, h, width, rule, warmup, fragments=1, delay=0, alpha=None, stop=None):
-    """``warmup`` synchronous steps, then rounds; ``stop``: a checkpoint round trip after that step."""
+def _run_warm(rank, p, h, width, rule, warmup, fragments=1, delay=0, alpha=None, stop=None, steps=STEPS + 1):
+    """``warmup`` synchronous steps, then rounds; ``stop``: save every part of the state before that
+    step, rebuild everything and continue to ``steps``."""
     def build():
         model = make_model()
         opt = INNER(model.parameters())
@@ -348,7 +330,7 @@ def _run_warm(rank, p, h, width, rule, warmup, fragments=1, delay=0, alpha=None,
                                       landing_alpha=alpha)
 
     model, opt, engine = build()
-    for t in range(STEPS + 1):
+    for t in range(steps):
         if t == stop:
             saved = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "engine": engine.state_dict()}
             engine.close()
