@@ -1,6 +1,6 @@
 """The single-process reference of the period-H rules (PipeDiLoCo): p simulated replicas, each with
 its own weights, inner optimizer, anchor and outer optimizer, and the outer step of the round
-``width - 1`` rounds back applied under the rule ``none`` or ``eager`` (docs/period-h.md); with a
+``width - 1`` rounds back applied under its rule (docs/period-h.md); with a
 ``delay`` τ, the round's own average applied τ steps after its launch with the steps trained since
 kept on top (``none``: the weights train on from where the round ended; ``eager``: from the anchor
 with the own part applied, moved by what the rest moves it)."""
@@ -18,14 +18,17 @@ INNER = partial(torch.optim.SGD, lr=LR, momentum=MOMENTUM)
 
 def diloco_reference(p: int, sync_every: int, width: int, steps: int, rule: str = "none",
                      outer=OUTER, inner=INNER, fragments: list[int] | None = None,
-                     delay: int = 0, warmup: int = 0, alpha: float | None = None) -> list[torch.Tensor]:
+                     delay: int = 0, warmup: int = 0, alpha: float | None = None,
+                     damping: float = 1.0) -> list[torch.Tensor]:
     """Every replica's final weights (after the flush) as flat tensors, one per replica.
     ``fragments``: how many parameter tensors each fragment takes, in order (None: one fragment);
     fragment f's rounds end at the steps ≡ (f+1)·H/F (mod H). ``delay`` (width 2): a round's average
     lands ``delay`` steps after its launch (0: at the next round's end). ``warmup``: that many
     synchronous steps first (each step's gradient averaged over the replicas), the rounds counted
     from the end of it, their anchors the weights it left. ``alpha`` (with ``delay``): at a landing
-    the weights become α·weights + (1 − α)·anchor instead of keeping the steps since the launch."""
+    the weights become α·weights + (1 − α)·anchor instead of keeping the steps since the launch.
+    Rules: ``none``, ``eager``, ``delayed_nesterov`` (eager with the momentum fed the late average
+    alone, the own terms a plain step) and ``damped`` (the late average / (1 + ``damping``·lateness))."""
     models = [make_model() for _ in range(p)]
     inners = [inner(m.parameters()) for m in models]
     sizes = fragments or [len(list(models[0].parameters()))]
@@ -43,15 +46,29 @@ def diloco_reference(p: int, sync_every: int, width: int, steps: int, rule: str 
             a.grad = g.clone()
         outers[m][f].step()
 
+    own_terms = rule in ("eager", "delayed_nesterov")  # each replica applies a term of its own
+    lateness = delay / sync_every if delay else width - 1
+
+    def plain_step(m, f, terms):
+        """delayed_nesterov's own part: a plain step of the outer rate, outside the momentum."""
+        lr = outers[m][f].param_groups[0]["lr"]
+        with torch.no_grad():
+            for a, t in zip(anchors[m][f], terms):
+                a.sub_(t, alpha=lr / p)
+
     def apply_oldest(f):
         late = pending[f].popleft()
         for m in range(p):
             prev = own[m][f].popleft()
             g = late
+            fresh = own[m][f][-1] if own[m][f] else [torch.zeros_like(x) for x in prev]
             if rule == "eager":
-                fresh = own[m][f][-1] if own[m][f] else [torch.zeros_like(x) for x in prev]
                 g = [lt - pv / p + fr / p for lt, pv, fr in zip(late, prev, fresh)]
+            if rule == "damped":
+                g = [lt / (1 + damping * lateness) for lt in late]
             outer_step(m, f, g)
+            if rule == "delayed_nesterov":
+                plain_step(m, f, [fr - pv for fr, pv in zip(fresh, prev)])
 
     def restart(f):
         with torch.no_grad():
@@ -70,7 +87,11 @@ def diloco_reference(p: int, sync_every: int, width: int, steps: int, rule: str 
         elif rule == "eager":  # the fill: a zero late average
             for m in range(p):
                 outer_step(m, f, [d / p for d in own[m][f][-1]])
-        if delay and rule == "none" and len(pending[f]) == 1:  # train on from here until it lands
+        elif rule == "delayed_nesterov":
+            for m in range(p):
+                outer_step(m, f, [torch.zeros_like(d) for d in own[m][f][-1]])
+                plain_step(m, f, own[m][f][-1])
+        if delay and not own_terms and len(pending[f]) == 1:  # train on from here until it lands
             for m in range(p):
                 launched[m][f] = [q.detach().clone() for q in frag_params[m][f]]
         else:

@@ -183,8 +183,8 @@ class PipeDiLoCo(Engine):
         if rule.sync_period == "step":
             raise ValueError(f"staleness={rule.name} is a rule for per-step gradients and cannot apply a round's "
                              "pseudo-gradient; use staleness=none or staleness=eager with sync_every")
-        if rule.name == "eager" and width != 2:
-            raise ValueError(f"staleness=eager keeps exactly one outer step in flight: it needs width=2, got "
+        if not rule.agrees and width != 2:
+            raise ValueError(f"staleness={rule.name} keeps exactly one outer step in flight: it needs width=2, got "
                              f"width={width}")
         self.optimizer = optimizer
         self.params = [p for p in params if p.requires_grad]
@@ -216,7 +216,9 @@ class PipeDiLoCo(Engine):
         self.rule = first.rule
         self.nonfinite = first.pipe.nonfinite if fragments == 1 else _Policies([f.pipe for f in self.fragments])
         self.compressor = first.pipe.compressor
-        self.replicas_agree = rule.sync_period != "round"
+        self.replicas_agree = rule.agrees
+        for f in self.fragments:  # rounds from a launch to its apply, for a rule that scales by it
+            f.rule.lateness = sync_delay / sync_every if sync_delay else float(width - 1)
         self.last = StepStats()
         self._stepping = False
         self._guard = optimizer.register_step_pre_hook(self._check_stepping)
@@ -296,7 +298,7 @@ class PipeDiLoCo(Engine):
     def _end_rounds(self, fragments: list[_Fragment]) -> StepStats:
         stats = StepStats()
         own_bad = False
-        keep_local = bool(self.sync_delay) and self.rule.name == "none"
+        keep_local = bool(self.sync_delay) and self.rule.agrees  # eager's kind restarts from its own anchor
         for f in fragments:
             s = f.end_round(keep_local)
             own_bad |= bool(s.metrics.pop("own_nonfinite"))

@@ -21,7 +21,7 @@ from ..flat import flat_params, set_grads
 from ..registry import Registry
 
 REGISTRY: Registry[type[Staleness]] = Registry("staleness", facts=("options", "uses_forward_context", "optimizers",
-                                                                    "sync_period"))
+                                                                    "sync_period", "agrees"))
 
 SYNC_PERIODS = ("step", "round", "any")
 """Where a rule applies (its ``sync_period`` fact): to per-step averaged gradients only (``step``:
@@ -51,6 +51,10 @@ class Staleness(ABC):
     without_grad: tuple[int, ...] = ()
     #: one of :data:`SYNC_PERIODS`: per-step gradients, the outer step of trainer.sync_every > 1, or either
     sync_period: ClassVar[str] = "step"
+    #: replicas that apply the rule hold identical weights (False: each applies a term of its own, eager's)
+    agrees: ClassVar[bool] = True
+    #: rounds between a launch and the apply of its average (set by the engine that binds a round rule)
+    lateness: float = 0.0
 
     def bind(self, params: Sequence[Tensor], optimizer: torch.optim.Optimizer) -> None:
         """ValueError (:func:`check_optimizer`) for an optimizer whose update the rule cannot follow."""

@@ -33,6 +33,7 @@ class Eager(Staleness):
     """The eager outer rule. ``replicas`` (M) is set by the engine that binds it (its group's size)."""
 
     sync_period = "round"
+    agrees = False
     replicas: int = 1
 
     def __init__(self) -> None:

@@ -388,3 +388,28 @@ def test_warm_up_and_mix_refusals_name_the_value():
                           ({"landing_alpha": 0.5}, "landing_alpha=0.5 mixes the weights")):
         with pytest.raises(ValueError, match=match):
             PipeDiLoCo(INNER(model.parameters()), model.parameters(), 4, **kwargs)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("rule,fragments,delay,warmup", [
+    ("delayed_nesterov", 1, 0, 0), ("delayed_nesterov", 2, 1, 3), ("damped", 1, 0, 0), ("damped", 2, 1, 0)])
+def test_staleness_aware_outer_steps_equal_their_reference(rule, fragments, delay, warmup):
+    """delayed_nesterov: eager with the outer momentum fed the arrived average alone, the own fresh
+    part a plain step of the outer rate; damped: the late average scaled by 1 / (1 + lateness),
+    a round (width 2) or delay / H late. Each against the single-process reference, and each a
+    different run from its parent rule (eager, none)."""
+    sizes = [1, 3] if fragments == 2 else None
+    expected = diloco_reference(2, 4, 2, STEPS + 1, rule, fragments=sizes, delay=delay, warmup=warmup)
+    for rank, params in enumerate(run_workers(_run_warm, 2, 4, 2, rule, warmup, fragments, delay)):
+        assert (params - expected[rank]).abs().max() <= 1e-6, f"rank {rank}"
+    parent = "eager" if rule == "delayed_nesterov" else "none"
+    assert (expected[0] - diloco_reference(2, 4, 2, STEPS + 1, parent, fragments=sizes, delay=delay,
+                                           warmup=warmup)[0]).abs().max() > 1e-4
+
+
+def test_delayed_nesterov_with_a_plain_outer_step_is_eager():
+    """Without momentum there is nothing for the own terms to ring in: the two rules agree."""
+    plain = partial(torch.optim.SGD, lr=0.7)
+    dn = diloco_reference(2, 4, 2, STEPS + 1, "delayed_nesterov", outer=plain)
+    eager = diloco_reference(2, 4, 2, STEPS + 1, "eager", outer=plain)
+    assert (dn[0] - eager[0]).abs().max() <= 1e-6 and (dn[1] - eager[1]).abs().max() <= 1e-6
