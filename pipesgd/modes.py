@@ -102,10 +102,12 @@ class Mode:
             raise ValueError("check_on_reductions=True needs replicas_agree=True: a check compares replicas "
                              "that agree")
 
-    def runs_at(self, width: int) -> int:
+    def runs_at(self, width: int, asked: bool = True) -> int:
         """The width this mode runs at when ``trainer.width`` is ``width``: its own fixed width,
-        unless ``width`` is one of its ``widths``; ``width`` itself for a pipelined mode."""
-        return width if width in self.widths else self.width or width
+        unless ``width`` is one of its ``widths`` and ``asked`` (set on the command line: a config
+        file's width is pipe's default, which a mode of fixed width does not take); ``width``
+        itself for a pipelined mode."""
+        return width if asked and width in self.widths else self.width or width
 
 
 FIELDS = tuple(f.name for f in fields(Mode))

@@ -136,3 +136,16 @@ def test_what_cannot_run_in_rounds_is_refused_before_workers_start(overrides, me
     assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and "] - training " not in r.stderr, "no worker may have started"
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_config_with_several_problems_gets_them_all_in_one_refusal(tmp_path):
+    """gpt_shakespeare's per-step rule (lookahead) and its synchronous warm-up (300 steps) cannot run
+    in rounds: both are named in the one refusal, not one per try, before any worker starts."""
+    r = run("+experiment=gpt_shakespeare", "trainer.sync_every=10", f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "2 problems in this config:" in r.stderr, r.stderr[-2000:]
+    assert "1. staleness=lookahead is a rule for per-step gradients" in r.stderr
+    assert "2. trainer.warmup_sync_steps=300 is not used at trainer.sync_every=10" in r.stderr
+    assert "Traceback" not in r.stderr and "] - training " not in r.stderr, "no worker may have started"
+    assert not (tmp_path / "run").exists()
