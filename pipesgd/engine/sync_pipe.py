@@ -13,7 +13,7 @@ from .pipe import PipeSGD
 
 # Decorators apply bottom-up: sync registers first, the order every listing shows.
 @register("pipe", width=None, staleness=True, reductions=True, allreduce=True, sync_every=True, sync_delay=True)
-@register("sync", width=1, staleness=True, reductions=True, allreduce=True, sync_every=True)
+@register("sync", width=1, staleness=True, reductions=True, allreduce=True, sync_every=True, reference=True)
 def build(a: ModeArgs) -> tuple[torch.nn.Module, Engine]:
     """PipeSGD; at ``sync_every`` > 1 the same schedule one level up (:mod:`pipesgd.engine.diloco`)."""
     if a.sync_every > 1:
