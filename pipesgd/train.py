@@ -127,7 +127,6 @@ def worker(container: dict, run_dir: str, settled: Settled | None = None) -> Non
     ``settled``: what the launching process decided the config runs (:func:`pipesgd.config.settle`);
     None: the container's width and rule as they are."""
     cfg = OmegaConf.create(container)
-    settled = settled or settle(cfg, ("trainer.width", "staleness"))
     _setup_logging(pdist.env_int("RANK", 0), run_dir)
     placement = pin(cfg.dist.get("cpu_affinity"), pdist.env_int("RANK", 0), pdist.env_int("LOCAL_RANK", 0))
     threads = _threads(cfg)
@@ -139,6 +138,7 @@ def worker(container: dict, run_dir: str, settled: Settled | None = None) -> Non
         trace.install(tracer)
         run_dir = pdist.broadcast_object(run_dir, ctx)
         torch.manual_seed(cfg.seed)
+        settled = settled or settle(cfg, ("trainer.width", "staleness"))
         run = _build(cfg, ctx, settled)
         writer = make_writer(run_dir, ctx.is_main)
         log.info("mode=%s width=%d staleness=%s compressor=%s allreduce=%s world=%d global batch %d lr %.4g "

@@ -45,7 +45,8 @@ def check_schedule(sync_every: int, fragments: int = 1, sync_delay: int = 0, pre
     """ValueError naming every setting (``prefix`` + its name, e.g. ``trainer.``) where ``(H, F, τ)`` is
     not a schedule at ``width`` (:func:`pipesgd.period.problems`; below 2 or None: torchft's schedule)."""
     torchft = width is None or width < 2
-    period.check(sync_every, fragments, sync_delay, width=None if torchft else width, prefix=prefix)
+    period.check(sync_every, fragments, sync_delay, width=None if torchft else width, prefix=prefix,
+                 runs=f"got width {width} (or 1: torchft's schedule)")
 
 
 def round_step_s(fragment_exchange_s: float, compute_s: float, update_s: float, sync_every: int, width: int = 1,
