@@ -8,7 +8,8 @@ import dataclasses
 import difflib
 import inspect
 import sys
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.errors import InstantiationException
@@ -18,12 +19,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .dist import BACKENDS
 from .launch import under_torchrun
+from . import period
 from .modes import check_comm, check_compressor, get_mode, modes, modes_with
-from .placement import check_rule as check_placement
+from .placement import check_rule as _check_placement
 from .registry import registry
 from .schema import Config, DistConfig, LiveConfig, TrainerConfig
 from .staleness import available as stalenesses
-from .staleness import rule_class
+from .staleness import rule_class, rules_besides
 
 
 class ConfigError(ValueError):
@@ -92,60 +94,124 @@ def staleness_rule(cfg: DictConfig) -> str:
                       f"choose one with staleness=NAME, NAME in {', '.join(stalenesses())}")
 
 
+@dataclass(frozen=True)
+class Settled:
+    """What a run runs that the composed config does not say alone, decided once in the launching
+    process (:func:`settle`) and handed to the workers beside the config, which stays as composed.
+    ``width``: the width the mode runs at (:meth:`pipesgd.modes.Mode.runs_at`); ``staleness``: the
+    registered name of the rule it applies; ``from_group``: the ``staleness`` group builds it (False:
+    a config file's rule for pipe, in a mode that applies none and was not asked for one on the
+    command line, set aside for ``none`` at its defaults)."""
+
+    width: int
+    staleness: str
+    from_group: bool = True
+
+    def record(self, container: dict) -> dict:
+        """``container`` (the composed config, plain) as checkpoints and summary.json record the
+        run: what a run recorded before the config stopped being rewritten on its way down, so its
+        checkpoints still resume (a fixed-width mode's width where the command line may choose
+        another, ddp's; the staleness group as the rule that runs)."""
+        out = copy.deepcopy(container)
+        if get_mode(out["trainer"]["mode"]).widths:
+            out["trainer"]["width"] = self.width
+        if not self.from_group:
+            out["staleness"] = {"_target_": _target_of(rule_class(self.staleness))}
+        return out
+
+
+def settle(cfg: DictConfig, explicit: Collection[str] = (), rule: str | None = None) -> Settled:
+    """The run's :class:`Settled` facts: ``trainer.width`` where the mode takes it (one it names in
+    ``widths`` only from the command line, ``explicit``), and the staleness rule (``rule``, the
+    configured one, read here when None) unless the mode applies none and a config file chose it."""
+    mode = get_mode(cfg.trainer.mode)
+    asked = "trainer.width" in explicit
+    rule = staleness_rule(cfg) if rule is None else rule
+    applies = mode.staleness or (asked and cfg.trainer.width in mode.widths)
+    # an experiment file's rule for pipe (resnet_cifar: lookahead), like its width: not this mode's
+    aside = not applies and rule != "none" and bool(explicit) and "staleness" not in explicit
+    return Settled(mode.runs_at(cfg.trainer.width, asked), "none" if aside else rule, not aside)
+
+
 def validate(cfg: DictConfig, explicit: Collection[str] = (),
-             origin: KeyOrigin | None = None) -> None:
-    """Raise :class:`ConfigError` naming the first bad key. ``explicit``: the keys set on the command
-    line (:func:`command_line_keys`), where a setting the mode does not use is a conflict rather
-    than a config file's default for another mode. ``origin``: where a key was set
-    (:class:`KeyOrigin`), for :func:`check_targets`' message."""
-    _known_keys(cfg)
-    check_targets(cfg, origin)
-    staleness_rule(cfg)
-    try:
-        get_mode(cfg.trainer.mode)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    _int_at_least(cfg, "trainer.width", 1, "pipeline width; 1 = synchronous SGD, 2 = Pipe-SGD")
-    _int_at_least(cfg, "dist.nproc", 1, "number of local worker processes")
-    _int_at_least(cfg, "dist.max_restarts", 0)
-    _int_at_least(cfg, "trainer.warmup_sync_steps", 0, "synchronous steps before the pipeline starts")
-    _int_at_least(cfg, "trainer.epochs", 1)
-    _int_at_least(cfg, "trainer.max_steps", 1, "or null for whole epochs", optional=True)
-    _int_at_least(cfg, "trainer.stop_after_step", 1, "or null to run to the end", optional=True)
-    _int_at_least(cfg, "trainer.log_every", 1)
-    _int_at_least(cfg, "trainer.trace_steps", 1, "steps recorded when trainer.trace=true, or null for all",
-                  optional=True)
+             origin: KeyOrigin | None = None) -> Settled:
+    """Raise :class:`ConfigError` naming every bad key found (one problem: its message; several: a
+    numbered list of them), else return what the run runs (:func:`settle`); ``cfg`` is left as
+    composed. ``explicit``: the keys set on the command line (:func:`command_line_keys`), where a
+    setting the mode does not use is a conflict rather than a config file's default for another
+    mode. ``origin``: where a key was set (:class:`KeyOrigin`), for :func:`check_targets`' message.
+    Checks that read what an earlier one refused (an unknown mode, target or rule) do not run."""
+    found: list[str] = []
+
+    def judge(check: Callable[..., object], *args, **kwargs) -> object:
+        try:
+            return check(*args, **kwargs)
+        except ValueError as e:  # ConfigError, and a plugin's own argument check
+            found.append(str(e))
+        except Exception:
+            if not found:
+                raise  # nothing refused yet: the check's own error is the refusal, as it always was
+            # else a check reading a value already refused says nothing more than its refusal
+        return None
+
+    judge(_known_keys, cfg)
+    judge(check_targets, cfg, origin)
+    rule = judge(staleness_rule, cfg)
+    judge(_known_mode, cfg.trainer.mode)
+    if found:
+        raise _refusal(found)
+    settled = settle(cfg, explicit, rule)
+    for key, low, hint, optional in (
+            ("trainer.width", 1, "pipeline width; 1 = synchronous SGD, 2 = Pipe-SGD", False),
+            ("dist.nproc", 1, "number of local worker processes", False),
+            ("dist.max_restarts", 0, "", False),
+            ("trainer.warmup_sync_steps", 0, "synchronous steps before the pipeline starts", False),
+            ("trainer.epochs", 1, "", False),
+            ("trainer.max_steps", 1, "or null for whole epochs", True),
+            ("trainer.stop_after_step", 1, "or null to run to the end", True),
+            ("trainer.log_every", 1, "", False),
+            ("trainer.trace_steps", 1, "steps recorded when trainer.trace=true, or null for all", True),
+            ("trainer.eval_max_batches", 1, "or null for the whole test set", True),
+            ("trainer.eval_every_steps", 1, "steps between evaluations, or null for epoch ends only", True),
+            ("seed", 0, "", False),
+            ("dist.threads_per_worker", 1, "or null for cores / local workers", True),
+            ("trainer.checkpoint_every", 1, "steps between checkpoints, or null for none", True),
+            ("trainer.keep_checkpoints", 1, "2 or more survives a corrupt newest checkpoint", False),
+            ("trainer.check_every", 1, "steps between replica checks, or null for none", True)):
+        judge(_int_at_least, cfg, key, low, hint, optional)
     if not isinstance(cfg.trainer.trace, bool):
-        raise ConfigError(f"trainer.trace={cfg.trainer.trace!r} is invalid: must be true or false")
-    _int_at_least(cfg, "trainer.eval_max_batches", 1, "or null for the whole test set", optional=True)
-    _int_at_least(cfg, "trainer.eval_every_steps", 1, "steps between evaluations, or null for epoch ends only",
-                  optional=True)
-    _int_at_least(cfg, "seed", 0)
-    _int_at_least(cfg, "dist.threads_per_worker", 1, "or null for cores / local workers", optional=True)
-    _int_at_least(cfg, "trainer.checkpoint_every", 1, "steps between checkpoints, or null for none",
-                  optional=True)
-    _int_at_least(cfg, "trainer.keep_checkpoints", 1, "2 or more survives a corrupt newest checkpoint")
-    _int_at_least(cfg, "trainer.check_every", 1, "steps between replica checks, or null for none",
-                  optional=True)
-    _check_resume(str(cfg.trainer.resume))
-    try:
-        check_placement(cfg.dist.cpu_affinity)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+        found.append(f"trainer.trace={cfg.trainer.trace!r} is invalid: must be true or false")
+    judge(_check_resume, str(cfg.trainer.resume))
+    judge(_check_placement, cfg.dist.cpu_affinity)
     if cfg.dist.timeout_s is None or cfg.dist.timeout_s <= 0:
-        raise ConfigError(f"dist.timeout_s={cfg.dist.timeout_s!r} is invalid: must be > 0 seconds")
-    _check_lr(cfg.optimizer.get("lr"))
+        found.append(f"dist.timeout_s={cfg.dist.timeout_s!r} is invalid: must be > 0 seconds")
     if cfg.dist.backend not in BACKENDS:
-        raise ConfigError(f"dist.backend={cfg.dist.backend!r} is not known; allowed: {', '.join(BACKENDS)}")
+        found.append(f"dist.backend={cfg.dist.backend!r} is not known; allowed: {', '.join(BACKENDS)}")
+    judge(_check_lr, cfg.optimizer.get("lr"))
     ref = cfg.trainer.lr_reference_batch
     if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
-        raise ConfigError(f"trainer.lr_reference_batch={ref!r} is invalid: must be an integer >= 1 or null")
-    _check_comm(cfg)
-    _check_mode(cfg, explicit)
-    _check_mode_settings(cfg, explicit)
-    _check_scheme_options(cfg)
-    _check_staleness_optimizer(cfg)
-    _check_sync_every(cfg, explicit)
+        found.append(f"trainer.lr_reference_batch={ref!r} is invalid: must be an integer >= 1 or null")
+    judge(_check_comm, cfg)
+    found += judge(_mode_problems, cfg, explicit, settled, rule) or []
+    judge(_check_mode_settings, cfg, explicit)
+    judge(_check_scheme_options, cfg)
+    judge(_check_staleness_optimizer, cfg, settled)
+    found += judge(_sync_every_problems, cfg, explicit, settled) or []
+    if found:
+        raise _refusal(found)
+    return settled
+
+
+def _refusal(found: list[str]) -> ConfigError:
+    """One ConfigError for every problem: the message itself when there is one, else a numbered list."""
+    if len(found) == 1:
+        return ConfigError(found[0])
+    return ConfigError(f"{len(found)} problems in this config:\n" +
+                       "\n".join(f"  {i}. {message}" for i, message in enumerate(found, 1)))
+
+
+def _known_mode(name: str) -> None:
+    get_mode(name)
 
 
 _RESERVED = frozenset({"_target_", "_partial_", "_recursive_", "_convert_", "_args_"})
@@ -263,7 +329,7 @@ def _precheck(configs: Iterable[DictConfig]) -> None:
     for config in configs:
         overrides = list(config.hydra.overrides.task)
         origin = KeyOrigin(config.hydra.runtime.choices, overrides)
-        cfg = copy.deepcopy(config)  # validate() settles some keys; the job config stays as Hydra made it
+        cfg = copy.deepcopy(config)  # the job config keeps its hydra node
         with open_dict(cfg):
             cfg.pop("hydra")
         try:
@@ -285,61 +351,64 @@ def _check_comm(cfg: DictConfig) -> None:
         raise ConfigError(f"comm.name: {e} (conf/comm/*.yaml name registered allreduces)") from None
 
 
-def _check_mode(cfg: DictConfig, explicit: Collection[str]) -> None:
+def _mode_problems(cfg: DictConfig, explicit: Collection[str], settled: Settled, rule: str) -> list[str]:
     """What ``trainer.mode`` does not use is an error, not silently ignored (docs/modes.md). A width
     from a config file is pipe's default and a mode of fixed width runs at its own; set on the
-    command line, it conflicts."""
-    name = cfg.trainer.mode
+    command line, it conflicts. ``rule``: the configured staleness rule; ``settled``: what runs.
+    Every problem found, one message each."""
+    name, out = cfg.trainer.mode, []
     mode = get_mode(name)
     pipelined = ", ".join(m for m in modes() if get_mode(m).width is None)
     other_width = "trainer.width" in explicit and cfg.trainer.width in mode.widths  # ddp: 2, the pipelined hook
-    if mode.widths and "trainer.width" not in explicit:
-        cfg.trainer.width = mode.width  # a file's width is pipe's; this mode takes another only when asked
+    # a fixed-width mode that runs rounds (sync at sync_every > 1) reads the warm-up: its rounds start after it
+    rounds_read_warmup = cfg.trainer.sync_every != 1 and mode.sync_every and not mode.rounds_only
     if mode.width is not None:
-        for key, neutral in (("trainer.width", mode.width), ("trainer.warmup_sync_steps", 0)):
+        for key, neutral in (("trainer.width", mode.width),
+                             *(() if rounds_read_warmup else (("trainer.warmup_sync_steps", 0),))):
             value = OmegaConf.select(cfg, key)
             if key in explicit and value != neutral and not (key == "trainer.width" and other_width):
                 also = f" or {', '.join(map(str, mode.widths))}" if mode.widths and key == "trainer.width" else ""
-                raise ConfigError(f"{key}={value} is not used by trainer.mode={name}, which runs at width "
-                                  f"{mode.width}{also}; drop {key} or use trainer.mode={pipelined}")
-    applies, rule = mode.staleness or other_width, staleness_rule(cfg)
+                out.append(f"{key}={value} is not used by trainer.mode={name}, which runs at width "
+                           f"{mode.width}{also}; drop {key} or use trainer.mode={pipelined}")
+    applies = mode.staleness or other_width
     if applies and mode.stalenesses is not None and rule not in mode.stalenesses:
-        raise ConfigError(f"staleness={rule} is not available with trainer.mode={name}"
-                          f"{f' trainer.width={cfg.trainer.width}' if other_width else ''}; allowed: "
-                          f"{', '.join(mode.stalenesses)}")
-    if not applies and rule != "none":
-        if explicit and "staleness" not in explicit:
-            # an experiment file's rule for pipe (resnet_cifar: lookahead), like its width: not this mode's
-            cfg.staleness = {"_target_": _target_of(rule_class("none"))}
-        else:
-            wider = "".join(f" (and {m} at trainer.width={w})" for m in modes() for w in get_mode(m).widths)
-            raise ConfigError(f"staleness={rule} is not used by trainer.mode={name}; only "
-                              f"{', '.join(modes_with('staleness'))} apply a staleness rule{wider} (use staleness=none)")
+        out.append(f"staleness={rule} is not available with trainer.mode={name}"
+                   f"{f' trainer.width={settled.width}' if other_width else ''}; allowed: "
+                   f"{', '.join(mode.stalenesses)}")
+    if not applies and settled.staleness != "none":
+        wider = "".join(f" (and {m} at trainer.width={w})" for m in modes() for w in get_mode(m).widths)
+        out.append(f"staleness={rule} is not used by trainer.mode={name}; only "
+                   f"{', '.join(modes_with('staleness'))} apply a staleness rule{wider} (use staleness=none)")
     clip = cfg.trainer.get("max_grad_norm")
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
-        raise ConfigError(f"trainer.max_grad_norm={clip!r} is invalid: must be a number > 0, or null for no clipping")
+        out.append(f"trainer.max_grad_norm={clip!r} is invalid: must be a number > 0, or null for no clipping")
     if clip is not None and mode.server:
-        raise ConfigError(f"trainer.max_grad_norm={clip} is not used by trainer.mode={name}: its server steps its "
-                          "own copy of the optimizer; use trainer.max_grad_norm=null")
+        out.append(f"trainer.max_grad_norm={clip} is not used by trainer.mode={name}: its server steps its "
+                   "own copy of the optimizer; use trainer.max_grad_norm=null")
     if not mode.nonfinite_skip and cfg.trainer.nonfinite == "skip":
-        raise ConfigError(f"trainer.nonfinite=skip is not available with trainer.mode={name}: its ranks do not "
-                          "decide a non-finite gradient together; use trainer.nonfinite=abort")
+        out.append(f"trainer.nonfinite=skip is not available with trainer.mode={name}: its ranks do not "
+                   "decide a non-finite gradient together; use trainer.nonfinite=abort")
     try:
         check_comm(name, str(cfg.comm.get("name")))
-        # the launcher's one build (its own argument checks run) and the one check, against the mode and its allreduce
-        check_compressor(name, instantiate(cfg.compressor), str(cfg.comm.get("name")))
     except ValueError as e:
-        raise ConfigError(str(e)) from None
+        out.append(str(e))
+    try:
+        # the launcher's one build (its own argument checks run) and the one check, against the mode and its allreduce
+        allreduce = str(cfg.comm.get("name"))  # an unknown one is _check_comm's to name
+        check_compressor(name, instantiate(cfg.compressor), allreduce if allreduce in registry("allreduce") else None)
+    except ValueError as e:
+        out.append(str(e))
     backend = cfg.dist.backend
     if not mode.nccl and (backend == "nccl" or backend == "auto" and _cuda_available()):
-        raise ConfigError(f"trainer.mode={name} cannot run on NCCL (dist.backend={backend}"
-                          f"{', which picks nccl on this CUDA machine' if backend == 'auto' else ''}): its server "
-                          "receives from whichever worker pushes first, which NCCL does not support; set "
-                          f"dist.backend=gloo, or use trainer.mode={'|'.join(modes_with('nccl'))}")
+        out.append(f"trainer.mode={name} cannot run on NCCL (dist.backend={backend}"
+                   f"{', which picks nccl on this CUDA machine' if backend == 'auto' else ''}): its server "
+                   "receives from whichever worker pushes first, which NCCL does not support; set "
+                   f"dist.backend=gloo, or use trainer.mode={'|'.join(modes_with('nccl'))}")
     nproc = None if under_torchrun() else cfg.dist.nproc  # under torchrun the engine checks the world
     if nproc is not None and nproc < mode.min_world:
-        raise ConfigError(f"dist.nproc={nproc} is invalid for trainer.mode={name}: it needs >= {mode.min_world} "
-                          "processes")
+        out.append(f"dist.nproc={nproc} is invalid for trainer.mode={name}: it needs >= {mode.min_world} "
+                   "processes")
+    return out
 
 
 def _check_mode_settings(cfg: DictConfig, explicit: Collection[str]) -> None:
@@ -361,85 +430,78 @@ def _check_mode_settings(cfg: DictConfig, explicit: Collection[str]) -> None:
                               f"{'|'.join(readers)} read{'s' if len(readers) == 1 else ''} trainer.{name}.*")
 
 
-def _check_sync_every(cfg: DictConfig, explicit: Collection[str]) -> None:
+def _sync_every_problems(cfg: DictConfig, explicit: Collection[str], settled: Settled) -> list[str]:
     """``trainer.sync_every``: 1 is an exchange every step (no outer step, ``outer_optimizer`` and
     the outer rules unused); H > 1 is the period-H engine (docs/period-h.md), refused with what it
-    cannot run: modes without rounds, per-step staleness rules, eager off width 2, a synchronous
-    warm-up, replica checks asked of eager replicas (which differ by design)."""
-    _int_at_least(cfg, "trainer.sync_every", 1, "inner steps per round; 1 = an exchange every step")
-    _int_at_least(cfg, "trainer.fragments", 1, "streaming fragments of the model at trainer.sync_every > 1")
-    _int_at_least(cfg, "trainer.sync_delay", 0, "inner steps a round's exchange runs before it is waited for")
-    h, name, fragments = cfg.trainer.sync_every, cfg.trainer.mode, cfg.trainer.fragments
-    mode, rule = get_mode(name), staleness_rule(cfg)
-    delay = cfg.trainer.sync_delay
+    cannot run: modes without rounds, a schedule :func:`pipesgd.period.problems` refuses (per-step
+    staleness rules, eager or a delay off width 2), a synchronous warm-up, replica checks asked of
+    eager replicas (which differ by design). Every problem found, one message each."""
+    t = cfg.trainer
+    h, name, fragments, delay = t.sync_every, t.mode, t.fragments, t.sync_delay
+    out = period.invalid(h, fragments, delay, prefix="trainer.")
+    if out:
+        return out
+    mode, rule = get_mode(name), settled.staleness
     if delay and not mode.sync_delay:
-        raise ConfigError(f"trainer.sync_delay={delay} is not used by trainer.mode={name}; only trainer.mode="
-                          f"{'|'.join(modes_with('sync_delay'))} wait for a round's exchange steps after "
-                          "launching it")
+        out.append(f"trainer.sync_delay={delay} is not used by trainer.mode={name}; only trainer.mode="
+                   f"{'|'.join(modes_with('sync_delay'))} wait for a round's exchange steps after launching it")
     if mode.rounds_only and h == 1:
-        raise ConfigError(f"trainer.mode={name} runs rounds of inner steps: set trainer.sync_every=H > 1 "
-                          "(inner steps per round)")
+        out.append(f"trainer.mode={name} runs rounds of inner steps: set trainer.sync_every=H > 1 "
+                   "(inner steps per round)")
     if delay and h == 1:
-        raise ConfigError(f"trainer.sync_delay={delay} delays a round's exchange and is not used at "
-                          "trainer.sync_every=1: set trainer.sync_every=H > 1 (inner steps per round), or drop it")
-    if delay and mode.sync_every and not mode.rounds_only and mode.runs_at(cfg.trainer.width) != 2:
-        raise ConfigError(f"trainer.sync_delay={delay} says when the one round in flight lands and needs width 2; "
-                          f"trainer.mode={name} runs at width {mode.runs_at(cfg.trainer.width)} (use "
-                          "trainer.mode=pipe trainer.width=2)")
-    if (delay or mode.rounds_only) and h % fragments == 0 and delay >= h // fragments:
-        raise ConfigError(f"trainer.sync_delay={delay} must be below trainer.sync_every / trainer.fragments = "
-                          f"{h // fragments}: a fragment's exchange ends before the next one starts")
-    every = cfg.trainer.checkpoint_every
+        out.append(f"trainer.sync_delay={delay} delays a round's exchange and is not used at "
+                   "trainer.sync_every=1: set trainer.sync_every=H > 1 (inner steps per round), or drop it")
+    every = t.checkpoint_every
     if mode.rounds_only and h % fragments == 0 and every and every % (h // fragments):
-        raise ConfigError(f"trainer.checkpoint_every={every} is not a multiple of trainer.sync_every / "
-                          f"trainer.fragments = {h // fragments}: trainer.mode={name} resumes only where a fragment "
-                          "has just synced (torchft keeps its place inside a period to itself)")
-    period = registry("staleness").facts(rule)["sync_period"]
+        out.append(f"trainer.checkpoint_every={every} is not a multiple of trainer.sync_every / "
+                   f"trainer.fragments = {h // fragments}: trainer.mode={name} resumes only where a fragment "
+                   "has just synced (torchft keeps its place inside a period to itself)")
+    rule_period = registry("staleness").facts(rule)["sync_period"]
     outer = sorted(k for k in explicit if k == "outer_optimizer" or k.startswith("outer_optimizer."))
     if h == 1:
         if fragments != 1:
-            raise ConfigError(f"trainer.fragments={fragments} is not used at trainer.sync_every=1: fragments stream "
-                              "a round's exchange; set trainer.sync_every=H (a multiple of the fragments) or drop it")
+            out.append(f"trainer.fragments={fragments} is not used at trainer.sync_every=1: fragments stream "
+                       "a round's exchange; set trainer.sync_every=H (a multiple of the fragments) or drop it")
         if outer:
-            raise ConfigError(f"{outer[0]} is not used at trainer.sync_every=1, which exchanges gradients every "
-                              "step and has no outer step; set trainer.sync_every to the inner steps per round "
-                              "(H > 1) to run one, or drop it")
-        if period == "round":
-            raise ConfigError(f"staleness={rule} is a rule for the outer step of trainer.sync_every > 1; set "
-                              "trainer.sync_every=H (inner steps per round), or use a per-step rule: "
-                              f"staleness={_rules(but='round')}")
-        return
+            out.append(f"{outer[0]} is not used at trainer.sync_every=1, which exchanges gradients every "
+                       "step and has no outer step; set trainer.sync_every to the inner steps per round "
+                       "(H > 1) to run one, or drop it")
+        if rule_period == "round":
+            out.append(f"staleness={rule} is a rule for the outer step of trainer.sync_every > 1; set "
+                       "trainer.sync_every=H (inner steps per round), or use a per-step rule: "
+                       f"staleness={'|'.join(rules_besides('round'))}")
+        return out
     if not mode.sync_every:
-        raise ConfigError(f"trainer.sync_every={h} is not available with trainer.mode={name}; only trainer.mode="
-                          f"{'|'.join(modes_with('sync_every'))} run rounds of inner steps (docs/period-h.md), or "
-                          "set trainer.sync_every=1")
-    if period == "step":
-        raise ConfigError(f"staleness={rule} is a rule for per-step gradients and cannot apply a round's "
-                          f"pseudo-gradient at trainer.sync_every={h}; use staleness={_rules(but='step')}")
-    if h % fragments:
-        raise ConfigError(f"trainer.fragments={fragments} does not divide trainer.sync_every={h}: the fragments' "
-                          f"rounds end H/F steps apart; use a divisor of {h}")
-    width = mode.runs_at(cfg.trainer.width)
-    if rule == "eager" and width != 2:
-        raise ConfigError(f"staleness=eager keeps exactly one outer step in flight and needs width 2; "
-                          f"trainer.mode={name} runs at width {width} (use trainer.mode=pipe trainer.width=2, "
-                          "or staleness=none)")
-    if cfg.trainer.warmup_sync_steps:
-        raise ConfigError(f"trainer.warmup_sync_steps={cfg.trainer.warmup_sync_steps} is not used at "
-                          f"trainer.sync_every={h}: rounds have no synchronous warm-up; set "
-                          "trainer.warmup_sync_steps=0")
-    if rule == "eager" and "trainer.check_every" in explicit and cfg.trainer.check_every is not None:
-        raise ConfigError(f"trainer.check_every={cfg.trainer.check_every} cannot check staleness=eager replicas: "
-                          "each carries its own fresh pseudo-gradient, so they differ by design; set "
-                          "trainer.check_every=null")
+        out.append(f"trainer.sync_every={h} is not available with trainer.mode={name}; only trainer.mode="
+                   f"{'|'.join(modes_with('sync_every'))} run rounds of inner steps (docs/period-h.md), or "
+                   "set trainer.sync_every=1")
+        return out
+    # torchft's schedule (rounds_only) lands by its delay at width 1; a pipe's round needs width 2
+    width = None if mode.rounds_only else settled.width
+    agrees = registry("staleness").facts(rule)["agrees"]
+    out += period.problems(h, fragments, delay, width=width, rule=rule, rule_period=rule_period,
+                           rule_agrees=agrees, round_rules=rules_besides("step"), prefix="trainer.",
+                           runs=f"trainer.mode={name} runs at width {width} (use trainer.mode=pipe trainer.width=2)")
+    if t.warmup_sync_steps and mode.rounds_only and "trainer.warmup_sync_steps" not in explicit:  # else _check_mode's
+        out.append(f"trainer.warmup_sync_steps={t.warmup_sync_steps} is not used by trainer.mode={name}: its rounds "
+                   "have no synchronous warm-up; set trainer.warmup_sync_steps=0, or run the warm-up with "
+                   f"trainer.mode={'|'.join(m for m in modes_with('sync_every') if not get_mode(m).rounds_only)}")
+    alpha = t.get("landing_alpha")
+    if alpha is not None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+            out.append(f"trainer.landing_alpha={alpha!r} is invalid: must be a number in [0, 1] (the local "
+                       "weights' share at a landing) or null (keep the steps since the launch)")
+        elif not delay or mode.rounds_only:
+            out.append(f"trainer.landing_alpha={alpha} mixes the weights where a round lands trainer.sync_delay "
+                       f"steps after its launch: it needs trainer.sync_delay > 0 with trainer.mode="
+                       f"{'|'.join(m for m in modes_with('sync_delay') if not get_mode(m).rounds_only)}")
+    if not agrees and "trainer.check_every" in explicit and t.check_every is not None:
+        out.append(f"trainer.check_every={t.check_every} cannot check staleness={rule} replicas: each carries "
+                   "its own fresh pseudo-gradient, so they differ by design; set trainer.check_every=null")
     lr = cfg.outer_optimizer.get("lr")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        raise ConfigError(f"outer_optimizer.lr={lr!r} is invalid: must be a number > 0")
-
-
-def _rules(but: str) -> str:
-    """The registered staleness rules whose ``sync_period`` is not ``but``, as ``a|b``."""
-    return "|".join(n for n in stalenesses() if registry("staleness").facts(n)["sync_period"] != but)
+        out.append(f"outer_optimizer.lr={lr!r} is invalid: must be a number > 0")
+    return out
 
 
 def _cuda_available() -> bool:
@@ -465,11 +527,11 @@ def _check_scheme_options(cfg: DictConfig) -> None:
         raise ConfigError(f"optimizer.trust_coefficient={trust!r} is invalid: must be a number > 0 (LARS η)")
 
 
-def _check_staleness_optimizer(cfg: DictConfig) -> None:
+def _check_staleness_optimizer(cfg: DictConfig, settled: Settled) -> None:
     """A staleness rule that assumes one optimizer's update (dga: SGD's) refuses any other, here
     before the workers start (the engine's bind checks the same). Builds the optimizer once over a
     one-value parameter: the same class the workers build."""
-    rule = rule_class(staleness_rule(cfg))
+    rule = rule_class(settled.staleness)
     if not registry("staleness").facts(rule.name)["optimizers"]:
         return
     import torch

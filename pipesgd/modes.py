@@ -52,7 +52,9 @@ class Mode:
     step its average lands); other modes refuse it.
     ``rounds_only``: runs only at ``trainer.sync_every`` > 1 and resumes only where a fragment has
     just synced (torchft_diloco: torchft keeps its place inside a period to itself).
-    ``min_world``: fewest processes it runs with.
+    ``min_world``: fewest processes it runs with. ``reference``: the blocking baseline the timing
+    model's table compares every row against (``speedup_vs_sync``; sync: its allreduce is the one
+    that declares ``reference`` too, uncompressed).
     ``replicas_agree``: identical weights after every step (replica checks apply).
     ``check_on_reductions``: the replica check rides on the engine's own reductions:
     ``trainer.check_every`` reaches its builder (``ModeArgs.check_every``) and the reliability
@@ -87,6 +89,7 @@ class Mode:
     sync_delay: bool = False
     rounds_only: bool = False
     min_world: int = 1
+    reference: bool = False
     replicas_agree: bool = True
     check_on_reductions: bool = False
     elastic: bool = True
@@ -102,10 +105,12 @@ class Mode:
             raise ValueError("check_on_reductions=True needs replicas_agree=True: a check compares replicas "
                              "that agree")
 
-    def runs_at(self, width: int) -> int:
+    def runs_at(self, width: int, asked: bool = True) -> int:
         """The width this mode runs at when ``trainer.width`` is ``width``: its own fixed width,
-        unless ``width`` is one of its ``widths``; ``width`` itself for a pipelined mode."""
-        return width if width in self.widths else self.width or width
+        unless ``width`` is one of its ``widths`` and ``asked`` (set on the command line: a config
+        file's width is pipe's default, which a mode of fixed width does not take); ``width``
+        itself for a pipelined mode."""
+        return width if asked and width in self.widths else self.width or width
 
 
 FIELDS = tuple(f.name for f in fields(Mode))

@@ -55,6 +55,7 @@ class TrainerConfig:
     sync_every: int = 1
     fragments: int = 1
     sync_delay: int = 0
+    landing_alpha: Optional[float] = None
     epochs: int = 1
     max_steps: Optional[int] = None
     stop_after_step: Optional[int] = None

@@ -27,7 +27,7 @@ from . import dist as pdist
 from . import launch, schema  # noqa: F401  (schema: registers the structured config with Hydra)
 from .observability import trace
 from .comm import bind, get_allreduce
-from .config import ConfigError, KeyOrigin, check_batch, check_removed, command_line_keys, staleness_rule, validate
+from .config import ConfigError, KeyOrigin, Settled, check_batch, check_removed, command_line_keys, settle, validate
 from .data import DatasetError
 from .engine import Engine, ModeArgs
 from .engine.parity import clip_applied_gradient
@@ -38,6 +38,7 @@ from .observability.metrics import make_writer
 from .engine.build import build
 from .modes import get_mode
 from .objective import Objective
+from .staleness import make_staleness
 from .placement import pin
 from .reliability.hooks import Reliability
 from .observability.runinfo import git_commit, write_json_atomic
@@ -56,7 +57,7 @@ def main(cfg: DictConfig) -> float | None:
         hydra_cfg = HydraConfig.get()
         explicit = command_line_keys(hydra_cfg.overrides.task)
         # the second time: conf/config.yaml's Precheck callback ran it before Hydra made the run dir
-        validate(cfg, explicit, KeyOrigin(hydra_cfg.runtime.choices, hydra_cfg.overrides.task))
+        settled = validate(cfg, explicit, KeyOrigin(hydra_cfg.runtime.choices, hydra_cfg.overrides.task))
         _check_buildable(cfg)
         if not launch.under_torchrun() or pdist.env_int("LOCAL_RANK", 0) == 0:
             instantiate(cfg.data).prepare()
@@ -76,7 +77,7 @@ def main(cfg: DictConfig) -> float | None:
     start = launch.for_mode(cfg.trainer.mode)
     try:
         # a launcher may say where the summary is (live under torchrun: this replica group's)
-        summary_path = Path(start(importable_worker, (container, str(run_dir)), nproc=cfg.dist.nproc,
+        summary_path = Path(start(importable_worker, (container, str(run_dir), settled), nproc=cfg.dist.nproc,
                                   max_restarts=cfg.dist.max_restarts) or run_dir / "summary.json")
     except (launch.WorkerFailed, pdist.RendezvousError) as e:
         log.error("%s (run dir %s)", e, run_dir)
@@ -115,13 +116,16 @@ class _Run:
     engine: Engine
     lr: float
     global_batch: int
+    comm: str
     allreduce: str
     objective: Objective
     data: dict
 
 
-def worker(container: dict, run_dir: str) -> None:
-    """One rank of the job: everything from process group to summary.json, torn down in one place."""
+def worker(container: dict, run_dir: str, settled: Settled | None = None) -> None:
+    """One rank of the job: everything from process group to summary.json, torn down in one place.
+    ``settled``: what the launching process decided the config runs (:func:`pipesgd.config.settle`);
+    None: the container's width and rule as they are."""
     cfg = OmegaConf.create(container)
     _setup_logging(pdist.env_int("RANK", 0), run_dir)
     placement = pin(cfg.dist.get("cpu_affinity"), pdist.env_int("RANK", 0), pdist.env_int("LOCAL_RANK", 0))
@@ -134,17 +138,18 @@ def worker(container: dict, run_dir: str) -> None:
         trace.install(tracer)
         run_dir = pdist.broadcast_object(run_dir, ctx)
         torch.manual_seed(cfg.seed)
-        run = _build(cfg, ctx)
+        settled = settled or settle(cfg, ("trainer.width", "staleness"))
+        run = _build(cfg, ctx, settled)
         writer = make_writer(run_dir, ctx.is_main)
         log.info("mode=%s width=%d staleness=%s compressor=%s allreduce=%s world=%d global batch %d lr %.4g "
-                 "threads/worker %d", cfg.trainer.mode, run.engine.width, staleness_rule(cfg), run.compressor.name,
+                 "threads/worker %d", cfg.trainer.mode, run.engine.width, settled.staleness, run.compressor.name,
                  run.allreduce, ctx.world_size, run.global_batch, run.lr, threads)
         if placement["core"] is not None:
             log.info("workers pinned by dist.cpu_affinity=%s: this rank on core %d of %s", placement["rule"],
                      placement["core"], placement["allowed"])
-        predict = _prediction(cfg, run.engine.width, run.model, ctx.world_size, run.compressor.name,
-                              run.loaders[0].batch_size)
-        reliability = _reliability(cfg, ctx, run, run_dir, container)
+        predict = _prediction(cfg, run, ctx.world_size)
+        record = settled.record(container)  # the config as this run runs it, as checkpoints compare it
+        reliability = _reliability(cfg, ctx, run, run_dir, record, settled.staleness)
         trainer = Trainer(run.model, run.engine, run.optimizer, run.scheduler, *run.loaders, writer,
                           epochs=cfg.trainer.epochs, max_steps=cfg.trainer.max_steps,
                           stop_after_step=cfg.trainer.stop_after_step,
@@ -162,7 +167,7 @@ def worker(container: dict, run_dir: str) -> None:
                                          "compressor": run.compressor.name, "allreduce": run.allreduce})
         if ctx.is_main:
             _write_results(cfg, ctx, run, trainer, result, predict(trainer.history), reliability, writer,
-                           Path(run_dir), container, threads, placement)
+                           Path(run_dir), record, threads, placement, settled.staleness)
     except BaseException as e:
         failed = True
         if isinstance(e, Exception):  # logged before the teardown, which a hung collective could end
@@ -208,7 +213,7 @@ def _threads(cfg: DictConfig) -> int:
     return threads
 
 
-def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
+def _build(cfg: DictConfig, ctx: pdist.DistContext, settled: Settled) -> _Run:
     """Data, model (rank 0's weights everywhere), optimizer at the linearly scaled lr, the mode's
     engine and the schedule over the run's steps."""
     dataset = instantiate(cfg.data)
@@ -226,16 +231,17 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
     compressor = instantiate(cfg.compressor)
     mode = get_mode(cfg.trainer.mode)
     # the allreduce that runs (comm=auto picks one for this backend and compressor, docs/gpu.md);
-    # the run's digest keeps the configured name
-    cfg.comm.name = bind(get_allreduce(cfg.comm.name), compressor, ctx.backend).name
+    # the config and the run's digest keep the configured name
+    comm = bind(get_allreduce(cfg.comm.name), compressor, ctx.backend).name
     model, engine = build(cfg.trainer.mode, ModeArgs(
-        model=model, optimizer=optimizer, width=cfg.trainer.width, compressor=compressor,
-        allreduce=_build_allreduce(cfg) if mode.allreduce else None, group=ctx.comm_group,
+        model=model, optimizer=optimizer, width=settled.width, compressor=compressor,
+        allreduce=_build_allreduce(cfg, comm) if mode.allreduce else None, group=ctx.comm_group,
         world_size=ctx.world_size, warmup_sync_steps=cfg.trainer.warmup_sync_steps, device=ctx.device,
-        staleness=instantiate(cfg.staleness),
+        staleness=instantiate(cfg.staleness) if settled.from_group else make_staleness(settled.staleness),
         nonfinite=cfg.trainer.nonfinite, timeout_s=ctx.engine_timeout_s,
         check_every=cfg.trainer.check_every if mode.check_on_reductions else None,
         sync_every=cfg.trainer.sync_every, fragments=cfg.trainer.fragments, sync_delay=cfg.trainer.sync_delay,
+        landing_alpha=cfg.trainer.get("landing_alpha"),
         outer_optimizer=instantiate(cfg.outer_optimizer) if cfg.trainer.sync_every > 1 else None))
     if cfg.trainer.max_grad_norm is not None:
         clip_applied_gradient(optimizer, cfg.trainer.max_grad_norm)
@@ -244,16 +250,17 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext) -> _Run:
     total = min(total, cfg.trainer.max_steps) if cfg.trainer.max_steps else total
     scheduler = instantiate(cfg.scheduler)(optimizer, total_steps=total, steps_per_epoch=steps_per_epoch)
     return _Run((train_loader, eval_loader), model, optimizer, scheduler, compressor, engine, lr, global_batch,
-                algorithm_for(cfg.trainer.mode, cfg.comm.name), dataset.objective, dataset.report())
+                comm, algorithm_for(cfg.trainer.mode, comm), dataset.objective, dataset.report())
 
 
-def _reliability(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, run_dir: str, container: dict) -> Reliability:
+def _reliability(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, run_dir: str, container: dict,
+                 rule: str) -> Reliability:
     """The trainer's hooks: checkpoints and resume, replica checks, faults, the hang watchdog."""
     t, mode = cfg.trainer, get_mode(cfg.trainer.mode)
     agree = mode.replicas_agree and run.engine.replicas_agree
     if not run.engine.replicas_agree and t.check_every is not None and ctx.is_main:
         log.info("trainer.check_every=%d checks nothing here: this run's replicas differ by design (%s)",
-                 t.check_every, staleness_rule(cfg))
+                 t.check_every, rule)
     return Reliability(
         model=run.model, optimizer=run.optimizer, scheduler=run.scheduler, engine=run.engine, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, run_dir=run_dir,
         config=container, checkpoint_every=t.checkpoint_every, keep=t.keep_checkpoints, resume=t.resume,
@@ -264,16 +271,16 @@ def _reliability(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, run_dir: st
 
 def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: Trainer, result: dict,
                    predicted: tuple, reliability: Reliability, writer, run_dir: Path, container: dict,
-                   threads: int, placement: dict) -> None:
+                   threads: int, placement: dict, rule: str) -> None:
     """Rank 0: TensorBoard's HParams row, summary.json and history.json."""
     h = trainer.history
     name = run.compressor.name
-    writer.hparams(_hparams(cfg, run.engine.width, name, ctx.world_size, run.global_batch), {
+    writer.hparams(_hparams(cfg, run, ctx.world_size), {
         "hparams/test_accuracy": result["test_accuracy"], "hparams/test_loss": result["test_loss"],
         "hparams/iter_ms": median(h.iter_ms), "hparams/predicted_iter_ms": predicted[0],
         "hparams/wall_seconds": result["wall_seconds"]}, trainer.step)
     write_json_atomic(run_dir / "summary.json", summary(
-        h, result, predicted, mode=cfg.trainer.mode, width=run.engine.width, staleness=staleness_rule(cfg),
+        h, result, predicted, mode=cfg.trainer.mode, width=run.engine.width, staleness=rule,
         compressor=name, allreduce=run.allreduce, world_size=ctx.world_size, backend=ctx.backend,
         steps=trainer.step, total_steps=trainer.total_steps, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
         placement=placement,
@@ -282,37 +289,36 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
     write_json_atomic(run_dir / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
 
 
-def _build_allreduce(cfg: DictConfig):
-    """The configured algorithm, given the means to create node groups (collectively, once per
-    run) in case it declares it needs them."""
-    return instantiate(cfg.comm, node_groups=functools.partial(pdist.node_groups, timeout_s=cfg.dist.timeout_s))
+def _build_allreduce(cfg: DictConfig, name: str):
+    """The configured algorithm as ``name`` (the one ``comm=auto`` bound), given the means to create
+    node groups (collectively, once per run) in case it declares it needs them."""
+    return instantiate(cfg.comm, name=name,
+                       node_groups=functools.partial(pdist.node_groups, timeout_s=cfg.dist.timeout_s))
 
 
-def _hparams(cfg: DictConfig, width: int, compressor: str, world_size: int, global_batch: int) -> dict:
+def _hparams(cfg: DictConfig, run: _Run, world_size: int) -> dict:
     """What a sweep varies, flat, for TensorBoard's HParams tab."""
-    return {"mode": cfg.trainer.mode, "width": width, "sync_every": cfg.trainer.sync_every,
-            "compressor": compressor, "comm": cfg.comm.name,
+    return {"mode": cfg.trainer.mode, "width": run.engine.width, "sync_every": cfg.trainer.sync_every,
+            "compressor": run.compressor.name, "comm": run.comm,
             "world_size": world_size, "model": cfg.model._target_.rsplit(".", 1)[-1],
-            "data": cfg.data._target_.rsplit(".", 1)[-1], "global_batch": global_batch,
+            "data": cfg.data._target_.rsplit(".", 1)[-1], "global_batch": run.global_batch,
             "lr": float(cfg.optimizer.lr), "warmup_sync_steps": cfg.trainer.warmup_sync_steps,
             "seed": cfg.seed}
 
 
-def _prediction(cfg: DictConfig, width: int, model: torch.nn.Module, world_size: int, compressor: str,
-                batch_size: int) -> Prediction:
+def _prediction(cfg: DictConfig, run: _Run, world_size: int) -> Prediction:
     """The timing model's prediction for this run: what carries the mode's gradients, priced as the
     plugins declare (pipesgd.engine.ps puts the server on rank 0, a worker too)."""
     options = {"server_on_worker": get_mode(cfg.trainer.mode).server,
                "per_node": cfg.comm.get("group_size") or pdist.env_int("LOCAL_WORLD_SIZE", world_size),
-               "buffers": any(True for _ in model.buffers())}
+               "buffers": any(True for _ in run.model.buffers())}
     if cfg.trainer.sync_every > 1:
         options |= {"sync_every": cfg.trainer.sync_every, "fragments": cfg.trainer.fragments,
                     "sync_delay": cfg.trainer.sync_delay}
-    algorithm = algorithm_for(cfg.trainer.mode, cfg.comm.name)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    return Prediction(instantiate(cfg.timing), cfg.trainer.mode, algorithm, width,
+    trainable = [p for p in run.model.parameters() if p.requires_grad]
+    return Prediction(instantiate(cfg.timing), cfg.trainer.mode, run.allreduce, run.engine.width,
                       sum(p.numel() * p.element_size() for p in trainable), sum(p.numel() for p in trainable),
-                      batch_size, world_size, compressor, options)
+                      run.loaders[0].batch_size, world_size, run.compressor.name, options)
 
 
 def _broadcast_parameters(model: torch.nn.Module) -> None:

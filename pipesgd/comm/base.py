@@ -35,7 +35,8 @@ def register(name: str, **facts):
     cast to its ``summable_dtype`` rather than per-chunk encodes (error feedback then feeds back
     that cast's error), ``node_groups=True`` for a class built with the node groups
     :func:`pipesgd.dist.node_groups` creates, and ``picks=fn(compressor, backend) -> name`` for one
-    that runs another registered allreduce, chosen when it is bound (:func:`bind`; comm=auto)."""
+    that runs another registered allreduce, chosen when it is bound (:func:`bind`; comm=auto);
+    ``reference=True`` on the one the timing model's baseline runs (:attr:`pipesgd.modes.Mode.reference`)."""
     return REGISTRY.register(name, **facts)
 
 

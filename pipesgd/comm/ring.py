@@ -80,7 +80,7 @@ def ring_phases(nbytes: float, p: int, ratio: float = 1.0, per_node: int = 1) ->
                   chunks=p),)
 
 
-@register("ring", cost=ring_phases)
+@register("ring", cost=ring_phases, reference=True)
 def ring_allreduce(tensor: Tensor, compressor: Compressor | str | None = None, group=None) -> CommStats:
     """Sum ``tensor`` in place across the ranks of ``group``, like ``dist.all_reduce(op=SUM)``;
     ``group`` may also be a :class:`~pipesgd.comm.group.PeerGroup` (torchft's, trainer.mode=live).

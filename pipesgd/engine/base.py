@@ -216,3 +216,4 @@ class ModeArgs:
     outer_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None  # at sync_every > 1
     fragments: int = 1  # trainer.fragments: streaming fragments at sync_every > 1
     sync_delay: int = 0  # trainer.sync_delay: steps a round's exchange has before it is waited for (sync_delay modes)
+    landing_alpha: float | None = None  # trainer.landing_alpha: the local weights' share where a delayed round lands

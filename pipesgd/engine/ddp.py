@@ -87,9 +87,8 @@ def build(a: ModeArgs) -> tuple[nn.Module, DirectEngine]:
     params = [p for p in a.model.parameters() if p.requires_grad]
     engine_args = (a.optimizer, numel, comp.ddp_wire_bytes(), a.world_size, a.nonfinite)
     if a.width == 2:
-        staleness = a.staleness if isinstance(a.staleness, str) else a.staleness.name
         state = PipelinedState(model, lambda group: comp.ddp_state(params, group), optimizer=a.optimizer,
-                               staleness=staleness)
+                               staleness=a.staleness)
         model.register_comm_hook(state, pipelined(hook))
         return model, PipelinedDDPEngine(*engine_args, hook_state=state)
     state = comp.ddp_state(params, None)

@@ -31,12 +31,13 @@ from contextlib import AbstractContextManager
 import torch
 from torch import Tensor
 
+from .. import period
 from ..observability import trace
 from ..comm import CommStats, CommThread
 from ..compress import Compressor
 from ..flat import assign_params, flat_params, has_nonfinite, state_to_device
 from ..reduction import Reduction
-from ..staleness import Staleness, make_staleness
+from ..staleness import Staleness, make_staleness, rules_besides
 from .base import Engine, StepStats, T
 from .parity import broadcast_from_first_rank
 from .pipe import PipeSGD
@@ -165,27 +166,9 @@ class PipeDiLoCo(Engine):
                  allreduce: str | Callable[..., CommStats] = "auto", group=None, nonfinite: str = "abort",
                  timeout_s: float | None = None, module: torch.nn.Module | None = None, fragments: int = 1,
                  sync_delay: int = 0, warmup_sync_steps: int = 0, landing_alpha: float | None = None):
-        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
-            raise ValueError(f"sync_every must be an integer >= 1 (inner steps per round), got {sync_every!r}")
-        if isinstance(fragments, bool) or not isinstance(fragments, int) or fragments < 1 or sync_every % fragments:
-            raise ValueError(f"fragments must be an integer >= 1 that divides sync_every={sync_every} (the "
-                             f"fragments' rounds end sync_every/fragments steps apart), got {fragments!r}")
-        if isinstance(sync_delay, bool) or not isinstance(sync_delay, int) or sync_delay < 0:
-            raise ValueError(f"sync_delay must be an integer >= 0 (inner steps between a round's launch and the "
-                             f"step its average lands; 0: the next round's end), got {sync_delay!r}")
-        if sync_delay and width != 2:
-            raise ValueError(f"sync_delay={sync_delay} says when the one exchange in flight lands and needs "
-                             f"width=2, got width={width}")
-        if sync_delay >= sync_every // fragments:
-            raise ValueError(f"sync_delay={sync_delay} must be below sync_every / fragments = "
-                             f"{sync_every // fragments}: a fragment's exchange lands before the next one launches")
         rule = make_staleness(staleness)
-        if rule.sync_period == "step":
-            raise ValueError(f"staleness={rule.name} is a rule for per-step gradients and cannot apply a round's "
-                             "pseudo-gradient; use staleness=none or staleness=eager with sync_every")
-        if not rule.agrees and width != 2:
-            raise ValueError(f"staleness={rule.name} keeps exactly one outer step in flight: it needs width=2, got "
-                             f"width={width}")
+        period.check(sync_every, fragments, sync_delay, width=width, rule=rule.name, rule_period=rule.sync_period,
+                     rule_agrees=rule.agrees, round_rules=rules_besides("step"))
         self.optimizer = optimizer
         self.params = [p for p in params if p.requires_grad]
         if not self.params:

@@ -545,16 +545,19 @@ def _slot_state(inner_state: Any, group, params: list[Tensor], check_only: bool 
         "once per step in flight), a PowerSGDState (copied per step), a process group or None")
 
 
-def _lookahead(staleness: str, optimizer, params: list[Tensor]):
-    if staleness == "none":
+def _lookahead(staleness, optimizer, params: list[Tensor]):
+    """The rule :meth:`PipelinedState.forward_context` runs: None for ``none``; ``lookahead`` (a name,
+    or the rule already built, as the ddp mode passes it) bound to ``optimizer`` over ``params``."""
+    name = staleness if isinstance(staleness, str) else staleness.name
+    if name == "none":
         return None
-    if staleness != "lookahead":
-        raise ValueError(f"staleness={staleness!r} is not available with the pipelined DDP hook; allowed: none, "
+    if name != "lookahead":
+        raise ValueError(f"staleness={name!r} is not available with the pipelined DDP hook; allowed: none, "
                          "lookahead (docs/ddp-hook.md says which other rules could follow)")
     if optimizer is None:
         raise ValueError("staleness='lookahead' needs optimizer=: the lookahead steps are the optimizer's own")
     from ..staleness.lookahead import LocalLookahead
 
-    rule = LocalLookahead()
+    rule = LocalLookahead() if isinstance(staleness, str) else staleness
     rule.bind(params, optimizer)
     return rule

@@ -29,12 +29,12 @@ from datetime import timedelta
 import torch
 from torch import Tensor, nn
 
+from .. import period
 from ..comm import CommStats, CommThread
 from ..engine.base import Engine, ModeArgs, NonFinitePolicy, StepStats
 from ..engine.diloco import DEFAULT_OUTER, OuterFactory, split
 from ..flat import assign_params, flat_params, has_nonfinite, state_to_device
 from ..modes import register
-from ..timing.rounds import check_schedule
 from . import launch as live_launch
 from . import listen, require_torchft
 from .group import TorchftGroup
@@ -290,7 +290,7 @@ class TorchftDiLoCo(Engine):
 
 def _check_schedule(sync_every: int, fragments: int, sync_delay: int) -> None:
     """torchft's own rules, said with the settings' names before torchft asserts them."""
-    check_schedule(sync_every, fragments, sync_delay, prefix="trainer.")
+    period.check(sync_every, fragments, sync_delay, prefix="trainer.")
 
 
 @register(MODE, width=1, compressors=("none",), nonfinite_skip=False, sync_every=True, sync_delay=True,

@@ -215,14 +215,14 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def run_here(fn: Callable[..., object], args: tuple[dict, str]) -> Path:
-    """Under torchrun: run ``fn(container, replica_run_dir)`` in this process as the replica group
-    the container's ``trainer.live`` (or the environment) names (:func:`group_env`), in the run
+def run_here(fn: Callable[..., object], args: tuple) -> Path:
+    """Under torchrun: run ``fn(container, replica_run_dir, *rest)`` (``args``: container, run_dir,
+    *rest) in this process as the replica group the container's ``trainer.live`` (or the environment) names (:func:`group_env`), in the run
     directory's ``replica_<n>`` (its checkpoints, its log, its summary.json, as under the live
     launcher; group 0's summary is copied into the run directory). Returns the path of the
     group's summary.json."""
     global _imported_at
-    container, run_dir = args
+    container, run_dir, *rest = args
     live = container.get("trainer", {}).get("live") or {}
     env = group_env(live, settings(live)[1])
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum tick at info
@@ -232,7 +232,7 @@ def run_here(fn: Callable[..., object], args: tuple[dict, str]) -> Path:
     out = replica_dir(run_dir, replica)
     out.mkdir(parents=True, exist_ok=True)
     with _log_to(out / "train.log"):
-        fn(container, str(out))
+        fn(container, str(out), *rest)
     if replica == 0:
         _publish_summary(run_dir)
     return out / "summary.json"
@@ -269,8 +269,8 @@ def _log_to(path: Path) -> Iterator[None]:
             root.addHandler(h)
 
 
-def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_restarts: int = 0) -> Path:
-    """Run ``fn(container, replica_run_dir)`` in ``nproc`` replica groups behind one lighthouse,
+def run(fn: Callable[..., object], args: tuple, nproc: int, max_restarts: int = 0) -> Path:
+    """Run ``fn(container, replica_run_dir, *rest)`` in ``nproc`` replica groups behind one lighthouse,
     both set up as the container's ``trainer.live`` says (:func:`settings`); return when every
     group has exited 0, with the first group's summary.json copied into the run directory (its
     path is returned). Each group's process is told how often its group was restarted before it
@@ -280,7 +280,7 @@ def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_resta
     ``max_restarts`` are torchrun's then)."""
     if under_torchrun():
         return run_here(fn, args)
-    container, run_dir = args
+    container, run_dir, *rest = args
     options, replica_options = settings(container.get("trainer", {}).get("live") or {})
     replicas = nproc
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum tick at info; the groups inherit it
@@ -300,7 +300,7 @@ def run(fn: Callable[..., object], args: tuple[dict, str], nproc: int, max_resta
                    # the groups share this machine's cores as local workers do (pipesgd.train's _threads);
                    # each took them all before, and two groups on two cores ran 1.7x slower a step
                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // replicas))}
-            p = context.Process(target=_replica_main, args=(env, fn, (container, str(out))),
+            p = context.Process(target=_replica_main, args=(env, fn, (container, str(out), *rest)),
                                 name=f"pipesgd-live-replica-{replica}")
             p.start()
             procs[replica] = p

@@ -142,6 +142,12 @@ def available() -> list[str]:
     return list(REGISTRY)
 
 
+def rules_besides(sync_period: str) -> list[str]:
+    """The registered rules whose ``sync_period`` is not ``sync_period`` (``"step"``: those that can
+    apply a round's pseudo-gradient)."""
+    return [name for name in REGISTRY if REGISTRY.facts(name)["sync_period"] != sync_period]
+
+
 def rule_class(name: str) -> type[Staleness]:
     """The class registered as ``name``; ValueError naming the known rules."""
     if name not in REGISTRY:

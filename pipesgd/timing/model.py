@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..modes import carries, get_mode, modes
+from ..modes import carries, get_mode, modes, modes_with
 from ..registry import registry
 from .cost import Phase
 from .units import parse_bandwidth, parse_latency
@@ -230,6 +230,11 @@ def pipelined_time(compute_s: float, comm_s: float, update_s: float = 0.0, overl
 def _check_mode_args(mode: str, compute_s: float, comm_s: float, update_s: float, width: int,
                      forward_fraction: float, overlap_slowdown: float) -> None:
     _known(mode)
+    _check_step_args(compute_s, comm_s, update_s, width, forward_fraction, overlap_slowdown)
+
+
+def _check_step_args(compute_s: float, comm_s: float, update_s: float, width: int, forward_fraction: float,
+                     overlap_slowdown: float) -> None:
     for name, value in (("compute_s", compute_s), ("comm_s", comm_s), ("update_s", update_s)):
         _check_nonneg(name, value)
     _check_workers("width", width)
@@ -388,7 +393,7 @@ def ddp_iteration_time(compute_s: float, bucket_bytes: Sequence[float], bucket_c
                        update_s: float = 0.0, forward_fraction: float = 1 / 3,
                        overlap_slowdown: float = 1.0) -> float:
     """forward + (backward with bucket reductions overlapped, until the last one is done) + update."""
-    _check_mode_args("ddp", compute_s, sum(bucket_comm_s), update_s, 1, forward_fraction, overlap_slowdown)
+    _check_step_args(compute_s, sum(bucket_comm_s), update_s, 1, forward_fraction, overlap_slowdown)
     forward = forward_fraction * compute_s
     backward_end, comm_end = bucketed_backward(compute_s - forward, bucket_bytes, bucket_comm_s,
                                                overlap_slowdown)
@@ -533,6 +538,13 @@ def step_time(mode: str, params: int, compute_s: float, link: Link, p: int, *, c
                            per_node=per_node, intra=intra, server_on_worker=server_on_worker) / 1e3
 
 
+def _reference() -> tuple[str, str]:
+    """(mode, allreduce) of the table's baseline, as the plugins declare it (``reference``): the
+    blocking fp32 ring, sync/ring."""
+    allreduces = registry("allreduce")
+    return modes_with("reference")[0], next(n for n in allreduces if allreduces.facts(n).get("reference"))
+
+
 def _plan(width: int, per_node: int, p: int) -> list[tuple[str, str, int]]:
     """(mode, algorithm, width) of every table row: the modes that reduce, each over every
     registered allreduce whose price differs (one that declares another's cost, as native does the
@@ -578,7 +590,7 @@ def predict(numel: int, p: int, link: Link, compute_s: float, update_s: float = 
     options = dict(forward_fraction=forward_fraction, overlap_slowdown=overlap_slowdown,
                    bucket_cap_bytes=bucket_cap_bytes, first_bucket_bytes=first_bucket_bytes,
                    per_node=per_node, intra=intra, barrier_s=barrier_s, buffers=buffers)
-    _, baseline = _predict_s("sync", "ring", nbytes, p, link, compute_s, update_s, 1, 1.0, 0.0, **options)
+    _, baseline = _predict_s(*_reference(), nbytes, p, link, compute_s, update_s, 1, 1.0, 0.0, **options)
     rows = []
     for mode, algorithm, row_width in _plan(width, per_node, p):
         for comp in comps:

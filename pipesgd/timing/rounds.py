@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from .. import period
 from ..modes import get_mode
 from .model import Link, _overlapped, comm_time
 
@@ -39,33 +40,25 @@ def _check(name: str, value: float, low: float = 0.0) -> None:
         raise ValueError(f"{name} must be a finite number >= {low:g}, got {value!r}")
 
 
-def check_schedule(sync_every: int, fragments: int = 1, sync_delay: int = 0, prefix: str = "") -> None:
-    """ValueError naming the setting (``prefix`` + its name, e.g. ``trainer.``) where ``(H, F, τ)`` is
-    not a schedule: integers, F divides H, τ < H/F (torchft's rules too)."""
-    for name, value, low in (("sync_every", sync_every, 1), ("fragments", fragments, 1), ("sync_delay", sync_delay, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{prefix}{name}={value!r} is invalid: must be an integer >= {low}")
-    if sync_every % fragments:
-        raise ValueError(f"{prefix}fragments={fragments} does not divide {prefix}sync_every={sync_every}: one "
-                         "fragment ends its round every sync_every / fragments steps")
-    if sync_delay >= sync_every // fragments:
-        raise ValueError(f"{prefix}sync_delay={sync_delay} must be below {prefix}sync_every / {prefix}fragments = "
-                         f"{sync_every // fragments}: a fragment's exchange ends before the next one starts")
+def check_schedule(sync_every: int, fragments: int = 1, sync_delay: int = 0, prefix: str = "",
+                   width: int | None = None) -> None:
+    """ValueError naming every setting (``prefix`` + its name, e.g. ``trainer.``) where ``(H, F, τ)`` is
+    not a schedule at ``width`` (:func:`pipesgd.period.problems`; below 2 or None: torchft's schedule)."""
+    torchft = width is None or width < 2
+    period.check(sync_every, fragments, sync_delay, width=None if torchft else width, prefix=prefix,
+                 runs=f"got width {width} (or 1: torchft's schedule)")
 
 
 def round_step_s(fragment_exchange_s: float, compute_s: float, update_s: float, sync_every: int, width: int = 1,
                  fragments: int = 1, sync_delay: int = 0, overlap_slowdown: float = 1.0) -> float:
     """Seconds per inner step of a round (module docstring): ``fragment_exchange_s`` is one
     fragment's allreduce (the whole model's at ``fragments=1``)."""
-    check_schedule(sync_every, fragments, sync_delay)
+    check_schedule(sync_every, fragments, sync_delay, width=width)
     for name, value in (("fragment_exchange_s", fragment_exchange_s), ("compute_s", compute_s),
                         ("update_s", update_s)):
         _check(name, value)
     _check("overlap_slowdown", overlap_slowdown, 1.0)
     h, exchanges = sync_every, fragments * fragment_exchange_s
-    if width >= 2 and sync_delay and width != 2:
-        raise ValueError(f"sync_delay={sync_delay} says when the one round in flight lands: width 2 (pipe) or 1 "
-                         f"(torchft's schedule), got width {width}")
     if width >= 2 and not sync_delay:
         return max(_overlapped(h * compute_s, exchanges, overlap_slowdown) + h * update_s, exchanges) / h
     period, delay, x = h // fragments, sync_delay, fragment_exchange_s

@@ -130,11 +130,11 @@ def test_resume_mid_round_and_mid_flight_is_bit_exact(width, rule, stop, fragmen
 def test_refusals_name_their_option():
     model = make_model()
     opt = INNER(model.parameters())
-    with pytest.raises(ValueError, match="staleness=eager .* width=2, got width=1"):
+    with pytest.raises(ValueError, match="staleness=eager .* needs width 2, got width 1"):
         PipeDiLoCo(opt, model.parameters(), H, width=1, staleness="eager")
     with pytest.raises(ValueError, match="staleness=lookahead is a rule for per-step gradients"):
         PipeDiLoCo(opt, model.parameters(), H, width=2, staleness="lookahead")
-    with pytest.raises(ValueError, match="sync_every must be an integer >= 1"):
+    with pytest.raises(ValueError, match="sync_every=0 is invalid: must be an integer >= 1"):
         PipeDiLoCo(opt, model.parameters(), 0)
 
 
@@ -303,17 +303,17 @@ def test_delayed_eager_with_plain_outer_step_keeps_the_steps_since_launch():
 def test_sync_delay_refusals_name_the_value():
     model = make_model()
     opt = INNER(model.parameters())
-    with pytest.raises(ValueError, match="sync_delay=1 says when .* needs width=2, got width=1"):
+    with pytest.raises(ValueError, match="sync_delay=1 says when .* needs width 2, got width 1"):
         PipeDiLoCo(opt, model.parameters(), 4, width=1, sync_delay=1)
     with pytest.raises(ValueError, match="sync_delay=2 must be below sync_every / fragments = 2"):
         PipeDiLoCo(opt, model.parameters(), 4, fragments=2, sync_delay=2)
-    with pytest.raises(ValueError, match="sync_delay must be an integer >= 0.*got -1"):
+    with pytest.raises(ValueError, match="sync_delay=-1 is invalid: must be an integer >= 0"):
         PipeDiLoCo(opt, model.parameters(), 4, sync_delay=-1)
 
 
 def test_fragments_must_divide_the_period():
     model = make_model()
-    with pytest.raises(ValueError, match="fragments must be an integer >= 1 that divides sync_every=4"):
+    with pytest.raises(ValueError, match="fragments=3 does not divide sync_every=4"):
         PipeDiLoCo(INNER(model.parameters()), model.parameters(), 4, fragments=3)
     with pytest.raises(ValueError, match="fragments=8 is more than the model's 4 parameter tensors"):
         PipeDiLoCo(INNER(model.parameters()), model.parameters(), 8, fragments=8)

@@ -104,7 +104,10 @@ def test_multirun_sweeps_the_width_at_a_period(tmp_path):
     ("trainer.sync_every=4 staleness=lookahead", "staleness=lookahead is a rule for per-step gradients"),
     ("trainer.sync_every=4 staleness=eager trainer.width=3", "staleness=eager keeps exactly one outer step"),
     ("trainer.sync_every=4 staleness=eager trainer.mode=sync", "trainer.mode=sync runs at width 1"),
-    ("trainer.sync_every=4 trainer.warmup_sync_steps=10", "trainer.warmup_sync_steps=10 is not used at"),
+    ("trainer.mode=torchft_diloco staleness=none trainer.sync_every=4 trainer.warmup_sync_steps=10",
+     "trainer.warmup_sync_steps=10 is not used by trainer.mode=torchft_diloco"),
+    ("trainer.sync_every=4 trainer.landing_alpha=0.5", "trainer.landing_alpha=0.5 mixes the weights where a round lands"),
+    ("trainer.sync_every=4 trainer.sync_delay=1 trainer.landing_alpha=2", "trainer.landing_alpha=2 is invalid"),
     ("trainer.sync_every=4 staleness=eager trainer.check_every=5", "trainer.check_every=5 cannot check"),
     ("trainer.sync_every=4 trainer.mode=live", "trainer.sync_every=4 is not available with trainer.mode=live"),
     ("trainer.sync_every=4 trainer.mode=ps_sync", "trainer.sync_every=4 is not available with trainer.mode=ps_sync"),
@@ -136,3 +139,18 @@ def test_what_cannot_run_in_rounds_is_refused_before_workers_start(overrides, me
     assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and "] - training " not in r.stderr, "no worker may have started"
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_config_with_several_problems_gets_them_all_in_one_refusal(tmp_path):
+    """gpt_shakespeare's per-step rule (lookahead) cannot run in rounds, and 3 fragments do not
+    divide a round of 10: both are named in the one refusal, not one per try, before any worker
+    starts (its synchronous warm-up of 300 steps now runs before the rounds)."""
+    r = run("+experiment=gpt_shakespeare", "trainer.sync_every=10", "trainer.fragments=3",
+            f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "2 problems in this config:" in r.stderr, r.stderr[-2000:]
+    assert "1. staleness=lookahead is a rule for per-step gradients" in r.stderr
+    assert "2. trainer.fragments=3 does not divide trainer.sync_every=10" in r.stderr
+    assert "Traceback" not in r.stderr and "] - training " not in r.stderr, "no worker may have started"
+    assert not (tmp_path / "run").exists()

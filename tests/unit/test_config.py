@@ -88,20 +88,19 @@ def test_a_setting_the_mode_does_not_use_is_an_error(overrides, message):
     (["trainer.mode=pipe", "trainer.width=4", "staleness=dc"], 4, "dc"),
 ])
 def test_a_mode_ignores_the_config_files_width_but_not_the_command_lines(overrides, width, staleness):
-    from pipesgd.modes import get_mode
-
     cfg = composed(*overrides)
-    validate(cfg, command_line_keys(overrides))
-    assert get_mode(cfg.trainer.mode).runs_at(cfg.trainer.width) == width  # what build() runs at
-    assert staleness_rule(cfg) == staleness and cfg.trainer.mode == overrides[0].split("=")[1]
+    before = OmegaConf.to_container(cfg)
+    settled = validate(cfg, command_line_keys(overrides))
+    assert (settled.width, settled.staleness) == (width, staleness)  # what build() and the rule run at
+    assert OmegaConf.to_container(cfg) == before, "validation leaves the config as composed"
 
 
 def test_ddp_runs_the_pipelined_hook_only_when_the_command_line_asks_for_width_2():
     for overrides, width in ((["trainer.mode=ddp"], 1), (["trainer.mode=ddp", "trainer.width=2"], 2)):
         cfg = composed(*overrides)
         assert cfg.trainer.width == 2, "the config files' width is pipe's"
-        validate(cfg, command_line_keys(overrides))
-        assert cfg.trainer.width == width
+        assert validate(cfg, command_line_keys(overrides)).width == width
+        assert cfg.trainer.width == 2, "and stays in the config"
 
 
 def test_the_staleness_group_sets_the_rule_and_its_options():
@@ -153,12 +152,14 @@ def test_an_experiment_files_staleness_rule_is_pipes_default_not_a_conflict():
     def resnet(*overrides):
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=["+experiment=resnet_cifar", *overrides])
-        validate(cfg, command_line_keys(["+experiment=resnet_cifar", *overrides]))
-        return cfg
+        return cfg, validate(cfg, command_line_keys(["+experiment=resnet_cifar", *overrides]))
 
-    cfg = resnet("trainer.mode=ddp")
-    assert staleness_rule(cfg) == "none" and instantiate(cfg.staleness).name == "none"
-    assert staleness_rule(resnet()) == "lookahead"
+    cfg, settled = resnet("trainer.mode=ddp")
+    assert settled.staleness == "none" and not settled.from_group
+    assert staleness_rule(cfg) == "lookahead", "the config stays as composed"
+    assert settled.record(OmegaConf.to_container(cfg))["staleness"] == {
+        "_target_": "pipesgd.staleness.none.Plain"}, "checkpoints record the rule that runs, as before"
+    assert resnet()[1].staleness == "lookahead" and instantiate(resnet()[0].staleness).name == "lookahead"
     with pytest.raises(ConfigError, match="staleness=lookahead is not used by trainer.mode=ddp"):
         resnet("trainer.mode=ddp", "staleness=lookahead")
 
@@ -264,7 +265,23 @@ def test_the_gpt_diloco_recipe_streams_fragments_that_land_a_few_steps_late():
     # and passes every check
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["+experiment=gpt_diloco"])
-    validate(cfg, command_line_keys(["+experiment=gpt_diloco"]))
-    assert (cfg.trainer.sync_every, cfg.trainer.width, staleness_rule(cfg)) == (20, 2, "none")
+    settled = validate(cfg, command_line_keys(["+experiment=gpt_diloco"]))
+    assert (cfg.trainer.sync_every, settled.width, settled.staleness) == (20, 2, "none")
     assert (cfg.trainer.fragments, cfg.trainer.sync_delay, cfg.compressor._target_) == (5, 3, "pipesgd.compress.int8.Int8")
     assert (cfg.outer_optimizer.lr, cfg.outer_optimizer.momentum, cfg.outer_optimizer.nesterov) == (0.7, 0.9, True)
+
+
+def test_every_independent_problem_is_named_in_one_refusal():
+    overrides = ["+experiment=gpt_shakespeare", "trainer.sync_every=10", "trainer.fragments=3", "trainer.log_every=0"]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, command_line_keys(overrides))
+    lines = str(err.value).splitlines()
+    assert lines[0] == "3 problems in this config:", str(err.value)
+    assert lines[1].startswith("  1. trainer.log_every=0 is invalid")
+    assert lines[2].startswith("  2. staleness=lookahead is a rule for per-step gradients")
+    assert lines[3].startswith("  3. trainer.fragments=3 does not divide trainer.sync_every=10")
+    with pytest.raises(ConfigError) as one:  # one problem: its own message, as before
+        validate(composed("trainer.log_every=0"))
+    assert str(one.value).startswith("trainer.log_every=0 is invalid")

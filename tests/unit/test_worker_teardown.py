@@ -15,6 +15,7 @@ import torch.distributed.distributed_c10d as c10d
 
 import pipesgd.dist as pdist
 import pipesgd.train as train
+from pipesgd.config import Settled
 from pipesgd.engine.base import ReductionError
 
 CONTAINER = {"seed": 0, "dist": {"threads_per_worker": 1, "backend": "gloo", "timeout_s": 10.0},
@@ -57,12 +58,12 @@ def test_a_failed_worker_logs_its_error_then_aborts_instead_of_waiting_for_the_h
         monkeypatch, tmp_path, teardown):
     error = ReductionError("the reduction of step 3's gradient did not finish within 8 s", None)
 
-    def build(cfg, ctx):
+    def build(cfg, ctx, settled):
         raise error
 
     monkeypatch.setattr(train, "_build", build)
     with pytest.raises(ReductionError):
-        train.worker(CONTAINER, str(tmp_path))
+        train.worker(CONTAINER, str(tmp_path), Settled(width=1, staleness="none"))
     assert teardown == [f"logged: rank 1 failed: ReductionError: {error}", "aborted"]
 
 
@@ -71,9 +72,9 @@ def test_an_interrupted_worker_aborts_without_logging_an_error_and_a_plain_destr
     class Stop(BaseException):  # not an error of the run's: leave the log alone, still abort
         pass
 
-    monkeypatch.setattr(train, "_build", lambda cfg, ctx: (_ for _ in ()).throw(Stop()))
+    monkeypatch.setattr(train, "_build", lambda cfg, ctx, settled: (_ for _ in ()).throw(Stop()))
     with pytest.raises(Stop):
-        train.worker(CONTAINER, str(tmp_path))
+        train.worker(CONTAINER, str(tmp_path), Settled(width=1, staleness="none"))
     assert teardown == ["aborted"]
     teardown.clear()
     pdist.destroy()
