@@ -61,6 +61,30 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+# What the live launcher (pipesgd/live/launch.py) tells a replica group's process of its place, read
+# here, below the torchft wing, by the data split (train.py) and the tests' fault injection too.
+ENV_REPLICA = "PIPESGD_LIVE_REPLICA"
+ENV_REPLICAS = "PIPESGD_LIVE_REPLICAS"
+ENV_RESTART = "PIPESGD_LIVE_RESTART"  # how often the launcher has restarted this replica group (0: its first process)
+
+
+def replica_shard() -> tuple[int, int] | None:
+    """``(replica, replicas)``: which share of the training data this replica group reads (its data
+    position follows its group, whatever process it runs in), or None outside a live launch."""
+    if not os.environ.get(ENV_REPLICAS):
+        return None
+    return int(os.environ[ENV_REPLICA]), int(os.environ[ENV_REPLICAS])
+
+
+def replica_attempt() -> tuple[int, int] | None:
+    """``(replica, restarts)``: this replica group's number and how often the live launcher has
+    restarted it (0 in its first process), or None outside a live launch."""
+    shard = replica_shard()
+    if shard is None:
+        return None
+    return shard[0], int(os.environ.get(ENV_RESTART, "0"))
+
+
 def run(fn: Callable[..., object], args: tuple, nproc: int, max_restarts: int = 0) -> None:
     """Run ``fn(*args)`` on every worker of the job and return when all have finished."""
     if under_torchrun():

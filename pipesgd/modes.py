@@ -138,9 +138,17 @@ def register(name: str, **facts) -> Callable[[Callable], Callable]:
     return deco
 
 
+LEAD = ("sync", "pipe")
+"""The paper's modes, first in every listing of :func:`modes`."""
+
+
 def modes() -> list[str]:
-    """Every registered ``trainer.mode``, in registration order."""
-    return list(registry("mode"))
+    """Every registered ``trainer.mode``: :data:`LEAD`, then the rest by family (the name up to its
+    first underscore: ddp, live, local, ps_*, torchft_*), in registration order within one; so a
+    mode's place does not hang on which package registered it (the torchft wing's come last)."""
+    names = list(registry("mode"))
+    rest = sorted((n for n in names if n not in LEAD), key=lambda n: n.split("_")[0])
+    return [n for n in LEAD if n in names] + rest
 
 
 def get_mode(name: str) -> Mode:

@@ -29,6 +29,11 @@ KINDS: dict[str, tuple[str, str]] = {
 }
 """kind -> (the package whose import registers every plugin of the kind, the config key choosing one)."""
 
+WINGS: dict[str, tuple[str, ...]] = {"mode": ("pipesgd.live.engine", "pipesgd.live.diloco")}
+"""kind -> the modules above its package that register plugins of it, imported after the package:
+the torchft wing's modes (pipesgd/live/), whose engines build on the core's, so the core's package
+cannot import them (tests/distributed/test_layout.py: no folder imports a higher floor)."""
+
 
 class Registry(Generic[T]):
     """Plugins of one kind by name, in registration order, each with its declared facts.
@@ -104,7 +109,10 @@ class Registry(Generic[T]):
 
 def registry(kind: str) -> Registry:
     """The registry of ``kind`` (a key of :data:`KINDS`), every plugin of it registered (imports
-    the kind's package, and with it torch)."""
+    the kind's package and its :data:`WINGS`, and with them torch)."""
     if kind not in KINDS:
         raise ValueError(f"plugin kind {kind!r} is not known; allowed: {', '.join(KINDS)}")
-    return import_module(KINDS[kind][0]).REGISTRY
+    package = import_module(KINDS[kind][0])
+    for module in WINGS.get(kind, ()):
+        import_module(module)
+    return package.REGISTRY

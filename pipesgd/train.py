@@ -33,7 +33,7 @@ from .engine import Engine, ModeArgs
 from .engine.parity import clip_applied_gradient
 from .reliability.faults import Faults
 from .observability.hostinfo import fingerprint
-from .live.options import replica_shard
+from .launch import replica_shard
 from .observability.metrics import make_writer
 from .engine.build import build
 from .modes import get_mode

@@ -9,7 +9,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,23 +20,9 @@ from .engine.base import Engine, StepStats
 from .observability.metrics import MetricWriter
 from .objective import Classification, Objective
 from .observability.progress import Status, make_progress
+from .observability.summary import History, median
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class History:
-    """Per-step timings (ms) and bytes of this rank, kept for medians in summary.json."""
-
-    iter_ms: list[float] = field(default_factory=list)
-    compute_ms: list[float] = field(default_factory=list)
-    exposed_comm_ms: list[float] = field(default_factory=list)
-    comm_ms: list[float] = field(default_factory=list)
-    update_ms: list[float] = field(default_factory=list)
-    wire_bytes: list[int] = field(default_factory=list)
-    ratio: list[float] = field(default_factory=list)
-    wall_time: list[float] = field(default_factory=list)  # time.time() at each step's end
-    evals: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -59,10 +45,6 @@ def batch_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
-
-
-def median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
 
 
 class TrainerHooks:

@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 
-from ..reliability import teardown  # noqa: F401  (before any process group: see there)
+from .. import teardown  # noqa: F401  (before any process group: see there)
 from .base import (REGISTRY, CommError, CommStats, CommThread, CompletedHandle, FutureHandle, Handle, bind,
                    check_carries, declared, note, one_line, register)
 from .native import native_allreduce

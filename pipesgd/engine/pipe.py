@@ -21,7 +21,7 @@ from ..inflight import InFlight
 from .exchange import GradientExchange, Reduced
 from .parity import BufferBroadcast, broadcast_from_first_rank, clip_applied_gradient, listed, param_names
 from ..reduction import Reduction
-from ..reliability.replicas import ReplicaMismatch, describe_mismatch, digest
+from .replicas import ReplicaMismatch, describe_mismatch, digest
 from ..staleness import Staleness, make_staleness
 from .base import Engine, NonFinitePolicy, ReductionError, StepStats, T
 

@@ -1,7 +1,7 @@
 """DDP communication hooks: :func:`pipelined` turns any DDP hook into Pipe-SGD of width 2
 (docs/ddp-hook.md); :class:`PowerSGDHookState` keeps torch's PowerSGD state per parameter."""
 
-from ..reliability import teardown  # noqa: F401  (before any process group: see there)
+from .. import teardown  # noqa: F401  (before any process group: see there)
 from .pipelined import PipelinedState, pipelined, register
 from .powersgd import HookState, PowerSGDHookState, one_bucket_on_gloo, powersgd_state
 

@@ -1,10 +1,13 @@
 """How a replica group finds its run: :class:`LiveOptions`, given or read from the environment the
-live launcher sets. Pure data (no torch)."""
+live launcher sets. Pure data (no torch). Its place among the groups (number, count, restarts) is
+read by :mod:`pipesgd.launch`, below the wing, where fault injection reads it too."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+from ..launch import ENV_REPLICA, ENV_REPLICAS, ENV_RESTART, replica_attempt, replica_shard  # noqa: F401
 
 LOOPBACK = "127.0.0.1"
 
@@ -66,7 +69,6 @@ class LiveOptions:
 
 ENV_LIGHTHOUSE = "PIPESGD_LIVE_LIGHTHOUSE"
 ENV_RUN_ID = "PIPESGD_LIVE_RUN_ID"
-ENV_REPLICA = "PIPESGD_LIVE_REPLICA"
 ENV_HOST = "PIPESGD_LIVE_HOST"
 ENV_TIMEOUT = "PIPESGD_LIVE_TIMEOUT_S"
 ENV_QUORUM_TIMEOUT = "PIPESGD_LIVE_QUORUM_TIMEOUT_S"
@@ -74,9 +76,7 @@ ENV_MIN_REPLICAS = "PIPESGD_LIVE_MIN_REPLICAS"
 ENV_INIT_SYNC = "PIPESGD_LIVE_INIT_SYNC"
 ENV_START_REPLICAS = "PIPESGD_LIVE_START_REPLICAS"
 ENV_START_TIMEOUT = "PIPESGD_LIVE_START_TIMEOUT_S"
-ENV_REPLICAS = "PIPESGD_LIVE_REPLICAS"
 ENV_START = "PIPESGD_LIVE_START_STORE"  # host:port of the launcher's store: the replica groups start together
-ENV_RESTART = "PIPESGD_LIVE_RESTART"  # how often the launcher has restarted this replica group (0: its first process)
 ENV_SPAWNED = "PIPESGD_LIVE_SPAWNED_AT"  # unix time at which the launcher started this process
 
 
@@ -113,20 +113,3 @@ def options_from_env() -> LiveOptions | None:
                        else None,
                        start_timeout_s=float(os.environ[ENV_START_TIMEOUT]) if os.environ.get(ENV_START_TIMEOUT)
                        else None)
-
-
-def replica_shard() -> tuple[int, int] | None:
-    """``(replica, replicas)``: which share of the training data this replica group reads (its data
-    position follows its group, whatever process it runs in), or None outside a live launch."""
-    if not os.environ.get(ENV_REPLICAS):
-        return None
-    return int(os.environ[ENV_REPLICA]), int(os.environ[ENV_REPLICAS])
-
-
-def replica_attempt() -> tuple[int, int] | None:
-    """``(replica, restarts)``: this replica group's number and how often the live launcher has
-    restarted it (0 in its first process), or None outside a live launch."""
-    shard = replica_shard()
-    if shard is None:
-        return None
-    return shard[0], int(os.environ.get(ENV_RESTART, "0"))

@@ -3,10 +3,29 @@ TensorBoard's HParams row and summary.json (docs/observability.md). Plain values
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from ..timing import TimingModel
-from ..trainer import History, median
+
+
+@dataclass
+class History:
+    """Per-step timings (ms) and bytes of this rank, kept for medians in summary.json."""
+
+    iter_ms: list[float] = field(default_factory=list)
+    compute_ms: list[float] = field(default_factory=list)
+    exposed_comm_ms: list[float] = field(default_factory=list)
+    comm_ms: list[float] = field(default_factory=list)
+    update_ms: list[float] = field(default_factory=list)
+    wire_bytes: list[int] = field(default_factory=list)
+    ratio: list[float] = field(default_factory=list)
+    wall_time: list[float] = field(default_factory=list)  # time.time() at each step's end
+    evals: list[dict] = field(default_factory=list)
+
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
 
 
 def compression_ratio(h: History) -> float:

@@ -12,7 +12,7 @@ attempt only (``TORCHELASTIC_RESTART_COUNT`` unset or 0), like a transient fault
   run stands at a known step, with a known newest checkpoint, until the signal comes).
 
 Under ``trainer.mode=live`` every replica group is a lone process of rank 0, so ``rank`` names the
-replica group (``pipesgd.live.options.replica_attempt``) and the attempt is the number of times the
+replica group (``pipesgd.launch.replica_attempt``) and the attempt is the number of times the
 live launcher (or, for a group run as its own torchrun job, torchrun) has restarted that group
 (``PIPESGD_LIVE_RESTART``): ``kill:1:35`` kills group 1 once, and its restarted process trains on.
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..live.options import replica_attempt
+from ..launch import replica_attempt
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from ..flat import state_to_device
 from .faults import Faults
 from ..models import unwrap
 from ..modes import get_mode, modes_with
-from .replicas import ReplicaMismatch, describe_mismatch
+from ..engine.replicas import ReplicaMismatch, describe_mismatch
 from ..schedule import reposition
 from ..trainer import Trainer, TrainerHooks
 from .watchdog import Watchdog, is_comm_failure

@@ -1,6 +1,6 @@
 """``destroy_process_group()`` ends Gloo's threads in a script that imported pipesgd first, even
 after building an optimizer (which imports ``torch.distributed.nn``, whose default arguments would
-otherwise hold the default group: pipesgd/reliability/teardown.py), through the engine or the DDP hook. Left running into interpreter exit,
+otherwise hold the default group: pipesgd/teardown.py), through the engine or the DDP hook. Left running into interpreter exit,
 those threads aborted a finished job (SIGABRT) about one run in eight on a loaded host. The hook's
 state holds its DDP model weakly: held strongly, the reducer -> state -> model cycle runs through
 C++, which Python's collector cannot see, and ``del`` freed neither the model nor any group."""

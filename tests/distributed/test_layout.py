@@ -1,6 +1,6 @@
 """The repository's shape. Over every Python file (pipesgd/, pipesgd_lab/, tests/, examples/): no
 import cycle (TYPE_CHECKING and function-level imports included), no file over the size cap, and no
-import from the library into the lab. Over the library: every mode complete (its builder returns an Engine implementing the whole
+import from the library into the lab; inside the library, no import of a higher floor (FLOORS). Over the library: every mode complete (its builder returns an Engine implementing the whole
 contract), every staleness rule's config at its constructor's defaults, and timeless comments (no
 tracker references). tests/distributed/test_plugins.py proves every plugin of every kind complete."""
 
@@ -72,23 +72,37 @@ def test_every_python_file_is_seen_once():
     assert {"pipesgd", "pipesgd_lab", "tests", "examples"} <= seen, seen
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path] = MODULES) -> set[str]:
-    """The repository's modules ``name`` imports anywhere in its source (a ``from X import y`` names
-    module ``X.y`` when that is a module, else ``X``)."""
+def _import_sites(name: str, path: Path, modules: dict[str, Path] = MODULES) -> list[tuple[int, str]]:
+    """``(line, module)`` for each of the repository's modules ``name`` imports anywhere in its
+    source (a ``from X import y`` names module ``X.y`` when that is a module, else ``X``), a
+    literal given to ``import_module`` (``importlib.import_module("pipesgd.live.engine")``) included."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
+    found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
+            found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{anchor}.{base}" if base else anchor
-            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+            found += [(node.lineno, f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base) for a in node.names]
+        elif isinstance(node, ast.Call) and _called(node.func) == "import_module":
+            found += [(node.lineno, c.value) for arg in node.args for c in ast.walk(arg)
+                      if isinstance(c, ast.Constant) and isinstance(c.value, str)]
     # ``from tests.lab.test_x import y``: the test module ``test_x`` (the repository root is on the path too)
-    found = {m.rpartition(".")[2] if m.startswith("tests.") else m for m in found}
-    return {m for m in found if m in modules and m != name}
+    found = [(line, m.rpartition(".")[2] if m.startswith("tests.") else m) for line, m in found]
+    return sorted({(line, m) for line, m in found if m in modules and m != name})
+
+
+def _called(func: ast.expr) -> str | None:
+    """The name a call is made by: ``f`` of ``f(...)`` and of ``x.f(...)``."""
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path] = MODULES) -> set[str]:
+    """The repository's modules ``name`` imports (:func:`_import_sites`)."""
+    return {m for _, m in _import_sites(name, path, modules)}
 
 
 def _graph(modules: dict[str, Path] = MODULES) -> dict[str, set[str]]:
@@ -177,6 +191,77 @@ def test_the_library_never_imports_the_lab():
     upward = _library_into_lab(_graph())
     assert not upward, f"library modules import the lab: {upward}"
     assert LIBRARY and any(_is_lab(n) for n in MODULES)
+
+
+# The library's floors, bottom first: a folder of pipesgd/ (or a module beside them) imports only
+# the folders of its own floor and the floors below, TYPE_CHECKING, function-level and
+# ``import_module("...")`` imports included. docs/architecture.md ("What may import what") draws
+# them. The registry is the one way up: ``registry(kind)`` imports a kind's packages by name
+# (pipesgd/registry.py's KINDS, the torchft wing's modes among them), as plugin discovery does.
+FLOORS = (
+    ("flat", "inflight", "registry", "dist", "teardown", "peers", "placement", "schedule", "objective", "schema",
+     "models", "optim"),                      # leaves: they import no other part of the library
+    ("modes", "compress", "staleness"),       # the plugin declarations the rest reads
+    ("launch", "timing"),                     # how workers come to exist; the cost model on the declared facts
+    ("observability",),                       # spans, metrics, progress, the run's facts and summary
+    ("comm", "data", "hooks"),                # HOW bytes move; the data; DDP comm hooks
+    ("reduction",),                           # WHAT is sent beyond a per-chunk compressor (top-k, PowerSGD)
+    ("engine",),                              # WHEN: the engines behind one contract
+    ("trainer", "config"),                    # the loop; the config checks
+    ("reliability",),                         # the trainer's hooks: checkpoints, replica checks, faults
+    ("live",),                                # the torchft wing: its engines and launcher on the core
+    ("train", "pipesgd"),                     # the composition root; the package's lazy names
+)
+
+
+def _unit(name: str) -> str:
+    """The folder of pipesgd/ a library module is in, or the module beside them it is."""
+    return name.split(".")[1] if "." in name else name
+
+
+def _floor(name: str) -> int:
+    """The floor of a library module's folder; one above the top for a folder without one (which
+    test_every_library_folder_has_a_floor names), so nothing it imports counts against it."""
+    return next((i for i, floor in enumerate(FLOORS) if _unit(name) in floor), len(FLOORS))
+
+
+def _against_the_floors(name: str, path: Path, modules: dict[str, Path] = MODULES) -> list[str]:
+    """Each import of library module ``name`` from a folder on a higher floor, as ``file:line imports module``."""
+    return [f"{path.relative_to(ROOT)}:{line} imports {dep} ({_unit(dep)} stands above {_unit(name)})"
+            for line, dep in _import_sites(name, path, modules) if _is_library(dep) and _floor(dep) > _floor(name)]
+
+
+def test_every_library_folder_has_a_floor():
+    units = {_unit(n) for n in LIBRARY}
+    placed = [u for floor in FLOORS for u in floor]
+    assert len(placed) == len(set(placed)), f"a folder on two floors: {placed}"
+    assert units <= set(placed), f"give {sorted(units - set(placed))} a floor in FLOORS (and docs/architecture.md)"
+    assert set(placed) <= units, f"FLOORS names what the library no longer has: {sorted(set(placed) - units)}"
+
+
+def test_no_library_folder_imports_a_higher_floor():
+    upward = [v for name, path in sorted(LIBRARY.items()) for v in _against_the_floors(name, path)]
+    assert not upward, f"{len(upward)} imports against the floors:\n" + "\n".join(upward)
+
+
+def test_the_floor_check_sees_every_kind_of_upward_import(tmp_path, monkeypatch):
+    """A TYPE_CHECKING import, a function-level one and an ``import_module`` string each count; an
+    import of a lower floor or the folder's own does not."""
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "pipesgd" / "comm").mkdir(parents=True)
+    src = ("import importlib\nfrom typing import TYPE_CHECKING\n\nfrom ..flat import views\n"
+           "if TYPE_CHECKING:\n    from ..trainer import Trainer\n\n\ndef f():\n    from ..engine import pipe\n"
+           "    return importlib.import_module('pipesgd.live.engine')\n")
+    (tmp_path / "pipesgd" / "comm" / "x.py").write_text(src)
+    found = _against_the_floors("pipesgd.comm.x", tmp_path / "pipesgd" / "comm" / "x.py")
+    assert found == ["pipesgd/comm/x.py:6 imports pipesgd.trainer (trainer stands above comm)",
+                     "pipesgd/comm/x.py:10 imports pipesgd.engine.pipe (engine stands above comm)",
+                     "pipesgd/comm/x.py:11 imports pipesgd.live.engine (live stands above comm)"], found
+    (tmp_path / "pipesgd" / "comm" / "x.py").write_text("from ..flat import views\nfrom . import ring\n")
+    assert _against_the_floors("pipesgd.comm.x", tmp_path / "pipesgd" / "comm" / "x.py") == []
+    (tmp_path / "pipesgd" / "x.py").write_text("def f():\n    from .comm import ring\n")  # from the bottom floor
+    assert _against_the_floors("pipesgd.flat", tmp_path / "pipesgd" / "x.py") == \
+        ["pipesgd/x.py:2 imports pipesgd.comm.ring (comm stands above flat)"]
 
 
 # The tests/ folders that use the lab: its own tier, and SLURM on the lab's emulated hosts. `make

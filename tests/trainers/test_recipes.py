@@ -30,7 +30,7 @@ COMMON = """
 import gc, hashlib, json, os
 import torch
 import torch.distributed as dist
-import pipesgd.hooks  # before any group, as a script's imports come first (pipesgd/reliability/teardown.py)
+import pipesgd.hooks  # before any group, as a script's imports come first (pipesgd/teardown.py)
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
