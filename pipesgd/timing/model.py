@@ -36,19 +36,12 @@ DDP_FIRST_BUCKET_BYTES = 2**20
 
 FP32_BYTES = 4
 
-MODEL_PARAMS = {
-    "resnet20": 269_722,
-    "resnet32": 464_154,
-    "resnet56": 853_018,
-    "resnet18": 11_173_962,
-    "mlp": 235_146,
-    "cnn": 421_642,
-    "gpt": 1_239_040,
-}
-"""Trainable parameters of pipesgd.models with 10 classes (counted by building them):
-CIFAR ResNet-20/32/56 with option-A (parameter-free) shortcuts, ResNet-18 CIFAR variant (3x3 stem,
-option-B projections), the MNIST MLP 784-256-128-10 and the MNIST SmallCNN; the GPT of +experiment=gpt_shakespeare (vocabulary 256,
-128 positions, conf/model/gpt.yaml). ResNet-20 with
+MODEL_PARAMS = {"resnet20": 269_722, "resnet32": 464_154, "resnet56": 853_018, "resnet18": 11_173_962,
+                "mlp": 235_146, "cnn": 421_642, "gpt": 1_239_040}
+"""Trainable parameters of pipesgd.models with 10 classes (counted by building them): CIFAR
+ResNet-20/32/56 with option-A (parameter-free) shortcuts, ResNet-18 CIFAR variant (3x3 stem,
+option-B projections), the MNIST MLP 784-256-128-10 and the MNIST SmallCNN; the GPT of
++experiment=gpt_shakespeare (vocabulary 256, 128 positions, conf/model/gpt.yaml). ResNet-20 with
 option-B (1x1 conv + BN) shortcuts would have 272,474."""
 
 
@@ -227,12 +220,6 @@ def pipelined_time(compute_s: float, comm_s: float, update_s: float = 0.0, overl
     return max(_overlapped(compute_s, comm_s, overlap_slowdown) + update_s, comm_s)
 
 
-def _check_mode_args(mode: str, compute_s: float, comm_s: float, update_s: float, width: int,
-                     forward_fraction: float, overlap_slowdown: float) -> None:
-    _known(mode)
-    _check_step_args(compute_s, comm_s, update_s, width, forward_fraction, overlap_slowdown)
-
-
 def _check_step_args(compute_s: float, comm_s: float, update_s: float, width: int, forward_fraction: float,
                      overlap_slowdown: float) -> None:
     for name, value in (("compute_s", compute_s), ("comm_s", comm_s), ("update_s", update_s)):
@@ -274,7 +261,8 @@ def iteration_time(mode: str, compute_s: float, comm_s: float, update_s: float =
     beside it; ``comm_s`` for the server modes is one round of p push/pull pairs through the
     server link (:func:`ps_phases`). The one-off pipeline fill is in :func:`total_time`, not here.
     """
-    _check_mode_args(mode, compute_s, comm_s, update_s, width, forward_fraction, overlap_slowdown)
+    _known(mode)
+    _check_step_args(compute_s, comm_s, update_s, width, forward_fraction, overlap_slowdown)
     overlap = get_mode(mode).overlap
     if overlap == "none":
         return compute_s + update_s
@@ -539,8 +527,7 @@ def step_time(mode: str, params: int, compute_s: float, link: Link, p: int, *, c
 
 
 def _reference() -> tuple[str, str]:
-    """(mode, allreduce) of the table's baseline, as the plugins declare it (``reference``): the
-    blocking fp32 ring, sync/ring."""
+    """(mode, allreduce) of the table's baseline as declared (``reference``): sync over the ring."""
     allreduces = registry("allreduce")
     return modes_with("reference")[0], next(n for n in allreduces if allreduces.facts(n).get("reference"))
 
