@@ -532,14 +532,17 @@ def _check_staleness_optimizer(cfg: DictConfig, settled: Settled) -> None:
     before the workers start (the engine's bind checks the same). Builds the optimizer once over a
     one-value parameter: the same class the workers build."""
     rule = rule_class(settled.staleness)
-    if not registry("staleness").facts(rule.name)["optimizers"]:
+    facts = registry("staleness").facts(rule.name)
+    if not facts["optimizers"]:
         return
     import torch
 
     from .staleness.base import check_optimizer
 
+    # a round rule steps the outer optimizer (at sync_every > 1); every other rule the optimizer
+    group = cfg.outer_optimizer if facts["sync_period"] == "round" and cfg.trainer.sync_every > 1 else cfg.optimizer
     try:
-        check_optimizer(rule, instantiate(cfg.optimizer)([torch.nn.Parameter(torch.zeros(1))]))
+        check_optimizer(rule, instantiate(group)([torch.nn.Parameter(torch.zeros(1))]))
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

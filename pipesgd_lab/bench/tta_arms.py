@@ -72,6 +72,12 @@ def _diloco_arms() -> dict[str, tuple[str, ...]]:
                                                "compressor=int8", every, *_PLAIN_OUTER, *_ROUNDS)
         arms[f"diloco-none-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=none",
                                           "compressor=int8", every, *_ROUNDS)
+        # the staleness-aware outer steps, a whole round late (docs/period-h.md): eager with the outer
+        # momentum fed arrived averages only, and the late average at half the outer rate
+        arms[f"diloco-dn-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=delayed_nesterov",
+                                        "compressor=int8", every, *_ROUNDS)
+        arms[f"diloco-damped-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=damped",
+                                            "compressor=int8", every, *_ROUNDS)
         arms[f"diloco-blocking-h{h}"] = ("trainer.mode=sync", "trainer.width=1", "staleness=none",
                                          "compressor=none", every, *_ROUNDS)
         arms[f"diloco-blocking-int8-h{h}"] = ("trainer.mode=sync", "trainer.width=1", "staleness=none",
@@ -99,6 +105,8 @@ def _diloco_arms() -> dict[str, tuple[str, ...]]:
             arms[f"diloco-streaming-none-sgd-int8-h{h}"] = (*stream, "staleness=none", *_PLAIN_OUTER)
             arms[f"diloco-streaming-eager-int8-h{h}"] = (*stream, "staleness=eager")
             arms[f"diloco-streaming-eager-sgd-int8-h{h}"] = (*stream, "staleness=eager", *_PLAIN_OUTER)
+            # streaming DiLoCo's merge at the landing (α = 0.5) instead of keeping the steps since the launch
+            arms[f"diloco-streaming-mix-int8-h{h}"] = (*stream, "staleness=none", "trainer.landing_alpha=0.5")
     return arms
 
 

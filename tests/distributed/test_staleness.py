@@ -359,7 +359,7 @@ def test_state_dict_round_trip_resumes_exactly(name):
 
 
 def test_unknown_staleness_and_bad_lambda_name_the_value():
-    with pytest.raises(ValueError, match="staleness='late'.*allowed: none, dc, dga, eager, lookahead, predict"):
+    with pytest.raises(ValueError, match="staleness='late'.*allowed: none, damped, dc, eager, delayed_nesterov, dga, lookahead, predict"):
         make_staleness("late")
     with pytest.raises(ValueError, match=r"staleness.dc_lambda=-1.*>= 0"):
         make_staleness("dc", dc_lambda=-1)
