@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from datetime import timedelta
 from typing import NamedTuple
 
 import torch
@@ -25,6 +24,7 @@ from ..compress import Compressor
 from ..flat import has_nonfinite, state_to_device
 from . import require_torchft
 from . import launch as live_launch
+from . import manager as torchft_manager
 from . import status, watch
 from .group import QuorumGroup, TorchftGroup
 from .options import LiveOptions
@@ -131,12 +131,6 @@ class LiveEngine(Engine):
                              f"{', '.join(STALENESSES)} (docs/reliability.md, \"Live recovery\", says why)")
         self.compressor, self._allreduce = _carried(compressor, allreduce)
         require_torchft()
-        _quiet_torchft()
-        from torchft.process_group import ProcessGroupGloo
-
-        from . import listen
-        from .transport import RunTransport
-
         self.module, self.optimizer, self.options = module, optimizer, options
         self.params = [p for p in module.parameters() if p.requires_grad]
         if not self.params:
@@ -163,19 +157,9 @@ class LiveEngine(Engine):
         self._snapshot = _Snapshot()
         self._heal_event: str | None = None  # healed, or served a healer: log the weights' digest at the next update
         self._left: list[threading.Thread] = []  # reductions given up on a silent peer (pipesgd.live.watch)
-        timeout = timedelta(seconds=options.timeout_s)
-        self._store = listen.store_master(options.host, timeout)
-        self._transport = RunTransport(options.run_id, options.host, timeout)
-        pg = ProcessGroupGloo(timeout=timeout)
-        self.group = TorchftGroup(pg)
-        self.manager = listen.manager(
-            options.host, pg=pg, load_state_dict=None, state_dict=None,
-            min_replica_size=options.min_replicas, use_async_quorum=True, timeout=timeout,
-            quorum_timeout=timedelta(seconds=options.quorum_timeout_s), connect_timeout=timeout, rank=0,
-            world_size=1, store_addr=options.host, store_port=self._store.port, lighthouse_addr=options.lighthouse,
-            replica_id=f"{options.run_id}_{options.replica}", hostname=listen.bracketed(options.host),
-            checkpoint_transport=self._transport, init_sync=options.init_sync)
-        self.manager.register_state_dict_fn("pipesgd", self._load_peer_state, self._snapshot.take)
+        # the quorum forms on torchft's thread while the next forward runs
+        self._store, self._transport, self.group, self.manager = torchft_manager.start(
+            options, self._load_peer_state, self._snapshot.take, async_quorum=True)
         self._thread = CommThread("pipesgd-live")
 
     def register_state(self, key: str, save: Callable[[], object], load: Callable[[object], None]) -> None:
@@ -521,14 +505,6 @@ def _carried(compressor: str | Compressor | Reduction | None, allreduce: str | C
     comp = resolve(compressor)
     check_compressor("live", comp, name)
     return comp, bind(COMM_REGISTRY.get(name), comp, TorchftGroup.backend)
-
-
-def _quiet_torchft() -> None:
-    """torchft logs every quorum and every vote at INFO (thousands of lines a run); this engine
-    logs what matters (skipped updates, heals). A level the caller set is kept."""
-    for name in ("torchft", "torchft_commits", "torchft_quorums"):
-        if logging.getLogger(name).level == logging.NOTSET:
-            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 # torchft's quorums (pipesgd[live]): replica groups without a shared process group, so the replica
