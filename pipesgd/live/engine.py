@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +22,7 @@ from ..comm.native import native_allreduce
 from ..compress import Compressor
 from ..flat import has_nonfinite, state_to_device
 from . import require_torchft
+from . import check, heal
 from . import launch as live_launch
 from . import manager as torchft_manager
 from . import status, watch
@@ -32,7 +32,7 @@ from .peers import QuorumPeers
 from .reduction import forget_residual, reduce_apart, stateful
 from ..modes import check_comm, check_compressor, register
 from ..reduction import Reduction, resolve
-from ..reliability.replicas import EXACT_GROUPS, MOMENTS, ReplicaMismatch, describe_summed_mismatch, moments
+from ..reliability.replicas import MOMENTS
 from ..staleness import Staleness, make_staleness
 from ..engine.base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats
 
@@ -46,15 +46,6 @@ REFUSED_COMMS = (("hierarchical", "its levels are nodes of several processes, an
 WIDTH = 2  # torchft changes quorums between steps: at most one reduction may be in flight across one
 TAIL = 3  # after the gradient: the non-finite flag, the count of valid contributions, their losses' sum
 # (then a check's sums)
-
-
-class Rider(NamedTuple):
-    """A replica check a reduction carries: the weights after ``update`` committed updates (the
-    quorum's step), launched at this group's ``step``; ``mine``, this group's digest if it took part."""
-
-    update: int
-    step: int
-    mine: str | None
 
 
 class LiveEngine(Engine):
@@ -98,16 +89,13 @@ class LiveEngine(Engine):
     and the heal's logged digest compare.
 
     ``check_every``: every that many committed updates (torchft's step, which every group of a
-    quorum holds), the replicas' weights are compared on the reduction itself: it carries, after
-    the count, each byte d of the sha256 of the weights it was launched from
-    (:meth:`consistent_weights`) and d*d, summed exactly with the count; a mismatch raises
-    :class:`~pipesgd.reliability.replicas.ReplicaMismatch` from the ``step()`` that votes the reduction in, on
-    every group (:func:`~pipesgd.reliability.replicas.moments` says how the sums tell). A share that is zeroed
-    (a healer's) takes no part; a reduction the quorum drops takes its check with it. No
-    collective of its own: the groups share no process group to gather digests on, and a check
-    asked for by a call could not be agreed with a group that joins (its buffer would be
-    shorter than its peers'), so the check follows the quorum's step. Float32 or float64
-    parameters (the sums are exact there)."""
+    quorum holds), the replicas' weights (:meth:`consistent_weights`) are compared on the reduction
+    itself (:mod:`pipesgd.live.check`); a mismatch raises
+    :class:`~pipesgd.reliability.replicas.ReplicaMismatch` from the ``step()`` that votes the reduction in,
+    on every group. A share that is zeroed (a healer's) takes no part; a reduction the quorum drops
+    takes its check with it. A check asked for by a call could not be agreed with a group that
+    joins (its buffer would be shorter than its peers'), so the check follows the quorum's step.
+    Float32 or float64 parameters (the sums are exact there)."""
 
     width = WIDTH
     shared_state = ()
@@ -152,9 +140,9 @@ class LiveEngine(Engine):
         self._stale = False  # the gradient in hand was computed before a heal: send zeros
         self._loss: Tensor | None = None  # carry_loss's, for the next launch
         self._carried = False  # the reduction in flight carries this group's loss
-        self._pending: Handle[tuple[Tensor, CommStats, Rider | None]] | None = None
-        self._extra: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {}
-        self._snapshot = _Snapshot()
+        self._pending: Handle[tuple[Tensor, CommStats, check.Rider | None]] | None = None
+        self._extra: heal.Extras = {}
+        self._snapshot = heal.Snapshot()
         self._heal_event: str | None = None  # healed, or served a healer: log the weights' digest at the next update
         self._left: list[threading.Thread] = []  # reductions given up on a silent peer (pipesgd.live.watch)
         # the quorum forms on torchft's thread while the next forward runs
@@ -165,7 +153,7 @@ class LiveEngine(Engine):
     def register_state(self, key: str, save: Callable[[], object], load: Callable[[object], None]) -> None:
         """Also hand ``save()`` to a healer, which calls ``load(value)`` (e.g. the scheduler's
         ``state_dict`` / ``load_state_dict``). Register the same keys on every replica."""
-        if key in self._extra or key in ("model", "optimizer", "engine"):
+        if key in self._extra or key in heal.RESERVED:
             raise ValueError(f"state key {key!r} is already registered")
         self._extra[key] = (save, load)
 
@@ -209,10 +197,6 @@ class LiveEngine(Engine):
         buf[n + 2] = 0.0 if self._loss is None else self._loss  # a device copy: no host sync
         return buf
 
-    def _due(self, update: int) -> bool:
-        """Whether the reduction launched after ``update`` committed updates carries a replica check."""
-        return self.check_every is not None and update > 0 and update % self.check_every == 0
-
     def _launch(self, full: Tensor) -> None:
         n, stale = self.numel, self._stale
         self._carried, self._loss = self._loss is not None, None
@@ -220,29 +204,29 @@ class LiveEngine(Engine):
         # sends nothing below). Whether a check rides is read from it, so every group agrees.
         update = self.manager.current_step()
         mine = None
-        if self._due(update):
+        if check.due(self.check_every, update):
             with self.staleness.consistent_weights():  # one pass over the weights, on check steps only
                 mine = param_checksum(self.module)
-            full[n + TAIL:] = torch.tensor(moments(mine), dtype=full.dtype)  # times this share's count, 1
+            check.carry(full[n + TAIL:], mine)
         buf = full[:n + TAIL + (MOMENTS if mine else 0)]
         if stale:  # computed on the weights this replica had before it healed
             buf.zero_()
             self._stale = False
         manager, step = self.manager, self.steps + 1
 
-        def reduce() -> tuple[Tensor, CommStats, Rider | None]:
+        def reduce() -> tuple[Tensor, CommStats, check.Rider | None]:
             stats, out, rider = CommStats(), buf, None
             try:  # a failure is the quorum's to vote on (should_commit), not the thread's to keep
                 manager.wait_quorum()
                 if manager.errored() is None:  # else the quorum failed (no group to send on): the vote fails
                     agreed = manager.current_step()  # the quorum's: a replica that heals in it holds it now
                     if agreed != update:  # it heals: its gradient and digest are of weights it no longer holds
-                        out = full[:n + TAIL + (MOMENTS if self._due(agreed) else 0)].zero_()
+                        out = full[:n + TAIL + (MOMENTS if check.due(self.check_every, agreed) else 0)].zero_()
                     elif not manager.is_participating():  # torchft's rule: a replica still fetching its state
                         out.zero_()
-                    if self._due(agreed):
+                    if check.due(self.check_every, agreed):
                         taking_part = not stale and agreed == update and manager.is_participating()
-                        rider = Rider(agreed, step, mine if taking_part else None)
+                        rider = check.Rider(agreed, step, mine if taking_part else None)
                     group = self.group.bound()  # this quorum's: a reduction given up never reaches the next
                     peers = group.peers(self.options.replica)
                     if peers:
@@ -319,7 +303,7 @@ class LiveEngine(Engine):
             return
         stats.loss = mean
         if rider is not None:
-            self._check(rider, count, buf[n + TAIL:])
+            self.replica_checks += check.verify(rider, count, buf[n + TAIL:], self.check_every)
         if float(buf[n]) != 0.0:
             self.nonfinite.bad(self.steps, "on some replica")
             self.staleness.skip()
@@ -338,23 +322,6 @@ class LiveEngine(Engine):
                          param_checksum(self.module), self.steps, self._heal_event)
             self._heal_event = None
 
-    def _check(self, rider: Rider, count: float, sums: Tensor) -> None:
-        """The replica check a committed reduction carried: ReplicaMismatch if the digests of the
-        groups that took part differ (every group of the quorum reads the same sums)."""
-        groups = int(count)
-        if groups > EXACT_GROUPS:  # the sums of squares would round
-            log.warning("replica check of update %d not made: %d groups, more than the %d whose sums are exact",
-                        rider.update, groups, EXACT_GROUPS)
-            return
-        problem = describe_summed_mismatch(groups, sums.tolist(), rider.mine,
-                                           f"update {rider.update} (this group's step {rider.step})")
-        if problem:
-            raise ReplicaMismatch(problem + f" (the live replica check, every {self.check_every} committed updates: "
-                                  "trainer.check_every; every group applies the same averaged updates, so this is a "
-                                  "group that changed its weights outside engine.step(), memory corruption, a bug or "
-                                  "non-deterministic hardware)")
-        self.replica_checks += groups >= 2 and rider.mine is not None
-
     def forward_context(self) -> AbstractContextManager:
         """The weights the staleness rule wants the next gradient at (one reduction in flight, or none)."""
         return self.staleness.forward_context(0 if self._pending is None else 1)
@@ -371,8 +338,8 @@ class LiveEngine(Engine):
         o = self.options
         return QuorumPeers(self.manager, self.group, self._thread, wait_s=o.quorum_timeout_s + 2 * o.timeout_s)
 
-    def _reduced(self, handle: Handle[tuple[Tensor, CommStats, Rider | None]]
-                 ) -> tuple[Tensor, CommStats, Rider | None]:
+    def _reduced(self, handle: Handle[tuple[Tensor, CommStats, check.Rider | None]]
+                 ) -> tuple[Tensor, CommStats, check.Rider | None]:
         """The reduction's result. It waits for its quorum, which may wait for this replica's state
         (a peer heals): served while waiting, since nothing has been applied since the step
         boundary. ReductionError after ``timeout_s`` + ``quorum_timeout_s``."""
@@ -387,33 +354,28 @@ class LiveEngine(Engine):
         return handle.wait()
 
     def _state(self) -> dict:
-        """What a healer loads: taken on the training thread between steps, with nothing in flight
-        that the healer will not take part in. A copy: torchft serializes it on its own thread
-        while this one goes on updating the weights and the momentum in place. The weights' digest
-        after the next update is logged, as the healer logs its own (the first joint step)."""
+        """What a healer loads (:func:`pipesgd.live.heal.donor_state`, a copy): taken on the training
+        thread between steps, with nothing in flight that the healer will not take part in. The
+        weights' digest after the next update is logged, as the healer logs its own (the first joint step)."""
         self._heal_event = "served a healing peer"
-        return copy.deepcopy(state_to_device({
-            "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "engine": {"steps": self.steps, "nonfinite": self.nonfinite.state_dict(),
-                       "staleness": self.staleness.state_dict()},
-            **{key: save() for key, (save, _) in self._extra.items()},
-        }, "cpu"))
+        return heal.donor_state(self.module, self.optimizer, {
+            "steps": self.steps, "nonfinite": self.nonfinite.state_dict(), "staleness": self.staleness.state_dict()},
+            self._extra)
 
     def _load_peer_state(self, state: dict) -> None:
-        device = self.params[0].device
-        self.module.load_state_dict(state_to_device(state["model"], device))
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.steps = int(state["engine"]["steps"])
-        self.nonfinite.load_state_dict(state["engine"]["nonfinite"])
-        self.staleness.load_state_dict(state_to_device(state["engine"]["staleness"], device))
-        for key, (_, load) in self._extra.items():
-            load(state[key])
+        """A donor's :meth:`_state`, loaded inside the vote (torchft calls it from ``should_commit``)."""
+        heal.load_donor_state(state, self.module, self.optimizer, self._load_engine, self._extra,
+                              self.params[0].device)
         forget_residual(self.reduction)
         self._stale = True
         self._heal_event = "healed"
         self.healed += 1
         log.info("healed from a peer at its step %d (manager step %d)", self.steps, self.manager.current_step())
+
+    def _load_engine(self, engine: dict) -> None:
+        self.steps = int(engine["steps"])
+        self.nonfinite.load_state_dict(engine["nonfinite"])
+        self.staleness.load_state_dict(state_to_device(engine["staleness"], self.params[0].device))
 
     def state_dict(self) -> dict:
         """For a checkpoint: waits for the reduction in flight and keeps it (voted on at the next step)."""
@@ -454,43 +416,6 @@ class LiveEngine(Engine):
         self._transport.shutdown()
         if self.lighthouse is not None:
             self.lighthouse.shutdown()
-
-
-class _Snapshot:
-    """Hands torchft's quorum thread (a donor's) the state the training thread takes at its next
-    step boundary: the quorum runs mid-step, before the caller's scheduler step and the next
-    update, where the state is not one a healer could continue from."""
-
-    def __init__(self):
-        self._asked = threading.Event()
-        self._ready = threading.Event()
-        self._value: dict | None = None
-        self._cancelled = False
-
-    def take(self) -> dict:
-        """On the quorum thread: block until the training thread has served a state."""
-        self._ready.clear()
-        self._asked.set()
-        if not self._ready.wait() or self._cancelled:
-            raise RuntimeError("the engine closed before it could hand its state to a healing peer")
-        value, self._value = self._value, None
-        return value
-
-    def serve(self, state: Callable[[], dict]) -> None:
-        """On the training thread, at a step boundary: take the state if a peer asked for it."""
-        if self._asked.is_set():
-            self._asked.clear()
-            self._value = state()
-            self._ready.set()
-
-    def asked_or_done(self, handle: Handle, poll_s: float) -> None:
-        """Sleep until a peer asks for the state or ``poll_s`` passes (then ``handle`` is checked again)."""
-        if not handle.done():
-            self._asked.wait(poll_s)
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        self._ready.set()
 
 
 def _carried(compressor: str | Compressor | Reduction | None, allreduce: str | Callable[..., CommStats]
