@@ -34,6 +34,7 @@ from ..modes import check_comm, check_compressor, register
 from ..reduction import Reduction, resolve
 from ..reliability.replicas import MOMENTS
 from ..staleness import Staleness, make_staleness
+from ..inflight import InFlight
 from ..engine.base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,10 @@ COMMS = ("auto", "native", "ring", "tree")  # those that run over torchft's grou
 REFUSED_COMMS = (("hierarchical", "its levels are nodes of several processes, and a live replica group is one process "
                   "(one rank of torchft's group): there is no node to reduce inside, and over one process per group "
                   "it is the ring, comm=ring"),)
-WIDTH = 2  # torchft changes quorums between steps: at most one reduction may be in flight across one
+WIDTH = 2  # the only width: torchft re-forms the quorum between steps (LiveEngine's docstring says why)
 TAIL = 3  # after the gradient: the non-finite flag, the count of valid contributions, their losses' sum
 # (then a check's sums)
+Summed = tuple[Tensor, CommStats, check.Rider | None]  # a reduction's result: the summed buffer, its cost, its check
 
 
 class LiveEngine(Engine):
@@ -54,8 +56,9 @@ class LiveEngine(Engine):
     ``step()`` after each backward: flatten g_t; wait for reduction t-1 and let the quorum vote
     (``should_commit``): apply its average, or skip it as a non-finite step is skipped; start the
     next quorum; launch reduction t on the communication thread, which first waits for the quorum,
-    so the quorum round-trip overlaps the next forward. Nothing is in flight across a quorum
-    change. The flat buffer is ``[gradient, non-finite flag, valid count, loss]``: the summed
+    so the quorum round-trip overlaps the next forward. The reduction in flight is kept in the
+    engines' one schedule (``self.schedule``, :class:`pipesgd.inflight.InFlight`); this engine's apply
+    is the quorum's vote. The flat buffer is ``[gradient, non-finite flag, valid count, loss]``: the summed
     gradient is divided by the summed count, so a replica that contributes nothing (a healer's
     stale gradient, zeroed, count 0) does not dilute the average; so is the summed loss (the
     one :meth:`carry_loss` handed over with that gradient), returned as ``StepStats.loss`` by
@@ -95,7 +98,16 @@ class LiveEngine(Engine):
     on every group. A share that is zeroed (a healer's) takes no part; a reduction the quorum drops
     takes its check with it. A check asked for by a call could not be agreed with a group that
     joins (its buffer would be shorter than its peers'), so the check follows the quorum's step.
-    Float32 or float64 parameters (the sums are exact there)."""
+    Float32 or float64 parameters (the sums are exact there).
+
+    ``width``: 2 only, and not for want of a slot: torchft re-forms the quorum between steps (the
+    Manager holds one quorum and one vote at a time, and reconfigures its group when the next
+    quorum forms), so at most one reduction may be in flight across a quorum change; each is voted
+    on by the next ``step()`` before that step's quorum starts. Width 1 would vote inside the step
+    that launched it, another order of quorum, vote and heal than this engine's.
+
+    Ended (collected, or alive at exit) with a reduction in flight that :meth:`flush` never voted
+    in, it warns, as PipeSGD does."""
 
     width = WIDTH
     shared_state = ()
@@ -112,7 +124,8 @@ class LiveEngine(Engine):
                              f"an integer >= 1, or None for none")
         if width != WIDTH:
             raise ValueError(f"trainer.width={width!r} is not available with trainer.mode=live: torchft re-forms "
-                             f"the group between steps, so only width {WIDTH} (one reduction in flight) runs")
+                             f"the quorum between steps, so at most one reduction may be in flight across a quorum "
+                             f"change (each is voted on before the next quorum starts): only width {WIDTH} runs")
         self.staleness = make_staleness(staleness)
         if self.staleness.name not in STALENESSES:
             raise ValueError(f"staleness={self.staleness.name} is not available with trainer.mode=live; allowed: "
@@ -140,7 +153,10 @@ class LiveEngine(Engine):
         self._stale = False  # the gradient in hand was computed before a heal: send zeros
         self._loss: Tensor | None = None  # carry_loss's, for the next launch
         self._carried = False  # the reduction in flight carries this group's loss
-        self._pending: Handle[tuple[Tensor, CommStats, check.Rider | None]] | None = None
+        # WHEN: the reduction launched, until the next step() or flush() lets the quorum vote on it
+        self.schedule: InFlight[Handle[Summed]] = InFlight(
+            WIDTH, owner="a LiveEngine", remedy="call engine.flush() after the last engine.step(): it lets the quorum "
+                                                "vote on the reduction in flight and applies it")
         self._extra: heal.Extras = {}
         self._snapshot = heal.Snapshot()
         self._heal_event: str | None = None  # healed, or served a healer: log the weights' digest at the next update
@@ -167,12 +183,14 @@ class LiveEngine(Engine):
         self._snapshot.serve(self._state)
         buf = self._flatten()
         stats = StepStats()
-        if self._pending is not None:
-            self._finish(stats, launching=buf)
+        # The vote on reduction t-1 closes its quorum before quorum t starts: it is due before
+        # reduction t launches, once width - 1 are in flight.
+        if self.schedule.due(self.steps, width=WIDTH - 1):
+            self._finish(stats, self.schedule.pop()[1], launching=buf)
         else:
             self.staleness.launched(buf[:self.numel])
         self.manager.start_quorum()
-        self._launch(buf)
+        self.schedule.launch(self._launch(buf), at=self.steps)
         self.steps += 1
         self.last = stats
         return stats
@@ -181,8 +199,8 @@ class LiveEngine(Engine):
         """Wait for, vote on and apply the reduction in flight."""
         self._snapshot.serve(self._state)
         stats = StepStats()
-        if self._pending is not None:
-            self._finish(stats)
+        for _, handle in self.schedule.drain():
+            self._finish(stats, handle)
         self._stale = False  # a heal in that vote: the next gradient is computed on the weights it loaded
         return stats
 
@@ -197,7 +215,7 @@ class LiveEngine(Engine):
         buf[n + 2] = 0.0 if self._loss is None else self._loss  # a device copy: no host sync
         return buf
 
-    def _launch(self, full: Tensor) -> None:
+    def _launch(self, full: Tensor) -> Handle[Summed]:
         n, stale = self.numel, self._stale
         self._carried, self._loss = self._loss is not None, None
         # Committed updates so far: the quorum's step, unless this replica heals in it (then it
@@ -214,7 +232,7 @@ class LiveEngine(Engine):
             self._stale = False
         manager, step = self.manager, self.steps + 1
 
-        def reduce() -> tuple[Tensor, CommStats, check.Rider | None]:
+        def reduce() -> Summed:
             stats, out, rider = CommStats(), buf, None
             try:  # a failure is the quorum's to vote on (should_commit), not the thread's to keep
                 manager.wait_quorum()
@@ -238,7 +256,7 @@ class LiveEngine(Engine):
                 manager.report_error(e)
             return out, stats, rider
 
-        self._pending = self._thread.submit(reduce)
+        return self._thread.submit(reduce)
 
     def _reduce_watched(self, buf: Tensor, group: QuorumGroup, peers: list[int], step: int) -> CommStats:
         """:meth:`_reduce`, given up once one of ``peers`` (groups of ``group``'s quorum) stops
@@ -274,12 +292,11 @@ class LiveEngine(Engine):
         buf[n] = torch.where(has_nonfinite(buf[:n]), float("inf"), buf[n])
         return stats
 
-    def _finish(self, stats: StepStats, launching: Tensor | None = None) -> None:
-        """Vote on and apply the reduction in flight. ``launching``: the gradient ``step()`` launches
+    def _finish(self, stats: StepStats, handle: Handle[Summed], launching: Tensor | None = None) -> None:
+        """Vote on and apply the reduction ``handle`` (taken off the schedule). ``launching``: the gradient ``step()`` launches
         next, handed to the rule first, as PipeSGD does: on the weights it was computed at (dc
         keeps them), and after the last point a donor serves its state (``_reduced``)."""
         t0 = time.perf_counter()
-        handle, self._pending = self._pending, None
         buf, stats.comm, rider = self._reduced(handle)
         t1 = time.perf_counter()
         stats.wait_s = t1 - t0
@@ -324,7 +341,7 @@ class LiveEngine(Engine):
 
     def forward_context(self) -> AbstractContextManager:
         """The weights the staleness rule wants the next gradient at (one reduction in flight, or none)."""
-        return self.staleness.forward_context(0 if self._pending is None else 1)
+        return self.staleness.forward_context(len(self.schedule))
 
     def consistent_params(self) -> Tensor:
         return self.staleness.consistent_params()
@@ -338,8 +355,7 @@ class LiveEngine(Engine):
         o = self.options
         return QuorumPeers(self.manager, self.group, self._thread, wait_s=o.quorum_timeout_s + 2 * o.timeout_s)
 
-    def _reduced(self, handle: Handle[tuple[Tensor, CommStats, check.Rider | None]]
-                 ) -> tuple[Tensor, CommStats, check.Rider | None]:
+    def _reduced(self, handle: Handle[Summed]) -> Summed:
         """The reduction's result. It waits for its quorum, which may wait for this replica's state
         (a peer heals): served while waiting, since nothing has been applied since the step
         boundary. ReductionError after ``timeout_s`` + ``quorum_timeout_s``."""
@@ -379,11 +395,11 @@ class LiveEngine(Engine):
 
     def state_dict(self) -> dict:
         """For a checkpoint: waits for the reduction in flight and keeps it (voted on at the next step)."""
-        pending = []
-        if self._pending is not None:
-            buf, comm, rider = self._reduced(self._pending)
-            pending = [buf.clone()]
-            self._pending = CompletedHandle((pending[0], comm, rider))
+        def kept(at: int, handle: Handle[Summed]) -> Handle[Summed]:
+            buf, comm, rider = self._reduced(handle)
+            return CompletedHandle((buf.clone(), comm, rider))
+
+        pending = [handle.wait()[0] for handle in self.schedule.settle(kept)]
         return {"width": self.width, "steps": self.steps, "pending": pending,
                 "nonfinite": self.nonfinite.state_dict(), "manager": self.manager.state_dict(),
                 "staleness": self.staleness.state_dict(),
@@ -399,8 +415,8 @@ class LiveEngine(Engine):
         if self.reduction is not None and state.get("reduction"):  # this group's own residual, warm start
             self.reduction.load_state_dict(state_to_device(state["reduction"], self.params[0].device))
         # A checkpointed reduction was voted on by a quorum that no longer exists: it is dropped,
-        # with what the staleness rule kept for it.
-        self._pending = None
+        # with what the staleness rule kept for it; so is any in flight here.
+        self.schedule.clear()
         if state["pending"]:
             self.staleness.skip()
 
