@@ -20,7 +20,7 @@ from ..comm import CommStats, CommThread, CompletedHandle, Handle, bind
 from ..reliability.checkpoint import param_checksum
 from ..comm.native import native_allreduce
 from ..compress import Compressor
-from ..flat import has_nonfinite, state_to_device
+from ..flat import flag_overflow, flatten_grads, mark_nonfinite, state_to_device
 from . import require_torchft
 from . import check, heal
 from . import launch as live_launch
@@ -208,9 +208,8 @@ class LiveEngine(Engine):
         """``[gradient, flag, count, loss]`` with room after it for a replica check's sums."""
         n = self.numel
         buf = torch.empty(n + TAIL + MOMENTS, dtype=self.params[0].dtype, device=self.params[0].device)
-        torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
-                  out=buf[:n])
-        buf[n] = float("inf") if has_nonfinite(buf[:n]) else 0.0
+        flatten_grads(self.params, buf[:n])
+        mark_nonfinite(buf, n)
         buf[n + 1] = 1.0
         buf[n + 2] = 0.0 if self._loss is None else self._loss  # a device copy: no host sync
         return buf
@@ -288,8 +287,7 @@ class LiveEngine(Engine):
         else:
             stats = self._allreduce(buf[:n + 1], self.compressor, group)
             native_allreduce(buf[n + 1:], None, group)
-        # non-finite with every group's own gradient finite: a 16-bit hop's sum overflowed
-        buf[n] = torch.where(has_nonfinite(buf[:n]), float("inf"), buf[n])
+        flag_overflow(buf, n)
         return stats
 
     def _finish(self, stats: StepStats, handle: Handle[Summed], launching: Tensor | None = None) -> None:
