@@ -12,6 +12,12 @@ import torch
 from torch import Tensor
 
 
+def flatten_grads(params: Sequence[Tensor], out: Tensor) -> None:
+    """``params``' gradients, flat, in order, into ``out`` (their total numel values); a missing
+    ``.grad`` counts as zeros."""
+    torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params], out=out)
+
+
 def views(params: Sequence[Tensor], flat: Tensor) -> list[Tensor]:
     """The front of ``flat`` cut into views shaped like ``params`` (no copy)."""
     out, offset = [], 0
@@ -55,6 +61,21 @@ def has_nonfinite(t: Tensor) -> Tensor:
     an fp32 sum overflows only past 3.4e38, which counts as non-finite too (no better an update)."""
     acc = torch.float32 if t.element_size() < 4 else t.dtype
     return torch.isfinite(t.sum(dtype=acc)).logical_not_()
+
+
+def mark_nonfinite(buf: Tensor, at: int = -1) -> Tensor:
+    """Set the flag slot ``buf[at]`` (default the last value) to +inf if any value before it is
+    NaN/inf, else 0; return that test (:func:`~pipesgd.flat.has_nonfinite`; no device sync)."""
+    bad = has_nonfinite(buf[:at])
+    buf[at] = torch.where(bad, float("inf"), 0.0)
+    return bad
+
+
+def flag_overflow(buf: Tensor, at: int = -1) -> None:
+    """After the sum: set the flag slot ``buf[at]`` to +inf where the values before it came out
+    NaN/inf though no rank's own were (a 16-bit hop's sum overflowed), so every rank drops the
+    step alike. One sum over those values."""
+    buf[at] = torch.where(has_nonfinite(buf[:at]), float("inf"), buf[at])
 
 
 def state_to_device(state, device: torch.device | str):

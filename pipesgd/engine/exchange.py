@@ -20,7 +20,7 @@ from ..observability import trace
 from ..comm import CommStats, CommThread, CompletedHandle, Handle, bind, note
 from ..comm.p2p import backend_of
 from ..comm.streams import OrderedHandle, Streams, streams_for
-from ..flat import has_nonfinite
+from ..flat import flag_overflow, flatten_grads, mark_nonfinite
 from ..reduction import Spec, as_reduction, resolve
 
 T = TypeVar("T")
@@ -43,14 +43,6 @@ class Reduced:
         """Whether any rank's gradient had a NaN/inf: the same answer on every rank. Reads one
         value (a device sync on GPU, where the update needs the buffer anyway)."""
         return self.flag is not None and bool(self.flag.item() != 0)
-
-
-def mark_nonfinite(buf: Tensor) -> Tensor:
-    """Set ``buf``'s last value (the flag slot) to +inf if any other value is NaN/inf, else 0;
-    return that test (:func:`~pipesgd.flat.has_nonfinite`)."""
-    bad = has_nonfinite(buf[:-1])
-    buf[-1] = torch.where(bad, float("inf"), 0.0)
-    return bad
 
 
 def _require_process_group() -> None:
@@ -115,8 +107,7 @@ class GradientExchange:
         buf = self._viewed()
         if buf is None:
             buf = self._buffer()
-            torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
-                      out=buf[:-1])
+            flatten_grads(self.params, buf[:-1])
         buf[-1:].zero_()
         return buf
 
@@ -206,9 +197,7 @@ class GradientExchange:
                 dist.all_reduce(buf[-1:], group=self.group)
             with trace.current().span("average", "comm"):
                 buf.div_(world)
-                # The average itself is non-finite on every rank alike when a 16-bit sum overflowed
-                # (no rank's own gradient was): the flag says so too. One sum over the buffer.
-                buf[-1:] = torch.where(has_nonfinite(buf[:-1]), float("inf"), buf[-1:])
+                flag_overflow(buf)  # the average is non-finite on every rank alike: the flag says so too
             return Reduced(buf[:-1], stats, buf[-1:], bad, summed)
 
         return OrderedHandle(self._submit(lambda: self.streams.run(ready, reduce)), self.streams)

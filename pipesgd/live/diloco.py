@@ -24,7 +24,6 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from datetime import timedelta
 
 import torch
 from torch import Tensor, nn
@@ -36,8 +35,8 @@ from ..engine.diloco import DEFAULT_OUTER, OuterFactory, split
 from ..flat import assign_params, flat_params, has_nonfinite, state_to_device
 from ..modes import register
 from . import launch as live_launch
-from . import listen, require_torchft
-from .group import TorchftGroup
+from . import manager as torchft_manager
+from . import require_torchft
 from .options import LiveOptions
 from .peers import QuorumPeers
 
@@ -92,12 +91,6 @@ class TorchftDiLoCo(Engine):
             raise ValueError(f"trainer.nonfinite={nonfinite} is not available with trainer.mode={MODE}: torchft's "
                              "DiLoCo counts every inner step on every group, so no group can drop one; use abort")
         require_torchft(f"trainer.mode={MODE}")
-        from torchft.process_group import ProcessGroupGloo
-
-        from .engine import _quiet_torchft
-        from .transport import RunTransport
-
-        _quiet_torchft()
         self.module, self.optimizer, self.options = module, optimizer, options
         self.params = [p for p in module.parameters() if p.requires_grad]
         if len(self.params) < fragments:
@@ -107,20 +100,8 @@ class TorchftDiLoCo(Engine):
         self.nonfinite = NonFinitePolicy(nonfinite)
         self.steps, self.rounds, self.skipped_commits = 0, 0, 0
         self.last = StepStats()
-        timeout = timedelta(seconds=options.timeout_s)
-        # a TCPStore per group, listening before its Manager looks for it
-        self._store = listen.store_master(options.host, timeout)
-        self._transport = RunTransport(options.run_id, options.host, timeout)
-        self._pg = ProcessGroupGloo(timeout=timeout)
-        self.group = TorchftGroup(self._pg)
-        self.manager = listen.manager(
-            options.host, pg=self._pg, load_state_dict=None, state_dict=None,
-            min_replica_size=options.min_replicas, use_async_quorum=False, timeout=timeout,
-            quorum_timeout=timedelta(seconds=options.quorum_timeout_s), connect_timeout=timeout, rank=0,
-            world_size=1, store_addr=options.host, store_port=self._store.port, lighthouse_addr=options.lighthouse,
-            replica_id=f"{options.run_id}_{options.replica}", hostname=listen.bracketed(options.host),
-            checkpoint_transport=self._transport, init_sync=options.init_sync)
-        self.manager.register_state_dict_fn("pipesgd", self._load_peer_state, self._state)
+        self._store, self._transport, self.group, self.manager = torchft_manager.start(
+            options, self._load_peer_state, self._state, async_quorum=False)
         self.fragments = [_Fragment(ps) for ps in split(self.params, fragments)]
         outer = outer_optimizer or DEFAULT_OUTER
         self.outer = [outer(f.tensors) for f in self.fragments]

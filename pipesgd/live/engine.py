@@ -11,8 +11,6 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from datetime import timedelta
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -22,9 +20,11 @@ from ..comm import CommStats, CommThread, CompletedHandle, Handle, bind
 from ..reliability.checkpoint import param_checksum
 from ..comm.native import native_allreduce
 from ..compress import Compressor
-from ..flat import has_nonfinite, state_to_device
+from ..flat import flag_overflow, flatten_grads, mark_nonfinite, state_to_device
 from . import require_torchft
+from . import check, heal
 from . import launch as live_launch
+from . import manager as torchft_manager
 from . import status, watch
 from .group import QuorumGroup, TorchftGroup
 from .options import LiveOptions
@@ -32,8 +32,9 @@ from .peers import QuorumPeers
 from .reduction import forget_residual, reduce_apart, stateful
 from ..modes import check_comm, check_compressor, register
 from ..reduction import Reduction, resolve
-from ..reliability.replicas import EXACT_GROUPS, MOMENTS, ReplicaMismatch, describe_summed_mismatch, moments
+from ..reliability.replicas import MOMENTS
 from ..staleness import Staleness, make_staleness
+from ..inflight import InFlight
 from ..engine.base import Engine, ModeArgs, NonFinitePolicy, ReductionError, StepStats
 
 log = logging.getLogger(__name__)
@@ -43,18 +44,10 @@ COMMS = ("auto", "native", "ring", "tree")  # those that run over torchft's grou
 REFUSED_COMMS = (("hierarchical", "its levels are nodes of several processes, and a live replica group is one process "
                   "(one rank of torchft's group): there is no node to reduce inside, and over one process per group "
                   "it is the ring, comm=ring"),)
-WIDTH = 2  # torchft changes quorums between steps: at most one reduction may be in flight across one
+WIDTH = 2  # the only width: torchft re-forms the quorum between steps (LiveEngine's docstring says why)
 TAIL = 3  # after the gradient: the non-finite flag, the count of valid contributions, their losses' sum
 # (then a check's sums)
-
-
-class Rider(NamedTuple):
-    """A replica check a reduction carries: the weights after ``update`` committed updates (the
-    quorum's step), launched at this group's ``step``; ``mine``, this group's digest if it took part."""
-
-    update: int
-    step: int
-    mine: str | None
+Summed = tuple[Tensor, CommStats, check.Rider | None]  # a reduction's result: the summed buffer, its cost, its check
 
 
 class LiveEngine(Engine):
@@ -63,8 +56,9 @@ class LiveEngine(Engine):
     ``step()`` after each backward: flatten g_t; wait for reduction t-1 and let the quorum vote
     (``should_commit``): apply its average, or skip it as a non-finite step is skipped; start the
     next quorum; launch reduction t on the communication thread, which first waits for the quorum,
-    so the quorum round-trip overlaps the next forward. Nothing is in flight across a quorum
-    change. The flat buffer is ``[gradient, non-finite flag, valid count, loss]``: the summed
+    so the quorum round-trip overlaps the next forward. The reduction in flight is kept in the
+    engines' one schedule (``self.schedule``, :class:`pipesgd.inflight.InFlight`); this engine's apply
+    is the quorum's vote. The flat buffer is ``[gradient, non-finite flag, valid count, loss]``: the summed
     gradient is divided by the summed count, so a replica that contributes nothing (a healer's
     stale gradient, zeroed, count 0) does not dilute the average; so is the summed loss (the
     one :meth:`carry_loss` handed over with that gradient), returned as ``StepStats.loss`` by
@@ -98,16 +92,22 @@ class LiveEngine(Engine):
     and the heal's logged digest compare.
 
     ``check_every``: every that many committed updates (torchft's step, which every group of a
-    quorum holds), the replicas' weights are compared on the reduction itself: it carries, after
-    the count, each byte d of the sha256 of the weights it was launched from
-    (:meth:`consistent_weights`) and d*d, summed exactly with the count; a mismatch raises
-    :class:`~pipesgd.reliability.replicas.ReplicaMismatch` from the ``step()`` that votes the reduction in, on
-    every group (:func:`~pipesgd.reliability.replicas.moments` says how the sums tell). A share that is zeroed
-    (a healer's) takes no part; a reduction the quorum drops takes its check with it. No
-    collective of its own: the groups share no process group to gather digests on, and a check
-    asked for by a call could not be agreed with a group that joins (its buffer would be
-    shorter than its peers'), so the check follows the quorum's step. Float32 or float64
-    parameters (the sums are exact there)."""
+    quorum holds), the replicas' weights (:meth:`consistent_weights`) are compared on the reduction
+    itself (:mod:`pipesgd.live.check`); a mismatch raises
+    :class:`~pipesgd.reliability.replicas.ReplicaMismatch` from the ``step()`` that votes the reduction in,
+    on every group. A share that is zeroed (a healer's) takes no part; a reduction the quorum drops
+    takes its check with it. A check asked for by a call could not be agreed with a group that
+    joins (its buffer would be shorter than its peers'), so the check follows the quorum's step.
+    Float32 or float64 parameters (the sums are exact there).
+
+    ``width``: 2 only, and not for want of a slot: torchft re-forms the quorum between steps (the
+    Manager holds one quorum and one vote at a time, and reconfigures its group when the next
+    quorum forms), so at most one reduction may be in flight across a quorum change; each is voted
+    on by the next ``step()`` before that step's quorum starts. Width 1 would vote inside the step
+    that launched it, another order of quorum, vote and heal than this engine's.
+
+    Ended (collected, or alive at exit) with a reduction in flight that :meth:`flush` never voted
+    in, it warns, as PipeSGD does."""
 
     width = WIDTH
     shared_state = ()
@@ -124,19 +124,14 @@ class LiveEngine(Engine):
                              f"an integer >= 1, or None for none")
         if width != WIDTH:
             raise ValueError(f"trainer.width={width!r} is not available with trainer.mode=live: torchft re-forms "
-                             f"the group between steps, so only width {WIDTH} (one reduction in flight) runs")
+                             f"the quorum between steps, so at most one reduction may be in flight across a quorum "
+                             f"change (each is voted on before the next quorum starts): only width {WIDTH} runs")
         self.staleness = make_staleness(staleness)
         if self.staleness.name not in STALENESSES:
             raise ValueError(f"staleness={self.staleness.name} is not available with trainer.mode=live; allowed: "
                              f"{', '.join(STALENESSES)} (docs/reliability.md, \"Live recovery\", says why)")
         self.compressor, self._allreduce = _carried(compressor, allreduce)
         require_torchft()
-        _quiet_torchft()
-        from torchft.process_group import ProcessGroupGloo
-
-        from . import listen
-        from .transport import RunTransport
-
         self.module, self.optimizer, self.options = module, optimizer, options
         self.params = [p for p in module.parameters() if p.requires_grad]
         if not self.params:
@@ -158,30 +153,23 @@ class LiveEngine(Engine):
         self._stale = False  # the gradient in hand was computed before a heal: send zeros
         self._loss: Tensor | None = None  # carry_loss's, for the next launch
         self._carried = False  # the reduction in flight carries this group's loss
-        self._pending: Handle[tuple[Tensor, CommStats, Rider | None]] | None = None
-        self._extra: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {}
-        self._snapshot = _Snapshot()
+        # WHEN: the reduction launched, until the next step() or flush() lets the quorum vote on it
+        self.schedule: InFlight[Handle[Summed]] = InFlight(
+            WIDTH, owner="a LiveEngine", remedy="call engine.flush() after the last engine.step(): it lets the quorum "
+                                                "vote on the reduction in flight and applies it")
+        self._extra: heal.Extras = {}
+        self._snapshot = heal.Snapshot()
         self._heal_event: str | None = None  # healed, or served a healer: log the weights' digest at the next update
         self._left: list[threading.Thread] = []  # reductions given up on a silent peer (pipesgd.live.watch)
-        timeout = timedelta(seconds=options.timeout_s)
-        self._store = listen.store_master(options.host, timeout)
-        self._transport = RunTransport(options.run_id, options.host, timeout)
-        pg = ProcessGroupGloo(timeout=timeout)
-        self.group = TorchftGroup(pg)
-        self.manager = listen.manager(
-            options.host, pg=pg, load_state_dict=None, state_dict=None,
-            min_replica_size=options.min_replicas, use_async_quorum=True, timeout=timeout,
-            quorum_timeout=timedelta(seconds=options.quorum_timeout_s), connect_timeout=timeout, rank=0,
-            world_size=1, store_addr=options.host, store_port=self._store.port, lighthouse_addr=options.lighthouse,
-            replica_id=f"{options.run_id}_{options.replica}", hostname=listen.bracketed(options.host),
-            checkpoint_transport=self._transport, init_sync=options.init_sync)
-        self.manager.register_state_dict_fn("pipesgd", self._load_peer_state, self._snapshot.take)
+        # the quorum forms on torchft's thread while the next forward runs
+        self._store, self._transport, self.group, self.manager = torchft_manager.start(
+            options, self._load_peer_state, self._snapshot.take, async_quorum=True)
         self._thread = CommThread("pipesgd-live")
 
     def register_state(self, key: str, save: Callable[[], object], load: Callable[[object], None]) -> None:
         """Also hand ``save()`` to a healer, which calls ``load(value)`` (e.g. the scheduler's
         ``state_dict`` / ``load_state_dict``). Register the same keys on every replica."""
-        if key in self._extra or key in ("model", "optimizer", "engine"):
+        if key in self._extra or key in heal.RESERVED:
             raise ValueError(f"state key {key!r} is already registered")
         self._extra[key] = (save, load)
 
@@ -195,12 +183,14 @@ class LiveEngine(Engine):
         self._snapshot.serve(self._state)
         buf = self._flatten()
         stats = StepStats()
-        if self._pending is not None:
-            self._finish(stats, launching=buf)
+        # The vote on reduction t-1 closes its quorum before quorum t starts: it is due before
+        # reduction t launches, once width - 1 are in flight.
+        if self.schedule.due(self.steps, width=WIDTH - 1):
+            self._finish(stats, self.schedule.pop()[1], launching=buf)
         else:
             self.staleness.launched(buf[:self.numel])
         self.manager.start_quorum()
-        self._launch(buf)
+        self.schedule.launch(self._launch(buf), at=self.steps)
         self.steps += 1
         self.last = stats
         return stats
@@ -209,8 +199,8 @@ class LiveEngine(Engine):
         """Wait for, vote on and apply the reduction in flight."""
         self._snapshot.serve(self._state)
         stats = StepStats()
-        if self._pending is not None:
-            self._finish(stats)
+        for _, handle in self.schedule.drain():
+            self._finish(stats, handle)
         self._stale = False  # a heal in that vote: the next gradient is computed on the weights it loaded
         return stats
 
@@ -218,47 +208,42 @@ class LiveEngine(Engine):
         """``[gradient, flag, count, loss]`` with room after it for a replica check's sums."""
         n = self.numel
         buf = torch.empty(n + TAIL + MOMENTS, dtype=self.params[0].dtype, device=self.params[0].device)
-        torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params],
-                  out=buf[:n])
-        buf[n] = float("inf") if has_nonfinite(buf[:n]) else 0.0
+        flatten_grads(self.params, buf[:n])
+        mark_nonfinite(buf, n)
         buf[n + 1] = 1.0
         buf[n + 2] = 0.0 if self._loss is None else self._loss  # a device copy: no host sync
         return buf
 
-    def _due(self, update: int) -> bool:
-        """Whether the reduction launched after ``update`` committed updates carries a replica check."""
-        return self.check_every is not None and update > 0 and update % self.check_every == 0
-
-    def _launch(self, full: Tensor) -> None:
+    def _launch(self, full: Tensor) -> Handle[Summed]:
         n, stale = self.numel, self._stale
         self._carried, self._loss = self._loss is not None, None
         # Committed updates so far: the quorum's step, unless this replica heals in it (then it
         # sends nothing below). Whether a check rides is read from it, so every group agrees.
         update = self.manager.current_step()
         mine = None
-        if self._due(update):
+        if check.due(self.check_every, update):
             with self.staleness.consistent_weights():  # one pass over the weights, on check steps only
                 mine = param_checksum(self.module)
-            full[n + TAIL:] = torch.tensor(moments(mine), dtype=full.dtype)  # times this share's count, 1
+            check.carry(full[n + TAIL:], mine)
         buf = full[:n + TAIL + (MOMENTS if mine else 0)]
         if stale:  # computed on the weights this replica had before it healed
             buf.zero_()
             self._stale = False
         manager, step = self.manager, self.steps + 1
 
-        def reduce() -> tuple[Tensor, CommStats, Rider | None]:
+        def reduce() -> Summed:
             stats, out, rider = CommStats(), buf, None
             try:  # a failure is the quorum's to vote on (should_commit), not the thread's to keep
                 manager.wait_quorum()
                 if manager.errored() is None:  # else the quorum failed (no group to send on): the vote fails
                     agreed = manager.current_step()  # the quorum's: a replica that heals in it holds it now
                     if agreed != update:  # it heals: its gradient and digest are of weights it no longer holds
-                        out = full[:n + TAIL + (MOMENTS if self._due(agreed) else 0)].zero_()
+                        out = full[:n + TAIL + (MOMENTS if check.due(self.check_every, agreed) else 0)].zero_()
                     elif not manager.is_participating():  # torchft's rule: a replica still fetching its state
                         out.zero_()
-                    if self._due(agreed):
+                    if check.due(self.check_every, agreed):
                         taking_part = not stale and agreed == update and manager.is_participating()
-                        rider = Rider(agreed, step, mine if taking_part else None)
+                        rider = check.Rider(agreed, step, mine if taking_part else None)
                     group = self.group.bound()  # this quorum's: a reduction given up never reaches the next
                     peers = group.peers(self.options.replica)
                     if peers:
@@ -270,7 +255,7 @@ class LiveEngine(Engine):
                 manager.report_error(e)
             return out, stats, rider
 
-        self._pending = self._thread.submit(reduce)
+        return self._thread.submit(reduce)
 
     def _reduce_watched(self, buf: Tensor, group: QuorumGroup, peers: list[int], step: int) -> CommStats:
         """:meth:`_reduce`, given up once one of ``peers`` (groups of ``group``'s quorum) stops
@@ -302,16 +287,14 @@ class LiveEngine(Engine):
         else:
             stats = self._allreduce(buf[:n + 1], self.compressor, group)
             native_allreduce(buf[n + 1:], None, group)
-        # non-finite with every group's own gradient finite: a 16-bit hop's sum overflowed
-        buf[n] = torch.where(has_nonfinite(buf[:n]), float("inf"), buf[n])
+        flag_overflow(buf, n)
         return stats
 
-    def _finish(self, stats: StepStats, launching: Tensor | None = None) -> None:
-        """Vote on and apply the reduction in flight. ``launching``: the gradient ``step()`` launches
+    def _finish(self, stats: StepStats, handle: Handle[Summed], launching: Tensor | None = None) -> None:
+        """Vote on and apply the reduction ``handle`` (taken off the schedule). ``launching``: the gradient ``step()`` launches
         next, handed to the rule first, as PipeSGD does: on the weights it was computed at (dc
         keeps them), and after the last point a donor serves its state (``_reduced``)."""
         t0 = time.perf_counter()
-        handle, self._pending = self._pending, None
         buf, stats.comm, rider = self._reduced(handle)
         t1 = time.perf_counter()
         stats.wait_s = t1 - t0
@@ -335,7 +318,7 @@ class LiveEngine(Engine):
             return
         stats.loss = mean
         if rider is not None:
-            self._check(rider, count, buf[n + TAIL:])
+            self.replica_checks += check.verify(rider, count, buf[n + TAIL:], self.check_every)
         if float(buf[n]) != 0.0:
             self.nonfinite.bad(self.steps, "on some replica")
             self.staleness.skip()
@@ -354,26 +337,9 @@ class LiveEngine(Engine):
                          param_checksum(self.module), self.steps, self._heal_event)
             self._heal_event = None
 
-    def _check(self, rider: Rider, count: float, sums: Tensor) -> None:
-        """The replica check a committed reduction carried: ReplicaMismatch if the digests of the
-        groups that took part differ (every group of the quorum reads the same sums)."""
-        groups = int(count)
-        if groups > EXACT_GROUPS:  # the sums of squares would round
-            log.warning("replica check of update %d not made: %d groups, more than the %d whose sums are exact",
-                        rider.update, groups, EXACT_GROUPS)
-            return
-        problem = describe_summed_mismatch(groups, sums.tolist(), rider.mine,
-                                           f"update {rider.update} (this group's step {rider.step})")
-        if problem:
-            raise ReplicaMismatch(problem + f" (the live replica check, every {self.check_every} committed updates: "
-                                  "trainer.check_every; every group applies the same averaged updates, so this is a "
-                                  "group that changed its weights outside engine.step(), memory corruption, a bug or "
-                                  "non-deterministic hardware)")
-        self.replica_checks += groups >= 2 and rider.mine is not None
-
     def forward_context(self) -> AbstractContextManager:
         """The weights the staleness rule wants the next gradient at (one reduction in flight, or none)."""
-        return self.staleness.forward_context(0 if self._pending is None else 1)
+        return self.staleness.forward_context(len(self.schedule))
 
     def consistent_params(self) -> Tensor:
         return self.staleness.consistent_params()
@@ -387,8 +353,7 @@ class LiveEngine(Engine):
         o = self.options
         return QuorumPeers(self.manager, self.group, self._thread, wait_s=o.quorum_timeout_s + 2 * o.timeout_s)
 
-    def _reduced(self, handle: Handle[tuple[Tensor, CommStats, Rider | None]]
-                 ) -> tuple[Tensor, CommStats, Rider | None]:
+    def _reduced(self, handle: Handle[Summed]) -> Summed:
         """The reduction's result. It waits for its quorum, which may wait for this replica's state
         (a peer heals): served while waiting, since nothing has been applied since the step
         boundary. ReductionError after ``timeout_s`` + ``quorum_timeout_s``."""
@@ -403,41 +368,36 @@ class LiveEngine(Engine):
         return handle.wait()
 
     def _state(self) -> dict:
-        """What a healer loads: taken on the training thread between steps, with nothing in flight
-        that the healer will not take part in. A copy: torchft serializes it on its own thread
-        while this one goes on updating the weights and the momentum in place. The weights' digest
-        after the next update is logged, as the healer logs its own (the first joint step)."""
+        """What a healer loads (:func:`pipesgd.live.heal.donor_state`, a copy): taken on the training
+        thread between steps, with nothing in flight that the healer will not take part in. The
+        weights' digest after the next update is logged, as the healer logs its own (the first joint step)."""
         self._heal_event = "served a healing peer"
-        return copy.deepcopy(state_to_device({
-            "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "engine": {"steps": self.steps, "nonfinite": self.nonfinite.state_dict(),
-                       "staleness": self.staleness.state_dict()},
-            **{key: save() for key, (save, _) in self._extra.items()},
-        }, "cpu"))
+        return heal.donor_state(self.module, self.optimizer, {
+            "steps": self.steps, "nonfinite": self.nonfinite.state_dict(), "staleness": self.staleness.state_dict()},
+            self._extra)
 
     def _load_peer_state(self, state: dict) -> None:
-        device = self.params[0].device
-        self.module.load_state_dict(state_to_device(state["model"], device))
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.steps = int(state["engine"]["steps"])
-        self.nonfinite.load_state_dict(state["engine"]["nonfinite"])
-        self.staleness.load_state_dict(state_to_device(state["engine"]["staleness"], device))
-        for key, (_, load) in self._extra.items():
-            load(state[key])
+        """A donor's :meth:`_state`, loaded inside the vote (torchft calls it from ``should_commit``)."""
+        heal.load_donor_state(state, self.module, self.optimizer, self._load_engine, self._extra,
+                              self.params[0].device)
         forget_residual(self.reduction)
         self._stale = True
         self._heal_event = "healed"
         self.healed += 1
         log.info("healed from a peer at its step %d (manager step %d)", self.steps, self.manager.current_step())
 
+    def _load_engine(self, engine: dict) -> None:
+        self.steps = int(engine["steps"])
+        self.nonfinite.load_state_dict(engine["nonfinite"])
+        self.staleness.load_state_dict(state_to_device(engine["staleness"], self.params[0].device))
+
     def state_dict(self) -> dict:
         """For a checkpoint: waits for the reduction in flight and keeps it (voted on at the next step)."""
-        pending = []
-        if self._pending is not None:
-            buf, comm, rider = self._reduced(self._pending)
-            pending = [buf.clone()]
-            self._pending = CompletedHandle((pending[0], comm, rider))
+        def kept(at: int, handle: Handle[Summed]) -> Handle[Summed]:
+            buf, comm, rider = self._reduced(handle)
+            return CompletedHandle((buf.clone(), comm, rider))
+
+        pending = [handle.wait()[0] for handle in self.schedule.settle(kept)]
         return {"width": self.width, "steps": self.steps, "pending": pending,
                 "nonfinite": self.nonfinite.state_dict(), "manager": self.manager.state_dict(),
                 "staleness": self.staleness.state_dict(),
@@ -453,8 +413,8 @@ class LiveEngine(Engine):
         if self.reduction is not None and state.get("reduction"):  # this group's own residual, warm start
             self.reduction.load_state_dict(state_to_device(state["reduction"], self.params[0].device))
         # A checkpointed reduction was voted on by a quorum that no longer exists: it is dropped,
-        # with what the staleness rule kept for it.
-        self._pending = None
+        # with what the staleness rule kept for it; so is any in flight here.
+        self.schedule.clear()
         if state["pending"]:
             self.staleness.skip()
 
@@ -472,43 +432,6 @@ class LiveEngine(Engine):
             self.lighthouse.shutdown()
 
 
-class _Snapshot:
-    """Hands torchft's quorum thread (a donor's) the state the training thread takes at its next
-    step boundary: the quorum runs mid-step, before the caller's scheduler step and the next
-    update, where the state is not one a healer could continue from."""
-
-    def __init__(self):
-        self._asked = threading.Event()
-        self._ready = threading.Event()
-        self._value: dict | None = None
-        self._cancelled = False
-
-    def take(self) -> dict:
-        """On the quorum thread: block until the training thread has served a state."""
-        self._ready.clear()
-        self._asked.set()
-        if not self._ready.wait() or self._cancelled:
-            raise RuntimeError("the engine closed before it could hand its state to a healing peer")
-        value, self._value = self._value, None
-        return value
-
-    def serve(self, state: Callable[[], dict]) -> None:
-        """On the training thread, at a step boundary: take the state if a peer asked for it."""
-        if self._asked.is_set():
-            self._asked.clear()
-            self._value = state()
-            self._ready.set()
-
-    def asked_or_done(self, handle: Handle, poll_s: float) -> None:
-        """Sleep until a peer asks for the state or ``poll_s`` passes (then ``handle`` is checked again)."""
-        if not handle.done():
-            self._asked.wait(poll_s)
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        self._ready.set()
-
-
 def _carried(compressor: str | Compressor | Reduction | None, allreduce: str | Callable[..., CommStats]
              ) -> tuple[Compressor | Reduction, Callable[..., CommStats]]:
     """The compressor and the allreduce that runs it over torchft's group (comm=auto: the ring,
@@ -521,14 +444,6 @@ def _carried(compressor: str | Compressor | Reduction | None, allreduce: str | C
     comp = resolve(compressor)
     check_compressor("live", comp, name)
     return comp, bind(COMM_REGISTRY.get(name), comp, TorchftGroup.backend)
-
-
-def _quiet_torchft() -> None:
-    """torchft logs every quorum and every vote at INFO (thousands of lines a run); this engine
-    logs what matters (skipped updates, heals). A level the caller set is kept."""
-    for name in ("torchft", "torchft_commits", "torchft_quorums"):
-        if logging.getLogger(name).level == logging.NOTSET:
-            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 # torchft's quorums (pipesgd[live]): replica groups without a shared process group, so the replica

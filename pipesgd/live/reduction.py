@@ -14,7 +14,7 @@ from torch import Tensor
 from ..comm import CommStats
 from ..comm.native import native_allreduce
 from ..compress import Compressor
-from ..flat import has_nonfinite
+from ..flat import flag_overflow
 from ..reduction import Reduction, as_reduction
 
 
@@ -51,7 +51,7 @@ def reduce_apart(reduction: Reduction, buf: Tensor, n: int, group) -> CommStats:
     stats = CommStats()
     if contributors > 0:
         stats = reduction.reduce(grad, group, zeroed=not share, contributors=contributors)
-    tail[0] = torch.where(has_nonfinite(grad), float("inf"), tail[0])
+    flag_overflow(buf, n)
     return stats
 
 
