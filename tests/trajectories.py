@@ -69,12 +69,19 @@ def _engine(cell: dict, model: nn.Module, opt: torch.optim.Optimizer):
                       outer_optimizer=partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True), **common)
 
 
-def _run_engine(rank: int, cell: dict) -> list[str]:
+def _run_engine(rank: int, cell: dict, saved: dict | None = None, save_only: bool = False):
+    """The cell's run: its checksums (after the mid-run round trip, after the flush). ``save_only``:
+    the state at the mid-run checkpoint instead; ``saved``: resume from such a state (written by
+    this code or an older one) and run to the end."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     engine = _engine(cell, model, opt)
     shas = []
-    for step in range(STEPS):
+    for step in range(STEPS // 2 + 1 if saved is not None else 0, STEPS):
+        if step == STEPS // 2 + 1 and saved is not None:
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["opt"])
+            engine.load_state_dict(saved["engine"])
         opt.zero_grad()
         with engine.forward_context():
             loss_of(model, rank, step).backward()
@@ -84,6 +91,8 @@ def _run_engine(rank: int, cell: dict) -> list[str]:
         if step == STEPS // 2:  # a checkpoint round trip mid-flight, into a fresh engine
             state = {"engine": engine.state_dict(), "model": model.state_dict(), "opt": opt.state_dict()}
             engine.close()
+            if save_only:
+                return state
             model = make_model()
             opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
             engine = _engine(cell, model, opt)
@@ -97,27 +106,37 @@ def _run_engine(rank: int, cell: dict) -> list[str]:
     return shas
 
 
-def _run_ddp(rank: int, cell: dict) -> list[str]:
+def _run_ddp(rank: int, cell: dict, saved: dict | None = None, save_only: bool = False):
+    """The pipelined DDP hook's run, as :func:`_run_engine`'s (the width keyword only off width 2,
+    which the hook took with the shared schedule)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from pipesgd.hooks import PipelinedState, pipelined
 
     model = make_model()
+    if saved is not None:
+        model.load_state_dict(saved["model"])
     ddp = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    state = PipelinedState(ddp, optimizer=opt, staleness=cell["staleness"], width=cell["width"])
+    width = {} if cell["width"] == 2 else {"width": cell["width"]}
+    state = PipelinedState(ddp, optimizer=opt, staleness=cell["staleness"], **width)
     ddp.register_comm_hook(state, pipelined())
+    if saved is not None:
+        opt.load_state_dict(saved["opt"])
+        state.load_state_dict(saved["hook"])
     shas = []
-    for step in range(STEPS):
+    for step in range(STEPS // 2 + 1 if saved is not None else 0, STEPS):
         opt.zero_grad()
         with state.forward_context():
             loss_of(ddp, rank, step).backward()
         if state.ready():
             opt.step()
         if step == STEPS // 2:
-            saved = state.state_dict()
+            kept = state.state_dict()
+            if save_only:
+                return {"hook": kept, "model": model.state_dict(), "opt": opt.state_dict()}
             shas.append(_sha(model))
-            rounds = saved["pending"] if isinstance(saved["pending"], list) else [saved["pending"]]  # before: a dict
+            rounds = kept["pending"] if isinstance(kept["pending"], list) else [kept["pending"]]  # before: a dict
             pending = torch.cat([r[n].reshape(-1) for r in rounds for n in sorted(r)])
             shas.append(hashlib.sha256(pending.numpy().tobytes()).hexdigest()[:16])
     state.flush(opt)
@@ -130,14 +149,38 @@ def later_cells() -> list[tuple[str, dict]]:
     return [(f"ddp/w3/{rule}", dict(engine="ddp", width=3, staleness=rule)) for rule in ("none", "lookahead")]
 
 
-def run_all(rank: int, world: int, names: list[str] | None = None) -> dict[str, list[str]]:
+def run_all(rank: int, world: int, names: list[str] | None = None, saved_path: str | None = None,
+            save_only: bool = False) -> dict:
+    """Per cell: its checksums; ``save_only``: its mid-run state; ``saved_path`` (a file of
+    :func:`save_all`): the checksums of the runs resumed from the states in it."""
     torch.use_deterministic_algorithms(True)
+    saved = None if saved_path is None else torch.load(saved_path, weights_only=False)
     out = {}
     for name, cell in cells() + later_cells():
         if names is not None and name not in names:
             continue
-        out[name] = (_run_ddp if cell["engine"] == "ddp" else _run_engine)(rank, cell)
+        run = _run_ddp if cell["engine"] == "ddp" else _run_engine
+        out[name] = run(rank, cell, None if saved is None else saved[name][rank], save_only)
     return out
+
+
+def save_all(path: Path) -> None:
+    """Every recorded cell's mid-run state, per rank, into ``path`` (tests/trajectories-ca9ff32.pt
+    was written so by the code before the schedule was shared)."""
+    from distributed_utils import run_workers
+
+    names = [name for name, _ in cells()]
+    per_rank = run_workers(run_all, 2, names, None, True, timeout=300)
+    torch.save({name: [r[name] for r in per_rank] for name in names}, path)
+
+
+def resume_all(path: Path) -> dict[str, list[list[str]]]:
+    """Per cell, each rank's checksums of the runs resumed from the states in ``path``."""
+    from distributed_utils import run_workers
+
+    names = list(torch.load(path, weights_only=False))
+    per_rank = run_workers(run_all, 2, names, str(path), timeout=300)
+    return {name: [r[name] for r in per_rank] for name in names}
 
 
 def measure(names: list[str] | None = None) -> dict[str, list[list[str]]]:
@@ -149,6 +192,9 @@ def measure(names: list[str] | None = None) -> dict[str, list[list[str]]]:
 
 
 if __name__ == "__main__":
+    if "--save" in sys.argv:
+        save_all(Path(sys.argv[sys.argv.index("--save") + 1]))
+        sys.exit(0)
     found = measure([name for name, _ in cells()])
     if "--record" in sys.argv:
         RECORD.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
