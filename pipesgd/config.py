@@ -486,6 +486,13 @@ def _sync_every_problems(cfg: DictConfig, explicit: Collection[str], settled: Se
         out.append(f"trainer.warmup_sync_steps={t.warmup_sync_steps} is not used by trainer.mode={name}: its rounds "
                    "have no synchronous warm-up; set trainer.warmup_sync_steps=0, or run the warm-up with "
                    f"trainer.mode={'|'.join(m for m in modes_with('sync_every') if not get_mode(m).rounds_only)}")
+    layout = t.get("fragment_layout", "contiguous")
+    if layout != "contiguous":
+        if layout not in period.LAYOUTS:
+            out.append(f"trainer.fragment_layout={layout!r} is not known; allowed: {', '.join(period.LAYOUTS)}")
+        elif fragments == 1 or mode.rounds_only:
+            out.append(f"trainer.fragment_layout={layout} deals a model's layers to trainer.fragments > 1 of "
+                       f"trainer.mode={'|'.join(m for m in modes_with('sync_every') if not get_mode(m).rounds_only)}")
     alpha = t.get("landing_alpha")
     if alpha is not None:
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:

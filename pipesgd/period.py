@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+LAYOUTS = ("contiguous", "strided")
+"""How ``fragments`` cut the model: contiguous runs of tensors, or its layers dealt round-robin
+across the depth (streaming DiLoCo's strided fragments; :mod:`pipesgd.engine.diloco`)."""
+
 
 def invalid(sync_every: object, fragments: object = 1, sync_delay: object = 0, prefix: str = "") -> list[str]:
     """The settings of ``(sync_every, fragments, sync_delay)`` that are not integers in range, one

@@ -56,6 +56,7 @@ class TrainerConfig:
     fragments: int = 1
     sync_delay: int = 0
     landing_alpha: Optional[float] = None
+    fragment_layout: str = "contiguous"
     epochs: int = 1
     max_steps: Optional[int] = None
     stop_after_step: Optional[int] = None

@@ -241,7 +241,7 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext, settled: Settled) -> _Run:
         nonfinite=cfg.trainer.nonfinite, timeout_s=ctx.engine_timeout_s,
         check_every=cfg.trainer.check_every if mode.check_on_reductions else None,
         sync_every=cfg.trainer.sync_every, fragments=cfg.trainer.fragments, sync_delay=cfg.trainer.sync_delay,
-        landing_alpha=cfg.trainer.get("landing_alpha"),
+        landing_alpha=cfg.trainer.get("landing_alpha"), fragment_layout=cfg.trainer.get("fragment_layout", "contiguous"),
         outer_optimizer=instantiate(cfg.outer_optimizer) if cfg.trainer.sync_every > 1 else None))
     if cfg.trainer.max_grad_norm is not None:
         clip_applied_gradient(optimizer, cfg.trainer.max_grad_norm)

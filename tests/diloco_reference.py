@@ -17,11 +17,12 @@ INNER = partial(torch.optim.SGD, lr=LR, momentum=MOMENTUM)
 
 
 def diloco_reference(p: int, sync_every: int, width: int, steps: int, rule: str = "none",
-                     outer=OUTER, inner=INNER, fragments: list[int] | None = None,
+                     outer=OUTER, inner=INNER, fragments: list | None = None,
                      delay: int = 0, warmup: int = 0, alpha: float | None = None,
                      damping: float = 1.0) -> list[torch.Tensor]:
     """Every replica's final weights (after the flush) as flat tensors, one per replica.
-    ``fragments``: how many parameter tensors each fragment takes, in order (None: one fragment);
+    ``fragments``: how many parameter tensors each fragment takes, in order (None: one fragment), or
+    each fragment's tensor indices (a strided layout);
     fragment f's rounds end at the steps ≡ (f+1)·H/F (mod H). ``delay`` (width 2): a round's average
     lands ``delay`` steps after its launch (0: at the next round's end). ``warmup``: that many
     synchronous steps first (each step's gradient averaged over the replicas), the rounds counted
@@ -31,9 +32,13 @@ def diloco_reference(p: int, sync_every: int, width: int, steps: int, rule: str 
     alone, the own terms a plain step) and ``damped`` (the late average / (1 + ``damping``·lateness))."""
     models = [make_model() for _ in range(p)]
     inners = [inner(m.parameters()) for m in models]
-    sizes = fragments or [len(list(models[0].parameters()))]
-    cuts = [sum(sizes[:f]) for f in range(len(sizes) + 1)]
-    frag_params = [[list(m.parameters())[cuts[f]:cuts[f + 1]] for f in range(len(sizes))] for m in models]
+    if fragments and isinstance(fragments[0], list):  # the tensors' indices of each fragment (strided)
+        members = fragments
+    else:
+        sizes = fragments or [len(list(models[0].parameters()))]
+        members = [list(range(sum(sizes[:f]), sum(sizes[:f + 1]))) for f in range(len(sizes))]
+    sizes = members
+    frag_params = [[[list(m.parameters())[i] for i in idx] for idx in members] for m in models]
     anchors = [[[q.detach().clone() for q in fp] for fp in frag_params[m]] for m in range(p)]
     outers = [[outer(a) for a in anchors[m]] for m in range(p)]
     own = [[deque() for _ in sizes] for _ in range(p)]

@@ -217,3 +217,4 @@ class ModeArgs:
     fragments: int = 1  # trainer.fragments: streaming fragments at sync_every > 1
     sync_delay: int = 0  # trainer.sync_delay: steps a round's exchange has before it is waited for (sync_delay modes)
     landing_alpha: float | None = None  # trainer.landing_alpha: the local weights' share where a delayed round lands
+    fragment_layout: str = "contiguous"  # trainer.fragment_layout: contiguous runs, or layers dealt round-robin

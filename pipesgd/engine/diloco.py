@@ -129,6 +129,32 @@ def split(params: list[Tensor], fragments: int) -> list[list[Tensor]]:
     return out
 
 
+def layer_of(name: str) -> str:
+    """The layer a parameter belongs to by its name: up to its first numeric part ("blocks.3" of
+    "blocks.3.attn.weight"), else the name itself (an embedding, the final norm: a layer alone)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[:i + 1])
+    return name
+
+
+def split_strided(params: list[Tensor], names: list[str], fragments: int) -> list[list[Tensor]]:
+    """``params`` grouped by layer (:func:`layer_of` of ``names``, in order of first appearance),
+    layer g to fragment g mod ``fragments``, so each fragment holds layers from the whole depth;
+    ValueError if there are fewer layers than fragments."""
+    layers: dict[str, list[Tensor]] = {}
+    for p, name in zip(params, names):
+        layers.setdefault(layer_of(name), []).append(p)
+    if fragments > len(layers):
+        raise ValueError(f"fragments={fragments} is more than the model's {len(layers)} layers "
+                         f"(fragment_layout=strided deals whole layers)")
+    out: list[list[Tensor]] = [[] for _ in range(fragments)]
+    for g, group in enumerate(layers.values()):
+        out[g % fragments].extend(group)
+    return out
+
+
 class PipeDiLoCo(Engine):
     """DiLoCo whose outer step runs through the width-K pipeline.
 
@@ -145,7 +171,8 @@ class PipeDiLoCo(Engine):
     rank (``nonfinite="skip"``), and the rank whose own was non-finite also clears its inner
     optimizer's state, which the non-finite steps wrote. ``fragments=F`` (a divisor of
     ``sync_every``) streams the model in F staggered fragments (the module docstring).
-    ``sync_delay=τ`` (width 2, 0 < τ < sync_every / fragments) applies each round's average τ
+    ``fragment_layout="strided"`` (with ``module``) deals whole layers round-robin instead of cutting
+    contiguous runs (:func:`split_strided`). ``sync_delay=τ`` (width 2, 0 < τ < sync_every / fragments) applies each round's average τ
     inner steps after its launch instead of at the next round's end, and keeps the τ steps
     trained since on top of the new anchor: under ``"none"`` ``params`` train on from where the
     round ended and become the new anchor plus what they moved since; under ``"eager"`` this
@@ -165,7 +192,8 @@ class PipeDiLoCo(Engine):
                  staleness: str | Staleness = "none", compressor: str | Compressor | Reduction | None = "none",
                  allreduce: str | Callable[..., CommStats] = "auto", group=None, nonfinite: str = "abort",
                  timeout_s: float | None = None, module: torch.nn.Module | None = None, fragments: int = 1,
-                 sync_delay: int = 0, warmup_sync_steps: int = 0, landing_alpha: float | None = None):
+                 sync_delay: int = 0, warmup_sync_steps: int = 0, landing_alpha: float | None = None,
+                 fragment_layout: str = "contiguous"):
         rule = make_staleness(staleness)
         period.check(sync_every, fragments, sync_delay, width=width, rule=rule.name, rule_period=rule.sync_period,
                      rule_agrees=rule.agrees, round_rules=rules_besides("step"))
@@ -194,7 +222,7 @@ class PipeDiLoCo(Engine):
                       dict(width=width, compressor=compressors[f], allreduce=allreduce, group=group,
                            staleness=rules[f], nonfinite=nonfinite, timeout_s=timeout_s, comm_thread=self._thread,
                            delay=sync_delay, clock=self._tick))
-            for f, part in enumerate(split(self.params, fragments))]
+            for f, part in enumerate(self._split(fragments, fragment_layout, module))]
         first = self.fragments[0]
         self.rule = first.rule
         self.nonfinite = first.pipe.nonfinite if fragments == 1 else _Policies([f.pipe for f in self.fragments])
@@ -205,6 +233,16 @@ class PipeDiLoCo(Engine):
         self.last = StepStats()
         self._stepping = False
         self._guard = optimizer.register_step_pre_hook(self._check_stepping)
+
+    def _split(self, fragments: int, layout: str, module: torch.nn.Module | None) -> list[list[Tensor]]:
+        if layout not in period.LAYOUTS:
+            raise ValueError(f"fragment_layout={layout!r} is not known; allowed: {', '.join(period.LAYOUTS)}")
+        if layout == "contiguous" or fragments == 1:
+            return split(self.params, fragments)
+        if module is None:
+            raise ValueError("fragment_layout=strided deals the model's layers by parameter name: pass module=")
+        names = {id(p): n for n, p in module.named_parameters()}
+        return split_strided(self.params, [names.get(id(p), "") for p in self.params], fragments)
 
     def _tick(self) -> int:
         return self.steps
@@ -338,7 +376,8 @@ class PipeDiLoCo(Engine):
     @contextlib.contextmanager
     def _anchor_in_params(self) -> Iterator[None]:
         local = flat_params(self.params)
-        assign_params(self.params, flat_params(self.anchor))
+        for f in self.fragments:  # fragment by fragment: a strided fragment is not a run of params
+            assign_params(f.params, flat_params(f.anchor))
         try:
             yield
         finally:

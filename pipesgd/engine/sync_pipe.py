@@ -22,7 +22,8 @@ def build(a: ModeArgs) -> tuple[torch.nn.Module, Engine]:
                                    compressor=a.compressor, allreduce=a.allreduce, group=a.group,
                                    nonfinite=a.nonfinite, timeout_s=a.timeout_s, fragments=a.fragments,
                                    sync_delay=a.sync_delay, warmup_sync_steps=a.warmup_sync_steps,
-                                   landing_alpha=a.landing_alpha)
+                                   landing_alpha=a.landing_alpha, fragment_layout=a.fragment_layout,
+                                   module=a.model if a.fragment_layout != "contiguous" else None)
     return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=a.width, compressor=a.compressor,
                             allreduce=a.allreduce, group=a.group, warmup_sync_steps=a.warmup_sync_steps,
                             staleness=a.staleness, nonfinite=a.nonfinite, timeout_s=a.timeout_s)

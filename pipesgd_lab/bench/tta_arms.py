@@ -107,6 +107,8 @@ def _diloco_arms() -> dict[str, tuple[str, ...]]:
             arms[f"diloco-streaming-eager-sgd-int8-h{h}"] = (*stream, "staleness=eager", *_PLAIN_OUTER)
             # streaming DiLoCo's merge at the landing (α = 0.5) instead of keeping the steps since the launch
             arms[f"diloco-streaming-mix-int8-h{h}"] = (*stream, "staleness=none", "trainer.landing_alpha=0.5")
+            # the streaming paper's strided fragments: layers dealt round-robin across the depth
+            arms[f"diloco-streaming-strided-int8-h{h}"] = (*stream, "staleness=none", "trainer.fragment_layout=strided")
     return arms
 
 

@@ -319,7 +319,8 @@ def test_fragments_must_divide_the_period():
         PipeDiLoCo(INNER(model.parameters()), model.parameters(), 8, fragments=8)
 
 
-def _run_warm(rank, p, h, width, rule, warmup, fragments=1, delay=0, alpha=None, stop=None, steps=STEPS + 1):
+def _run_warm(rank, p, h, width, rule, warmup, fragments=1, delay=0, alpha=None, stop=None, steps=STEPS + 1,
+              layout="contiguous"):
     """``warmup`` synchronous steps, then rounds; ``stop``: save every part of the state before that
     step, rebuild everything and continue to ``steps``."""
     def build():
@@ -327,7 +328,7 @@ def _run_warm(rank, p, h, width, rule, warmup, fragments=1, delay=0, alpha=None,
         opt = INNER(model.parameters())
         return model, opt, PipeDiLoCo(opt, model.parameters(), h, width=width, staleness=rule, allreduce="ring",
                                       fragments=fragments, sync_delay=delay, warmup_sync_steps=warmup,
-                                      landing_alpha=alpha)
+                                      landing_alpha=alpha, fragment_layout=layout, module=model)
 
     model, opt, engine = build()
     for t in range(steps):
@@ -413,3 +414,33 @@ def test_delayed_nesterov_with_a_plain_outer_step_is_eager():
     dn = diloco_reference(2, 4, 2, STEPS + 1, "delayed_nesterov", outer=plain)
     eager = diloco_reference(2, 4, 2, STEPS + 1, "eager", outer=plain)
     assert (dn[0] - eager[0]).abs().max() <= 1e-6 and (dn[1] - eager[1]).abs().max() <= 1e-6
+
+
+def test_strided_fragments_deal_whole_layers_round_robin():
+    """fragment_layout=strided: layer g (its parameters' names up to the first index) to fragment
+    g mod F, so each fragment spans the depth; whole layers, never cut."""
+    from torch import nn
+
+    from pipesgd.engine.diloco import layer_of, split_strided
+
+    model = nn.Sequential(*(nn.Linear(4, 4) for _ in range(6)))
+    names = [n for n, _ in model.named_parameters()]
+    parts = split_strided(list(model.parameters()), names, 3)
+    by_name = {id(p): n for n, p in model.named_parameters()}
+    assert [sorted({layer_of(by_name[id(p)]) for p in part}) for part in parts] == [["0", "3"], ["1", "4"], ["2", "5"]]
+    assert layer_of("blocks.3.attn.c_attn.weight") == "blocks.3" and layer_of("wte.weight") == "wte.weight"
+    with pytest.raises(ValueError, match="fragments=7 is more than the model's 6 layers"):
+        split_strided(list(model.parameters()), names, 7)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("width,delay", [(1, 0), (2, 1)])
+def test_strided_fragments_equal_their_reference(width, delay):
+    """The reference model's two layers dealt to two fragments ([0.weight, 0.bias], [2.weight,
+    2.bias]), where the contiguous cut by size is [0.weight], [the rest]: blocking and delayed."""
+    expected = diloco_reference(2, 4, width, STEPS + 1, "none", fragments=[[0, 1], [2, 3]], delay=delay)
+    for rank, params in enumerate(run_workers(_run_warm, 2, 4, width, "none", 0, 2, delay, None, None, STEPS + 1,
+                                              "strided")):
+        assert (params - expected[rank]).abs().max() <= 1e-6, f"rank {rank}"
+    assert (expected[0] - diloco_reference(2, 4, width, STEPS + 1, "none", fragments=[1, 3], delay=delay)[0]
+            ).abs().max() > 1e-4, "strided differs from contiguous here"
