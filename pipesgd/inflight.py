@@ -59,6 +59,14 @@ class InFlight(Generic[W]):
     def __iter__(self) -> Iterator[tuple[int, W]]:
         return iter(self._entries)
 
+    def oldest(self) -> W | None:
+        """The oldest entry's work, left in place (None: nothing in flight)."""
+        return self._entries[0][1] if self._entries else None
+
+    def newest(self) -> W | None:
+        """The newest entry's work, left in place (None: nothing in flight)."""
+        return self._entries[-1][1] if self._entries else None
+
     @property
     def oldest_at(self) -> int | None:
         """The tick the oldest entry was launched at (None: nothing in flight)."""

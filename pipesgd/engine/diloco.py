@@ -313,6 +313,9 @@ class PipeDiLoCo(Engine):
         never stepped yet, start fresh)."""
         self._warmup.close()
         self._warmup = None
+        self._anchors_from_weights()
+
+    def _anchors_from_weights(self) -> None:
         for f in self.fragments:
             assign_params(f.anchor, flat_params(f.params))
 
@@ -344,8 +347,7 @@ class PipeDiLoCo(Engine):
         (during the synchronous warm-up: the anchor takes the weights)."""
         if self._warmup is not None:
             stats = self._warmup.flush()
-            for f in self.fragments:
-                assign_params(f.anchor, flat_params(f.params))
+            self._anchors_from_weights()
             return stats
         # sync_delay: what is in flight lands first, as it would have before the next launch
         landing = [f for f in self.fragments if self.sync_delay and f.pipe.in_flight]

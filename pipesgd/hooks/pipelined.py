@@ -208,7 +208,7 @@ class PipelinedState:
         self._check_used(read=False)  # the loop may not have asked ready(); the forward read the map
         scale = self.scaler.get_scale() if self.scaler is not None and self.scaler.is_enabled() else 1.0
         self._current = _Round(scale)
-        self._handing = self._oldest() if len(self.schedule) == self.width - 1 else None
+        self._handing = self.schedule.oldest() if len(self.schedule) == self.width - 1 else None
         self._returned = self._handing is not None
         self._zeros_handed = not self._returned
         self._handed_used = None if self._handing is None else self._handing.used
@@ -292,7 +292,7 @@ class PipelinedState:
         wrote this step's set with the previous step's averages, which belong to the old set."""
         if self._current is not None:
             return
-        newest = self._newest()  # the step whose backward ran last: DDP wrote its set of gradients
+        newest = self.schedule.newest()  # the step whose backward ran last: DDP wrote its set of gradients
         if read:
             self._read_used(newest)
         now, handed = None if newest is None else newest.used, self._handed_used
@@ -382,7 +382,7 @@ class PipelinedState:
         (``pending_scale``) and the parameters it updates (``pending_used``); the inner hooks'
         states per slot (PowerSGD: residuals, warm-start factors, iteration, generator) and the
         lookahead rule's."""
-        newest = self._newest()
+        newest = self.schedule.newest()
         self._read_used(newest)
         rounds = [r for _, r in self.schedule]
         return {"width": self.width, "steps": self.steps,
@@ -431,13 +431,6 @@ class PipelinedState:
             by_name = {n: i for i, n in self.names.items()}
             round_.used = frozenset(by_name[n] for n in used if n in by_name)
         return round_
-
-    def _oldest(self) -> _Round | None:
-        return next(iter(self.schedule))[1] if self.schedule else None
-
-    def _newest(self) -> _Round | None:
-        """The round of the step whose backward ran last (while none runs)."""
-        return list(self.schedule)[-1][1] if self.schedule else None
 
     def _load_inner(self, saved: list) -> None:
         for mine, theirs in zip(self.inner_states, saved):
@@ -493,7 +486,7 @@ def _read_used_before(state: weakref.ref) -> Callable:
     def hook(module, args):
         me = state()
         if me is not None and me._current is None:
-            me._read_used(me._newest())
+            me._read_used(me.schedule.newest())
 
     return hook
 
