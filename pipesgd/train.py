@@ -327,7 +327,7 @@ def _prediction(cfg: DictConfig, run: _Run, world_size: int) -> Prediction:
                "buffers": any(True for _ in run.model.buffers())}
     if cfg.trainer.sync_every > 1:
         options |= {"sync_every": cfg.trainer.sync_every, "fragments": cfg.trainer.fragments,
-                    "sync_delay": cfg.trainer.sync_delay}
+                    "sync_delay": cfg.trainer.sync_delay, "ranks_per_replica": _ranks_per_replica(cfg)}
     trainable = [p for p in run.model.parameters() if p.requires_grad]
     return Prediction(instantiate(cfg.timing), cfg.trainer.mode, run.allreduce, run.engine.width,
                       sum(p.numel() * p.element_size() for p in trainable), sum(p.numel() for p in trainable),
