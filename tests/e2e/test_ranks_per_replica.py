@@ -53,3 +53,16 @@ def test_killed_worker_of_a_replica_resumes_mid_round_and_mid_flight_bit_identic
     assert a["param_checksum"] == b["param_checksum"], "final weights must be bit-identical"
     assert [e["test_loss"] for e in a["evals"]] == [e["test_loss"] for e in b["evals"]]
     assert not tagged_processes(r.tag)
+
+
+@needs_mnist
+@pytest.mark.timeout(300)
+def test_replica_checks_find_a_rank_whose_weights_left_its_replicas_mid_round(tmp_path):
+    """Rank 1's weights perturbed after step 4's backward (the first of round 2, steps 4-6): the
+    anchors of every rank still agree, but the two ranks of replica 0 no longer hold the same
+    weights, which the check at step 4 names (trainer.check_every=2; at the round's end, step 6,
+    both would restart from the anchor and agree again)."""
+    r = run(*MNIST, "dist.nproc=4", "dist.ranks_per_replica=2", "data.batch_size=500",
+            f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path, fault="perturb:1:4")
+    assert r.returncode != 0
+    assert "replica 0 diverged at step 4: its ranks 0-1 hold different weights" in r.stderr, r.stderr[-3000:]
