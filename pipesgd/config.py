@@ -17,10 +17,10 @@ from hydra.experimental.callback import Callback
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .dist import BACKENDS
+from .dist import BACKENDS, env_int
 from .launch import under_torchrun
 from . import period
-from .modes import check_comm, check_compressor, get_mode, modes, modes_with
+from .modes import check_comm, check_compressor, get_mode, modes, modes_with, replica_problems
 from .placement import check_rule as _check_placement
 from .registry import registry
 from .schema import Config, DistConfig, LiveConfig, TrainerConfig
@@ -164,6 +164,7 @@ def validate(cfg: DictConfig, explicit: Collection[str] = (),
     for key, low, hint, optional in (
             ("trainer.width", 1, "pipeline width; 1 = synchronous SGD, 2 = Pipe-SGD", False),
             ("dist.nproc", 1, "number of local worker processes", False),
+            ("dist.ranks_per_replica", 1, "ranks per DiLoCo replica; 1 = every rank a replica", False),
             ("dist.max_restarts", 0, "", False),
             ("trainer.warmup_sync_steps", 0, "synchronous steps before the pipeline starts", False),
             ("trainer.epochs", 1, "", False),
@@ -197,6 +198,7 @@ def validate(cfg: DictConfig, explicit: Collection[str] = (),
     judge(_check_scheme_options, cfg)
     judge(_check_staleness_optimizer, cfg, settled)
     found += judge(_sync_every_problems, cfg, explicit, settled) or []
+    found += judge(_replica_problems, cfg) or []
     if found:
         raise _refusal(found)
     return settled
@@ -509,6 +511,19 @@ def _sync_every_problems(cfg: DictConfig, explicit: Collection[str], settled: Se
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
         out.append(f"outer_optimizer.lr={lr!r} is invalid: must be a number > 0")
     return out
+
+
+def _replica_problems(cfg: DictConfig) -> list[str]:
+    """``dist.ranks_per_replica=k``: a divisor of the world (``dist.nproc``, or torchrun's
+    WORLD_SIZE), and what the mode and the plugins cannot run with replicas of k ranks."""
+    k = cfg.dist.get("ranks_per_replica", 1)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        return []  # refused as an integer >= 1 already
+    world, what = (env_int("WORLD_SIZE", 1), "WORLD_SIZE") if under_torchrun() else (cfg.dist.nproc, "dist.nproc")
+    out = [f"dist.ranks_per_replica={k} does not divide the world size ({what}={world}): replicas are k "
+           "consecutive ranks each; use a divisor of it"] if world % k else []
+    return out + replica_problems(cfg.trainer.mode, k, cfg.trainer.sync_every, instantiate(cfg.compressor).name,
+                                  str(cfg.comm.get("name")))
 
 
 def _cuda_available() -> bool:

@@ -5,7 +5,8 @@ MASTER_ADDR, MASTER_PORT), whether torchrun, the local launcher or the emulated 
 them. Two groups exist: the default group for the training loop's own collectives (evaluation
 counts, final checks) and a second one, ``comm_group``, that the engine's background thread owns,
 so the two threads never interleave messages on one group. ``comm=hierarchical`` adds its node
-groups and leaders' group through :func:`node_groups`, called once per run by every rank.
+groups and leaders' group through :func:`node_groups`, ``dist.ranks_per_replica`` > 1 its replicas'
+groups and the rank peers' through :func:`replica_groups`, each called once per run by every rank.
 """
 
 from __future__ import annotations
@@ -161,6 +162,52 @@ def node_groups(group_size: int | None, timeout_s: float = 300.0) -> NodeGroups:
     leaders = dist.new_group(list(range(0, world, size)), timeout=timeout)
     log.debug("rank %d: node %d of %d, %d ranks per node", rank, rank // size, world // size, size)
     return NodeGroups(intra, leaders if rank % size == 0 else None, size, world // size)
+
+
+@dataclass(frozen=True)
+class ReplicaGroups:
+    """The groups of a world split into replicas of ``k`` consecutive ranks (replica i = global ranks
+    i·k .. i·k+k-1, as torchrun numbers nodes: one node of ``--nproc-per-node k`` is one replica).
+
+    ``inner``: this rank's replica, over which every inner step's gradient is averaged; ``gather``:
+    the same ranks again, for gathering the outer exchange's shards (a group per thread: the inner
+    steps' thread and the outer exchange's each own one, so neither waits behind the other's
+    collectives and both keep one order on every rank); ``peers``: rank ``member`` of every replica,
+    over which shard ``member`` of a round's pseudo-gradient is exchanged (the slow link).
+    All three are None in a lone process."""
+
+    inner: object | None
+    gather: object | None
+    peers: object | None
+    k: int
+    replicas: int
+    index: int  # this rank's replica
+    member: int  # this rank's place in its replica: the shard it carries between replicas
+
+
+def replica_groups(k: int, timeout_s: float = 300.0) -> ReplicaGroups:
+    """Create the replica groups of ``k`` ranks each (:class:`ReplicaGroups`). COLLECTIVE: every
+    rank calls it once, at the same point relative to other group creations. ValueError naming
+    ``dist.ranks_per_replica`` when ``k`` does not divide the world size."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1 or world % k:
+        raise ValueError(f"dist.ranks_per_replica={k!r} is invalid for world size {world}: it must be an "
+                         "integer >= 1 that divides the world size")
+    if not dist.is_initialized():
+        return ReplicaGroups(None, None, None, k, world // k, 0, 0)
+    rank, timeout = dist.get_rank(), timedelta(seconds=timeout_s)
+    mine: dict[str, object] = {}
+    for kind in ("inner", "gather"):  # every rank creates every group, in the same order
+        for i in range(world // k):
+            g = dist.new_group(list(range(i * k, (i + 1) * k)), timeout=timeout)
+            if rank // k == i:
+                mine[kind] = g
+    for j in range(k):
+        g = dist.new_group(list(range(j, world, k)), timeout=timeout)
+        if rank % k == j:
+            mine["peers"] = g
+    log.debug("rank %d: replica %d of %d, member %d of %d", rank, rank // k, world // k, rank % k, k)
+    return ReplicaGroups(mine["inner"], mine["gather"], mine["peers"], k, world // k, rank // k, rank % k)
 
 
 def broadcast_object(obj, ctx: DistContext):

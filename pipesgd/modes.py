@@ -50,6 +50,8 @@ class Mode:
     ``sync_delay``: runs at ``trainer.sync_delay`` > 0, inner steps between a round's launch and the
     step that waits for it (torchft_diloco: torchft's ``fragment_sync_delay``; pipe at width 2: the
     step its average lands); other modes refuse it.
+    ``replicas``: at ``trainer.sync_every`` > 1 its replicas may be groups of ``dist.ranks_per_replica``
+    ranks (data parallelism inside each, the rounds between them); other modes refuse k > 1.
     ``rounds_only``: runs only at ``trainer.sync_every`` > 1 and resumes only where a fragment has
     just synced (torchft_diloco: torchft keeps its place inside a period to itself).
     ``min_world``: fewest processes it runs with. ``reference``: the blocking baseline the timing
@@ -87,6 +89,7 @@ class Mode:
     nonfinite_skip: bool = True
     sync_every: bool = False
     sync_delay: bool = False
+    replicas: bool = False
     rounds_only: bool = False
     min_world: int = 1
     reference: bool = False
@@ -196,6 +199,31 @@ def check_comm(name: str, allreduce: str) -> None:
         why = dict(mode.refused_comms).get(allreduce)
         raise ValueError(f"comm={allreduce} is not available with trainer.mode={name}{f': {why}' if why else ''}; "
                          f"allowed: {', '.join(mode.comms)}")
+
+
+def replica_problems(name: str, k: int, sync_every: int, compressor: str, allreduce: str | None) -> list[str]:
+    """What ``dist.ranks_per_replica=k`` > 1 cannot run with, one message each: a mode or a
+    ``trainer.sync_every`` without rounds (each rank is a replica there, or there are no replicas),
+    a reduction that cannot run on a shard of the flat buffer (its declared ``shardable``), an
+    allreduce built on node groups of the whole world (its declared ``node_groups``)."""
+    if k == 1:
+        return []
+    out, key = [], f"dist.ranks_per_replica={k}"
+    runs = "|".join(m for m in modes_with("replicas"))
+    if not get_mode(name).replicas:
+        out.append(f"{key} is not available with trainer.mode={name}: replicas of several ranks are the rounds' "
+                   f"(trainer.mode={runs or 'none'} at trainer.sync_every > 1); use dist.ranks_per_replica=1")
+    elif sync_every == 1:
+        out.append(f"{key} makes replicas of several ranks that exchange rounds: at trainer.sync_every=1 every "
+                   "step is averaged over every rank and there are no replicas; set trainer.sync_every=H > 1 "
+                   "or dist.ranks_per_replica=1")
+    if compressor in registry("reduction") and not registry("reduction").facts(compressor)["shardable"]:
+        out.append(f"compressor={compressor} is not available with {key}: it reads each parameter's shape, which "
+                   "the rank peers' shards of the flat buffer cut across")
+    if allreduce in registry("allreduce") and registry("allreduce").facts(allreduce).get("node_groups"):
+        out.append(f"comm={allreduce} is not available with {key}: it builds node groups of the whole world, and "
+                   "with replicas of several ranks the replica is the node; use comm=ring|native|auto")
+    return out
 
 
 def check_compressor(name: str, compressor: object, allreduce: str | None = None) -> None:

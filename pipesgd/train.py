@@ -144,6 +144,10 @@ def worker(container: dict, run_dir: str, settled: Settled | None = None) -> Non
         log.info("mode=%s width=%d staleness=%s compressor=%s allreduce=%s world=%d global batch %d lr %.4g "
                  "threads/worker %d", cfg.trainer.mode, run.engine.width, settled.staleness, run.compressor.name,
                  run.allreduce, ctx.world_size, run.global_batch, run.lr, threads)
+        if _ranks_per_replica(cfg) > 1:
+            log.info("replicas: %d of %d ranks each (dist.ranks_per_replica): inner steps averaged inside a replica, "
+                     "rounds exchanged between replicas in %d shards", ctx.world_size // _ranks_per_replica(cfg),
+                     _ranks_per_replica(cfg), _ranks_per_replica(cfg))
         if placement["core"] is not None:
             log.info("workers pinned by dist.cpu_affinity=%s: this rank on core %d of %s", placement["rule"],
                      placement["core"], placement["allowed"])
@@ -220,7 +224,8 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext, settled: Settled) -> _Run:
     train_split, test_split = dataset.load()
     # a live run's replica groups are lone processes; each reads its group's share of the data
     shard, shards = replica_shard() or (ctx.rank, ctx.world_size)
-    train_loader = dataset.train_loader(train_split, shard, shards, cfg.seed)
+    k = _ranks_per_replica(cfg)  # replicas of k ranks: the data by replica, then rank inside it
+    train_loader = dataset.train_loader(train_split, shard, shards, cfg.seed, ranks_per_replica=k)
     eval_loader = dataset.eval_loader(test_split, ctx.rank, ctx.world_size)
     model = instantiate(cfg.model, **dataset.model_inputs).to(ctx.device)
     _broadcast_parameters(model)
@@ -242,7 +247,8 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext, settled: Settled) -> _Run:
         check_every=cfg.trainer.check_every if mode.check_on_reductions else None,
         sync_every=cfg.trainer.sync_every, fragments=cfg.trainer.fragments, sync_delay=cfg.trainer.sync_delay,
         landing_alpha=cfg.trainer.get("landing_alpha"), fragment_layout=cfg.trainer.get("fragment_layout", "contiguous"),
-        outer_optimizer=instantiate(cfg.outer_optimizer) if cfg.trainer.sync_every > 1 else None))
+        outer_optimizer=instantiate(cfg.outer_optimizer) if cfg.trainer.sync_every > 1 else None,
+        replicas=pdist.replica_groups(k, cfg.dist.timeout_s) if k > 1 else None))
     if cfg.trainer.max_grad_norm is not None:
         clip_applied_gradient(optimizer, cfg.trainer.max_grad_norm)
     steps_per_epoch = len(train_loader)
@@ -256,7 +262,7 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext, settled: Settled) -> _Run:
 def _reliability(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, run_dir: str, container: dict,
                  rule: str) -> Reliability:
     """The trainer's hooks: checkpoints and resume, replica checks, faults, the hang watchdog."""
-    t, mode = cfg.trainer, get_mode(cfg.trainer.mode)
+    t, mode, k = cfg.trainer, get_mode(cfg.trainer.mode), _ranks_per_replica(cfg)
     agree = mode.replicas_agree and run.engine.replicas_agree
     if not run.engine.replicas_agree and t.check_every is not None and ctx.is_main:
         log.info("trainer.check_every=%d checks nothing here: this run's replicas differ by design (%s)",
@@ -264,7 +270,9 @@ def _reliability(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, run_dir: st
     return Reliability(
         model=run.model, optimizer=run.optimizer, scheduler=run.scheduler, engine=run.engine, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, run_dir=run_dir,
         config=container, checkpoint_every=t.checkpoint_every, keep=t.keep_checkpoints, resume=t.resume,
-        check_every=t.check_every if agree and not mode.check_on_reductions else None,
+        # replicas of several ranks: the ranks of each are checked to agree whatever the rule
+        check_every=t.check_every if (agree or k > 1) and not mode.check_on_reductions else None,
+        replicas_agree=agree, ranks_per_replica=k,
         faults=Faults.from_env(ctx.rank), watchdog=Watchdog.from_env(ctx.rank, ctx.world_size, cfg.dist.timeout_s),
         elastic=t.elastic, mode=t.mode)
 
@@ -282,11 +290,16 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
     write_json_atomic(run_dir / "summary.json", summary(
         h, result, predicted, mode=cfg.trainer.mode, width=run.engine.width, staleness=rule,
         compressor=name, allreduce=run.allreduce, world_size=ctx.world_size, backend=ctx.backend,
+        replicas=ctx.world_size // _ranks_per_replica(cfg), ranks_per_replica=_ranks_per_replica(cfg),
         steps=trainer.step, total_steps=trainer.total_steps, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
         placement=placement,
         git_commit=git_commit(), host=fingerprint(), config=container, data=run.data, **reliability.summary(), **run.engine.summary()))
     # Per-step timings for benchmarks that skip warm-up steps (pipesgd_lab.bench).
     write_json_atomic(run_dir / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
+
+
+def _ranks_per_replica(cfg: DictConfig) -> int:
+    return cfg.dist.get("ranks_per_replica", 1)
 
 
 def _build_allreduce(cfg: DictConfig, name: str):
@@ -314,7 +327,7 @@ def _prediction(cfg: DictConfig, run: _Run, world_size: int) -> Prediction:
                "buffers": any(True for _ in run.model.buffers())}
     if cfg.trainer.sync_every > 1:
         options |= {"sync_every": cfg.trainer.sync_every, "fragments": cfg.trainer.fragments,
-                    "sync_delay": cfg.trainer.sync_delay}
+                    "sync_delay": cfg.trainer.sync_delay, "ranks_per_replica": _ranks_per_replica(cfg)}
     trainable = [p for p in run.model.parameters() if p.requires_grad]
     return Prediction(instantiate(cfg.timing), cfg.trainer.mode, run.allreduce, run.engine.width,
                       sum(p.numel() * p.element_size() for p in trainable), sum(p.numel() for p in trainable),

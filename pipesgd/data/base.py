@@ -106,10 +106,10 @@ class ImageDataset(ABC):
         """Read (train, test) into memory after ``prepare()``; no downloads. Raises DatasetError."""
 
     def train_loader(
-        self, train_split: Split, rank: int, world_size: int, seed: int
+        self, train_split: Split, rank: int, world_size: int, seed: int, ranks_per_replica: int = 1
     ) -> ShardedLoader:
         """This rank's shuffled, drop-last shard with the dataset's batch size, augmentation and
-        normalisation."""
+        normalisation; by replica, then rank inside it (:class:`~pipesgd.data.loader.EpochShards`)."""
         return ShardedLoader(
             train_split,
             self.batch_size,
@@ -119,6 +119,7 @@ class ImageDataset(ABC):
             augment=self.augment,
             mean=self.mean,
             std=self.std,
+            ranks_per_replica=ranks_per_replica,
         )
 
     def eval_loader(self, test_split: Split, rank: int, world_size: int) -> EvalLoader:

@@ -96,21 +96,32 @@ class EpochShards:
     the world size that trained the prefix, ``consumed = k * batch_size * world_size`` yields
     exactly batches ``k..`` again.
 
+    Replicas of ``ranks_per_replica`` = k ranks (ranks i·k .. i·k+k-1 are replica i): the
+    permutation is dealt as above over the M = world_size / k replicas, and each of a replica's
+    batches of k·batch_size samples is cut into k consecutive pieces, rank j of the replica taking
+    piece j; so k ranks with batch b see exactly what one rank with batch k·b would (its samples,
+    its augmentation draws), and the averaged gradient inside the replica is that rank's. k = 1:
+    every rank its own replica, as above.
+
     Subclasses turn a batch of indices into tensors (``_batches``).
     """
 
     def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int, seed: int,
-                 shuffle: bool = True) -> None:
+                 shuffle: bool = True, ranks_per_replica: int = 1) -> None:
         owner = type(self).__name__
         self.num_samples = num_samples
         self.batch_size = _check_int(owner, "batch_size", batch_size, 1)
         self.world_size = _check_int(owner, "world_size", world_size, 1)
         self.rank = _check_int(owner, "rank", rank, 0, world_size - 1)
         self.seed = _check_int(owner, "seed", seed, 0)
+        self.ranks_per_replica = k = _check_int(owner, "ranks_per_replica", ranks_per_replica, 1)
+        if world_size % k:
+            raise ValueError(f"{owner}: ranks_per_replica={k} does not divide world_size={world_size}")
+        self.replicas, self.replica, self.member = world_size // k, rank // k, rank % k
         self.shuffle = bool(shuffle)
         self.epoch = 0
-        self.per_rank = num_samples // world_size
-        self.num_batches = self.per_rank // batch_size
+        self.per_rank = num_samples // self.replicas // k
+        self.num_batches = num_samples // self.replicas // (k * batch_size)
         if self.num_batches == 0:
             raise ValueError(
                 f"{owner}: {num_samples} samples over world_size={world_size} ranks give each rank "
@@ -131,7 +142,13 @@ class EpochShards:
     def batches_left(self, consumed: int = 0) -> int:
         """Batches this rank yields for the rest of an epoch after ``consumed`` samples."""
         _check_int(type(self).__name__, "consumed", consumed, 0, self.num_samples)
-        return (self.num_samples - consumed) // self.world_size // self.batch_size
+        return (self.num_samples - consumed) // self.replicas // (self.ranks_per_replica * self.batch_size)
+
+    def _mine(self, replica: Tensor, left: int) -> Tensor:
+        """This rank's piece of each of its replica's ``left`` batches, from the replica's sequence
+        ``replica`` (what one rank with batch k·b takes), in order."""
+        k, b = self.ranks_per_replica, self.batch_size
+        return replica[: left * k * b].view(left, k, b)[:, self.member].reshape(-1)
 
     def indices(self, epoch: int, consumed: int = 0) -> Tensor:
         """The ``batches_left(consumed) * batch_size`` sample indices this rank visits in the rest
@@ -142,8 +159,7 @@ class EpochShards:
             order = torch.randperm(n, generator=g)
         else:
             order = torch.arange(n)
-        mine = order[consumed + self.rank :: self.world_size]
-        return mine[: self.batches_left(consumed) * self.batch_size]
+        return self._mine(order[consumed + self.replica :: self.replicas], self.batches_left(consumed))
 
     def iter_epoch(self, epoch: int, start_batch: int = 0, consumed: int = 0) -> Iterator[Batch]:
         """Batches ``start_batch..`` of the rest of ``epoch`` after ``consumed`` samples (0: of the
@@ -176,8 +192,9 @@ class ShardedLoader(EpochShards):
         mean: Sequence[float] = (0.0,),
         std: Sequence[float] = (1.0,),
         shuffle: bool = True,
+        ranks_per_replica: int = 1,
     ) -> None:
-        super().__init__(len(split), batch_size, rank, world_size, seed, shuffle)
+        super().__init__(len(split), batch_size, rank, world_size, seed, shuffle, ranks_per_replica)
         self.split = split
         self.augment = bool(augment)
         self._normalize = _Normalizer(type(self).__name__, split.images.shape[1], mean, std)
@@ -185,14 +202,16 @@ class ShardedLoader(EpochShards):
     def _batches(self, epoch: int, start_batch: int, consumed: int) -> Iterator[Batch]:
         idx = self.indices(epoch, consumed)
         if self.augment:
-            # Draws for this rank's whole epoch at this world size: the prefix this rank would
-            # have used comes first, so a same-world resume reproduces the full pass's draws.
-            skip = consumed // self.world_size
-            g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, self.rank))
+            # Draws for this replica's whole epoch at this world size: the prefix it would have
+            # used comes first, so a same-world resume reproduces the full pass's draws; each
+            # rank of the replica takes the draws of its own samples.
+            skip, n = consumed // self.replicas, len(idx) * self.ranks_per_replica
+            g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, self.replica))
             span = 2 * CROP_PADDING + 1
-            dy = torch.randint(span, (skip + len(idx),), generator=g)[skip:]
-            dx = torch.randint(span, (skip + len(idx),), generator=g)[skip:]
-            flip = (torch.rand(skip + len(idx), generator=g) < 0.5)[skip:]
+            left = len(idx) // self.batch_size
+            dy = self._mine(torch.randint(span, (skip + n,), generator=g)[skip:], left)
+            dx = self._mine(torch.randint(span, (skip + n,), generator=g)[skip:], left)
+            flip = self._mine((torch.rand(skip + n, generator=g) < 0.5)[skip:], left)
         images, labels, b = self.split.images, self.split.labels, self.batch_size
         for k in range(start_batch, len(idx) // b):
             sel = idx[k * b : (k + 1) * b]

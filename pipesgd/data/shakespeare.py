@@ -331,8 +331,10 @@ class Shakespeare:
 
         return read(self.train_works), read(self.valid_works)
 
-    def train_loader(self, train_split: TextSplit, rank: int, world_size: int, seed: int) -> WindowLoader:
-        return WindowLoader(train_split, self.block_size, self.batch_size, rank, world_size, seed)
+    def train_loader(self, train_split: TextSplit, rank: int, world_size: int, seed: int,
+                     ranks_per_replica: int = 1) -> WindowLoader:
+        return WindowLoader(train_split, self.block_size, self.batch_size, rank, world_size, seed,
+                            ranks_per_replica=ranks_per_replica)
 
     def eval_loader(self, test_split: TextSplit, rank: int, world_size: int) -> WindowEvalLoader:
         return WindowEvalLoader(test_split, self.block_size, self.eval_batch_size, rank, world_size)

@@ -55,9 +55,9 @@ class WindowLoader(EpochShards):
     ``batch_size x block_size`` token tensors (see :class:`EpochShards` for the sharding)."""
 
     def __init__(self, split: TextSplit, block_size: int, batch_size: int, rank: int, world_size: int,
-                 seed: int, shuffle: bool = True) -> None:
+                 seed: int, shuffle: bool = True, ranks_per_replica: int = 1) -> None:
         self.block_size = _check_int(type(self).__name__, "block_size", block_size, 1)
-        super().__init__(split.windows(block_size), batch_size, rank, world_size, seed, shuffle)
+        super().__init__(split.windows(block_size), batch_size, rank, world_size, seed, shuffle, ranks_per_replica)
         self.split = split
 
     def _batches(self, epoch: int, start_batch: int, consumed: int) -> Iterator[Batch]:

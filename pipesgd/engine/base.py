@@ -17,6 +17,7 @@ from torch import nn
 
 from ..comm import CommError, CommStats
 from ..compress import Compressor
+from ..dist import ReplicaGroups
 from ..peers import Peers, RankPeers
 from ..reduction import Reduction
 from ..staleness import Staleness
@@ -218,3 +219,4 @@ class ModeArgs:
     sync_delay: int = 0  # trainer.sync_delay: steps a round's exchange has before it is waited for (sync_delay modes)
     landing_alpha: float | None = None  # trainer.landing_alpha: the local weights' share where a delayed round lands
     fragment_layout: str = "contiguous"  # trainer.fragment_layout: contiguous runs, or layers dealt round-robin
+    replicas: ReplicaGroups | None = None  # dist.ranks_per_replica > 1: the replicas' and the rank peers' groups

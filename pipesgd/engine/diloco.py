@@ -16,7 +16,9 @@ collectives in one order on every rank. ``sync_delay=τ`` (0 < τ < H/F, width 2
 fragment's exchange τ steps after its launch instead of at its next round's end, keeping the τ
 steps trained since on top of the new anchor (the streaming paper's overlap, late by τ steps
 instead of a round): under ``none`` the weights train on from where the round ended, under
-``eager`` from the anchor with this replica's own Δ / M applied.
+``eager`` from the anchor with this replica's own Δ / M applied. With ``replicas`` of k ranks each,
+a replica's inner steps are synchronous data parallelism over its ranks and the rounds are
+exchanged between replicas in shards by rank peers (:mod:`pipesgd.engine.replica`).
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ from .. import period
 from ..observability import trace
 from ..comm import CommStats, CommThread
 from ..compress import Compressor
+from ..dist import ReplicaGroups
 from ..flat import assign_params, flat_params, has_nonfinite, state_to_device
 from ..reduction import Reduction
 from ..staleness import Staleness, make_staleness, rules_besides
 from .base import Engine, StepStats, T
 from .parity import broadcast_from_first_rank
 from .pipe import PipeSGD
+from .replica import InnerSteps, sharded_exchange
 
 OuterFactory = Callable[[list[Tensor]], torch.optim.Optimizer]
 
@@ -65,6 +69,8 @@ class _Fragment:
         # sync_delay under ``none``: the weights at the launch, while its round is in flight (the
         # weights train on from them instead of restarting from the anchor); None otherwise
         self.launched_at: Tensor | None = None
+        # replicas of several ranks: an inner step of this round was non-finite (and not applied)
+        self.inner_nonfinite = False
 
     def end_round(self, keep_local: bool = False) -> StepStats:
         """Launch the round's pseudo-gradient, let the pipe apply what is due, restart from the
@@ -77,6 +83,9 @@ class _Fragment:
                 if a.grad is None:
                     a.grad = torch.empty_like(a)
                 torch.sub(a, p, out=a.grad)
+            if self.inner_nonfinite:  # the round is non-finite, as a replica of one rank's would be
+                self.anchor[0].grad.view(-1)[0] = float("nan")
+                self.inner_nonfinite = False
         own_bad = bool(has_nonfinite(torch.stack([a.grad.sum() for a in self.anchor])))
         stats = self.pipe.step()
         if not stats.applied and not stats.skipped:
@@ -193,7 +202,7 @@ class PipeDiLoCo(Engine):
                  allreduce: str | Callable[..., CommStats] = "auto", group=None, nonfinite: str = "abort",
                  timeout_s: float | None = None, module: torch.nn.Module | None = None, fragments: int = 1,
                  sync_delay: int = 0, warmup_sync_steps: int = 0, landing_alpha: float | None = None,
-                 fragment_layout: str = "contiguous"):
+                 fragment_layout: str = "contiguous", replicas: ReplicaGroups | None = None):
         rule = make_staleness(staleness)
         period.check(sync_every, fragments, sync_delay, width=width, rule=rule.name, rule_period=rule.sync_period,
                      rule_agrees=rule.agrees, round_rules=rules_besides("step"))
@@ -217,9 +226,15 @@ class PipeDiLoCo(Engine):
         # one rule and one compressor per fragment (their state is the fragment's), copied unbound
         rules = [rule, *(copy.deepcopy(rule) for _ in range(fragments - 1))]
         compressors = [compressor, *(copy.deepcopy(compressor) for _ in range(fragments - 1))]
+        # replicas of k > 1 ranks: rounds between replicas over the rank peers, in shards
+        self.replicas = replicas if replicas is not None and replicas.k > 1 else None
+        outer_group, allreduces = group, [allreduce] * fragments
+        if self.replicas is not None:
+            outer_group = self.replicas.peers
+            compressors, allreduces = zip(*(sharded_exchange(c, allreduce, self.replicas) for c in compressors))
         self.fragments = [
             _Fragment(part, (f + 1) * step, outer_optimizer or DEFAULT_OUTER,
-                      dict(width=width, compressor=compressors[f], allreduce=allreduce, group=group,
+                      dict(width=width, compressor=compressors[f], allreduce=allreduces[f], group=outer_group,
                            staleness=rules[f], nonfinite=nonfinite, timeout_s=timeout_s, comm_thread=self._thread,
                            delay=sync_delay, clock=self._tick))
             for f, part in enumerate(self._split(fragments, fragment_layout, module))]
@@ -233,6 +248,16 @@ class PipeDiLoCo(Engine):
         self.last = StepStats()
         self._stepping = False
         self._guard = optimizer.register_step_pre_hook(self._check_stepping)
+        self._timeout_s = timeout_s
+        self._inner: InnerSteps | None = None  # replicas of k > 1 ranks, after the warm-up
+        if self._warmup is None:
+            self._start_inner()
+
+    def _start_inner(self) -> None:
+        """Replicas of several ranks: the inner steps' averaging over the replica (built once no
+        warm-up owns the inner optimizer: each width-1 pipe guards its optimizer's step)."""
+        if self.replicas is not None and self._inner is None:
+            self._inner = InnerSteps(self.optimizer, self.params, self.replicas.inner, self._timeout_s)
 
     def _split(self, fragments: int, layout: str, module: torch.nn.Module | None) -> list[list[Tensor]]:
         if layout not in period.LAYOUTS:
@@ -277,7 +302,9 @@ class PipeDiLoCo(Engine):
         with trace.current().span("update", "update", self.steps):
             self._stepping = True
             try:
-                self.optimizer.step()
+                inner = None if self._inner is None else self._inner.step()
+                if inner is None:
+                    self.optimizer.step()
             finally:
                 self._stepping = False
         self.steps += 1
@@ -289,6 +316,11 @@ class PipeDiLoCo(Engine):
         stats = self._land(landing) if landing else StepStats()
         if due:
             _merge(stats, self._end_rounds(due))
+        if inner is not None:  # the replica's averaging: its wait is exposed, its bytes the fast fabric's
+            stats.wait_s += inner.wait_s
+            stats.metrics["inner/bytes"] = float(inner.comm.wire_bytes)
+            for f in self.fragments if inner.skipped else ():
+                f.inner_nonfinite = True
         stats.update_s += time.perf_counter() - t0
         stats.applied = True  # the inner step applied, whatever the outer one did
         self.last = stats
@@ -314,6 +346,7 @@ class PipeDiLoCo(Engine):
         self._warmup.close()
         self._warmup = None
         self._anchors_from_weights()
+        self._start_inner()
 
     def _anchors_from_weights(self) -> None:
         for f in self.fragments:
@@ -395,8 +428,10 @@ class PipeDiLoCo(Engine):
         if not self.replicas_agree:
             raise RuntimeError("staleness=eager replicas differ by their own fresh pseudo-gradient by design; "
                                "there is nothing every replica must agree on to check")
-        for f in self.fragments:
+        for f in self.fragments:  # with replicas of several ranks: the anchors of the rank peers
             f.pipe.check_replicas()
+        if self._inner is not None:  # and the ranks of a replica hold the same weights
+            self._inner.check_replicas()
 
     shared_state = ("pending", "pending_nonfinite")
 
@@ -414,7 +449,14 @@ class PipeDiLoCo(Engine):
                 "pending_nonfinite": [p.pop("pending_nonfinite") for p in pipes], "pipes": pipes,
                 "anchor": flat_params(self.anchor), "outer_optimizers": [f.outer.state_dict() for f in self.fragments],
                 "local": flat_params(self.params), "inner_optimizer": self.optimizer.state_dict(),
-                "launched_at": [f.launched_at for f in self.fragments]}
+                "launched_at": [f.launched_at for f in self.fragments], **self._replica_state()}
+
+    def _replica_state(self) -> dict:
+        """Replicas of several ranks: k, the inner steps' state and the rounds marked non-finite."""
+        if self.replicas is None:
+            return {}
+        return {"ranks_per_replica": self.replicas.k, "inner": None if self._inner is None else self._inner.state_dict(),
+                "inner_nonfinite": [f.inner_nonfinite for f in self.fragments]}
 
     def load_state_dict(self, state: dict) -> None:
         for key, mine in (("width", self.width), ("sync_every", self.sync_every), ("fragments", len(self.fragments)),
@@ -422,6 +464,10 @@ class PipeDiLoCo(Engine):
             # checkpoints from before sync_delay and the warm-up existed ran without them
             if state.get(key, 0 if key in ("sync_delay", "warmup_sync_steps") else None) != mine:
                 raise ValueError(f"checkpoint has {key}={state.get(key)}, engine has {key}={mine}")
+        k = 1 if self.replicas is None else self.replicas.k
+        if state.get("ranks_per_replica", 1) != k:  # another split of the ranks: shards and weights would not fit
+            raise ValueError(f"checkpoint has dist.ranks_per_replica={state.get('ranks_per_replica', 1)}, this run "
+                             f"has {k}: a run resumes with the replicas' size it was written with")
         device = self.params[0].device
         state = state_to_device(state, device)
         numel = sum(p.numel() for p in self.params)
@@ -454,6 +500,11 @@ class PipeDiLoCo(Engine):
             else:  # saved after the warm-up: the rounds it started are in the state loaded above
                 self._warmup.close()
                 self._warmup = None
+                self._start_inner()
+        if self._inner is not None and state.get("inner") is not None:
+            self._inner.load_state_dict(state["inner"])
+        for f, bad in zip(self.fragments, state.get("inner_nonfinite") or [False] * len(self.fragments)):
+            f.inner_nonfinite = bool(bad)
 
     def state_for_new_rank(self, state: dict) -> dict:
         """A rank that did not exist before an elastic resume starts its round from the donor's
@@ -473,12 +524,24 @@ class PipeDiLoCo(Engine):
     def summary(self) -> dict:
         return {"sync_every": self.sync_every, "fragments": len(self.fragments), "sync_delay": self.sync_delay,
                 "warmup_sync_steps": self.warmup_sync_steps, "landing_alpha": self.landing_alpha,
-                "rounds": self.rounds, "outer_rule": self.rule.name}
+                "rounds": self.rounds, "outer_rule": self.rule.name, **self._replica_summary()}
+
+    def _replica_summary(self) -> dict:
+        """Replicas of several ranks: what this rank sent inside its replica (the fast fabric: the
+        inner steps' averages and the gathers of the summed shards); the slow link's bytes are
+        ``mean_bytes_per_step``'s."""
+        if self.replicas is None:
+            return {}
+        gathered = sum(f.pipe.compressor.gathered_bytes for f in self.fragments)
+        inner = 0 if self._inner is None else self._inner.sent_bytes
+        return {"bytes_inside_replica": inner + gathered, "bytes_inside_replica_gathers": gathered}
 
     def close(self) -> None:
         self._guard.remove()
         if self._warmup is not None:
             self._warmup.close()
+        if self._inner is not None:
+            self._inner.close()
         for f in self.fragments:
             f.pipe.close()
         if self._thread is not None:

@@ -12,8 +12,10 @@ from .pipe import PipeSGD
 
 
 # Decorators apply bottom-up: sync registers first, the order every listing shows.
-@register("pipe", width=None, staleness=True, reductions=True, allreduce=True, sync_every=True, sync_delay=True)
-@register("sync", width=1, staleness=True, reductions=True, allreduce=True, sync_every=True, reference=True)
+@register("pipe", width=None, staleness=True, reductions=True, allreduce=True, sync_every=True, sync_delay=True,
+          replicas=True)
+@register("sync", width=1, staleness=True, reductions=True, allreduce=True, sync_every=True, reference=True,
+          replicas=True)
 def build(a: ModeArgs) -> tuple[torch.nn.Module, Engine]:
     """PipeSGD; at ``sync_every`` > 1 the same schedule one level up (:mod:`pipesgd.engine.diloco`)."""
     if a.sync_every > 1:
@@ -23,7 +25,8 @@ def build(a: ModeArgs) -> tuple[torch.nn.Module, Engine]:
                                    nonfinite=a.nonfinite, timeout_s=a.timeout_s, fragments=a.fragments,
                                    sync_delay=a.sync_delay, warmup_sync_steps=a.warmup_sync_steps,
                                    landing_alpha=a.landing_alpha, fragment_layout=a.fragment_layout,
-                                   module=a.model if a.fragment_layout != "contiguous" else None)
+                                   module=a.model if a.fragment_layout != "contiguous" else None,
+                                   replicas=a.replicas)
     return a.model, PipeSGD(a.optimizer, a.model.parameters(), width=a.width, compressor=a.compressor,
                             allreduce=a.allreduce, group=a.group, warmup_sync_steps=a.warmup_sync_steps,
                             staleness=a.staleness, nonfinite=a.nonfinite, timeout_s=a.timeout_s)

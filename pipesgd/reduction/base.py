@@ -20,7 +20,7 @@ from ..comm import CommStats
 from ..registry import Registry
 from .memory import ErrorFeedback
 
-REGISTRY: Registry[type[Reduction]] = Registry("reduction", facts=("elastic_drop",))
+REGISTRY: Registry[type[Reduction]] = Registry("reduction", facts=("elastic_drop", "shardable"))
 
 
 class Reduction(ABC):
@@ -42,6 +42,11 @@ class Reduction(ABC):
     #: the non-finite flag slot may ride in the buffer :meth:`reduce` sums (a stateless dense sum);
     #: otherwise the exchange zeroes a non-finite gradient first and reduces the flag on its own
     carries_flag: bool = False
+
+    #: :meth:`reduce` may run on a shard of the flat buffer (a cut across parameters), as replicas of
+    #: several ranks exchange it (:class:`~pipesgd.reduction.sharded.Sharded`); False for one that
+    #: reads the parameters' shapes (PowerSGD's matrices)
+    shardable: ClassVar[bool] = True
 
     def bind(self, shapes: Sequence[torch.Size], allreduce: Callable[..., CommStats], device: torch.device) -> None:
         """Learn the parameter layout of the flat tensor, the allreduce to use for dense sums and the

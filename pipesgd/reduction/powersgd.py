@@ -107,6 +107,8 @@ def ddp_traffic(shapes: Sequence[Sequence[int]] | None, bucket_bytes: Sequence[f
 
 @register("powersgd", step_flops=step_flops, ddp_traffic=ddp_traffic)
 class PowerSGD(Reduction):
+    shardable = False  # each parameter's matrix: a shard of the flat buffer cuts across them
+
     def __init__(self, rank: int = 4, error_feedback: bool = True, seed: int = 0, ddp_start_iter: int = 1000):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"compressor.rank={rank!r} is invalid: must be an integer >= 1")

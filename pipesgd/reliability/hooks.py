@@ -45,12 +45,14 @@ class Reliability(TrainerHooks):
     injection, faults.py) are fired after backward.
     ``elastic`` lets a checkpoint written by another number of ranks resume here
     (:mod:`pipesgd.reliability.elastic` says what happens to each piece of state); without it that is an error.
+    ``ranks_per_replica`` > 1: the ranks of each replica (consecutive) are also checked to hold the
+    same weights, mid-round included; ``replicas_agree`` False: only that (the rule lets replicas differ).
     """
 
     def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, engine: Engine, rank: int, world_size: int, device: torch.device, run_dir: str | Path,
                  config: dict, checkpoint_every: int | None = None, keep: int = 2, resume: str = "auto",
                  check_every: int | None = None, watchdog: Watchdog | None = None, faults: Faults | None = None,
-                 elastic: bool = False, mode: str = "pipe"):
+                 elastic: bool = False, mode: str = "pipe", replicas_agree: bool = True, ranks_per_replica: int = 1):
         self.module = unwrap(model)
         self.optimizer, self.scheduler, self.engine = optimizer, scheduler, engine
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -62,6 +64,7 @@ class Reliability(TrainerHooks):
         self.faults = faults
         self.resumed_from: int | None = None
         self.elastic, self.mode = elastic, mode
+        self.replicas_agree, self.ranks_per_replica = replicas_agree, ranks_per_replica
         self.resharded: dict | None = None
 
     # ---- hooks ----
@@ -140,10 +143,21 @@ class Reliability(TrainerHooks):
         # The weights every replica must agree on (staleness=dga keeps pending local steps on top).
         with self.engine.consistent_weights():
             digest = param_checksum(self.module)
+        k = self.ranks_per_replica
+        if k > 1:  # and this rank's own weights (mid-round), which its replica's ranks share
+            digest += param_checksum(self.module)
         mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8, device=self.device)
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
         self.engine.collective(lambda: dist.all_gather(out, mine), "replica check (all_gather of parameter checksums)")
-        problem = describe_mismatch([bytes(t.cpu().tolist()).hex() for t in out], step)
+        digests = [bytes(t.cpu().tolist()).hex() for t in out]
+        problem = describe_mismatch([d[:64] for d in digests], step) if self.replicas_agree else None
+        for first in range(0, self.world_size, k) if k > 1 and not problem else ():
+            if len(set(digests[first:first + k])) > 1:
+                problem = (f"replica {first // k} diverged at step {step}: its ranks {first}-{first + k - 1} hold "
+                           "different weights (sha256 of anchor and weights: " +
+                           ", ".join(f"rank {first + i}: {d[:12]}/{d[64:76]}" for i, d in enumerate(digests[first:first + k]))
+                           + ")")
+                break
         if problem:
             raise ReplicaMismatch(problem + " (trainer.check_every found it; pipesgd applies identical updates on "
                                   "every rank, so this is memory corruption, a bug or non-deterministic hardware)")

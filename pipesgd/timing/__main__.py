@@ -22,7 +22,8 @@ from ..registry import registry
 from .model import DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES, FP32_BYTES, MODEL_PARAMS, Link, predict
 from .presets import BACKWARD_SHARE, GPUS, LINKS, MODELS, compute_preset, link_preset
 from .rounds import FILL, H_CANDIDATES
-from .scale import ALL_ARMS, ARMS, TIE, Scenario, arm_rows, family_verdict, round_h, round_rows, summarize
+from .scale import (ALL_ARMS, ARMS, TIE, Scenario, arm_rows, family_verdict, replica_rows, round_h, round_rows,
+                    summarize)
 from .units import format_bandwidth, parse_bandwidth, parse_latency
 
 
@@ -342,7 +343,7 @@ def _map(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     summary = summarize(rows)
     s = scenario
     h = round_h(s)
-    rounds = round_rows(s, h) if h is not None else []
+    rounds = round_rows(s, h) if h is not None else replica_rows(s, None)  # nodes as replicas may hide at some H
     verdict = family_verdict(rows, rounds, h)
     if args.json:
         inputs = {"params": s.params, "workers": s.p, "bandwidth_bit_s": s.link.bits_per_second,
@@ -380,10 +381,13 @@ def _map(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def _print_rounds(rounds: list[dict], h: int | None, verdict: dict) -> None:
     """The round arms at the smallest H that hides the int8 exchange, and which family wins."""
     if h is None:
-        print(f"rounds: no H of {', '.join(map(str, H_CANDIDATES))} hides the int8 exchange under a round's compute")
+        print(f"rounds: no H of {', '.join(map(str, H_CANDIDATES))} hides the int8 exchange under a round's compute"
+              + ("; with each node one replica of its ranks:" if rounds else ""))
     else:
         print(f"rounds at H = {h} (the smallest of {', '.join(map(str, H_CANDIDATES))} whose int8 exchange takes at "
-              f"most {FILL:.0%} of a round's compute; torchft and the streaming arms also at 2H and 4H):")
+              f"most {FILL:.0%} of a round's compute; torchft and the streaming arms also at 2H and 4H; nodes as "
+              "replicas also at their own H):")
+    if rounds:
         columns = ["arm", "sync_every", "fragments", "sync_delay", "iter_ms", "utilization"]
         cells = [[_cell(row[c]) for c in columns] for row in rounds]
         widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]

@@ -15,7 +15,12 @@ allreduce, priced by :func:`~pipesgd.timing.model.comm_time` as any gradient's i
                                 sync_delay τ > 0: the same, its average landing τ steps late)
 
 c' is compute stretched by the overlap slowdown while an exchange runs beside it. At F = 1 and
-τ = 0 these are :func:`~pipesgd.timing.model.predict_iter_ms` at ``sync_every=H``. The smallest H
+τ = 0 these are :func:`~pipesgd.timing.model.predict_iter_ms` at ``sync_every=H``.
+
+Replicas of k ranks (``dist.ranks_per_replica``; :func:`replica_terms`): the p workers are M = p/k
+replicas; every inner step adds the replica's blocking allreduce of the gradient over its k ranks on
+the inner link (c becomes c + a_k), and a fragment's exchange is its 1/k shard summed over the M
+rank peers on the outer link plus the gather of the k summed shards on the inner link. The smallest H
 that hides the exchange is :func:`smallest_h`: what the period-H study runs on each link.
 """
 
@@ -84,18 +89,37 @@ def hides(fragment_exchange_s: float, compute_s: float, sync_every: int, width: 
     return width >= 2 and fragments * fragment_exchange_s <= fill * sync_every * compute_s
 
 
+def replica_terms(nbytes: float, ranks_per_replica: int, inner: Link) -> tuple[float, float]:
+    """(seconds of a replica's inner allreduce of ``nbytes`` a step, seconds of gathering a round's
+    ``nbytes`` from its k summed shards) on the replica's ``inner`` link: the backend's allreduce
+    priced as the ring, and an allgather's k − 1 steps of one shard each; (0, 0) at k = 1."""
+    k = ranks_per_replica
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"ranks_per_replica must be an integer >= 1, got {k!r}")
+    if k == 1:
+        return 0.0, 0.0
+    return comm_time("native", nbytes, k, inner), (k - 1) * (inner.alpha + nbytes / k * inner.beta)
+
+
 def round_iter_ms(mode: str, algorithm: str, nbytes: float, p: int, link: Link, compute_s: float,
                   update_s: float = 0.0, width: int = 1, ratio: float = 1.0, compress_s_per_byte: float = 0.0, *,
                   sync_every: int, fragments: int = 1, sync_delay: int = 0, overlap_slowdown: float = 1.0,
-                  **comm_options) -> float:
+                  ranks_per_replica: int = 1, inner: Link | None = None, **comm_options) -> float:
     """Predicted milliseconds per inner step of ``mode`` at ``sync_every=H``: each of its F
     fragments (1/F of ``nbytes``) exchanged over ``algorithm`` at ``ratio``, priced by
-    :func:`round_step_s` at the width the mode runs (``comm_options``: :func:`comm_time`'s)."""
+    :func:`round_step_s` at the width the mode runs (``comm_options``: :func:`comm_time`'s).
+    ``ranks_per_replica`` = k > 1: the p workers as p/k replicas of k ranks on ``inner`` (default
+    ``link``), the terms of :func:`replica_terms` added (module docstring)."""
     width = get_mode(mode).runs_at(width)
     options = {k: v for k, v in comm_options.items() if k in ("per_node", "intra", "server_on_worker")}
-    exchange = comm_time(algorithm, nbytes / fragments, p, link, ratio, compress_s_per_byte, **options)
-    return 1e3 * round_step_s(exchange, compute_s, update_s, sync_every, width, fragments, sync_delay,
-                              overlap_slowdown)
+    k = ranks_per_replica
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1 or p % k:
+        raise ValueError(f"ranks_per_replica={k!r} must be an integer >= 1 that divides p={p}")
+    inner_step = replica_terms(nbytes, k, inner or link)[0]  # every step: the whole gradient
+    gather = replica_terms(nbytes / fragments, k, inner or link)[1]  # every exchange: one fragment
+    exchange = comm_time(algorithm, nbytes / fragments / k, p // k, link, ratio, compress_s_per_byte, **options)
+    return 1e3 * round_step_s(exchange + gather, compute_s + inner_step, update_s, sync_every, width, fragments,
+                              sync_delay, overlap_slowdown)
 
 
 def smallest_h(exchange_s: float, compute_s: float, candidates: Sequence[int] = H_CANDIDATES,

@@ -38,7 +38,7 @@ from .model import (
     predict_iter_ms,
 )
 from .presets import BACKWARD_SHARE, Shape
-from .rounds import hides, round_iter_ms, smallest_h, streaming_schedule
+from .rounds import hides, replica_terms, round_iter_ms, smallest_h, streaming_schedule
 
 PIPELINE_WIDTH = 2
 """The width the map runs a pipelined mode (``trainer.width``) at: Pipe-SGD's K = 2, the width at
@@ -324,6 +324,39 @@ def round_rows(s: Scenario, h: int) -> list[dict]:
                          "compressor": compressor, "sync_every": every, "fragments": fragments, "sync_delay": delay,
                          "iter_ms": ms, "utilization": (s.compute_s + s.update_s) * 1e3 / ms if ms else 1.0,
                          "hidden": hides(exchange, s.compute_s + s.update_s, every, width, fragments, delay)})
+    return rows + replica_rows(s, h)
+
+
+REPLICA_FAMILY = "diloco-pipelined-int8-replicas"
+"""The period-H pipeline with each node one replica of ``per_node`` ranks (``dist.ranks_per_replica``)."""
+
+
+def replica_rows(s: Scenario, h: int | None) -> list[dict]:
+    """:data:`REPLICA_FAMILY`'s rows where the cluster has nodes (``per_node`` > 1 with ``intra``;
+    none otherwise): each node one replica of ``per_node`` ranks, every inner step
+    averaged on the node's fabric (``intra``), a round's int8 pseudo-gradient exchanged between the
+    p / per_node nodes in per_node shards on ``link`` and gathered on ``intra``
+    (:func:`~pipesgd.timing.rounds.replica_terms`); at ``h`` and at the smallest H that hides its
+    own exchange (a node's link carries 1/per_node of what a replica of one rank sends); ``h`` None
+    (no H hides the whole model's exchange of replicas of one rank): at its own H only, if one hides."""
+    if s.per_node < 2 or s.intra is None:
+        return []
+    k, replicas = s.per_node, s.p // s.per_node
+    ratio = compression_ratio("int8", s.params, chunks_for("ring", replicas))
+    kappa = s.compress_s_per_byte.get("int8", 0.0)
+    inner_step, gather = replica_terms(s.nbytes, k, s.intra)
+    exchange = comm_time("ring", s.nbytes / k, replicas, s.link, ratio, kappa) + gather
+    step = s.compute_s + s.update_s + inner_step
+    rows = []
+    for every in sorted({h, smallest_h(exchange, step)} - {None}):
+        ms = round_iter_ms("pipe", "ring", s.nbytes, s.p, s.link, s.compute_s, s.update_s, PIPELINE_WIDTH, ratio,
+                           kappa, sync_every=every, overlap_slowdown=s.overlap_slowdown, ranks_per_replica=k,
+                           inner=s.intra)
+        rows.append({"arm": f"{REPLICA_FAMILY}-h{every}", "family": REPLICA_FAMILY, "mode": "pipe",
+                     "width": PIPELINE_WIDTH, "compressor": "int8", "sync_every": every, "fragments": 1,
+                     "sync_delay": 0, "ranks_per_replica": k, "iter_ms": ms,
+                     "utilization": (s.compute_s + s.update_s) * 1e3 / ms if ms else 1.0,
+                     "hidden": hides(exchange, step, every, PIPELINE_WIDTH)})
     return rows
 
 
