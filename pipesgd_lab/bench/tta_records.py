@@ -77,16 +77,17 @@ def recipe_config(config: Mapping, drop: Iterable[str], world_size: int | None =
     return drop_keys(hashed_config(dict(config)) | {"world_size": world_size}, [*drop, "seed"])
 
 
-def _lookup(config: Mapping, key: str):
+def lookup(config: Mapping, key: str):
+    """The value at dotted ``key`` in ``config``, :data:`MISSING` where it has none."""
     node = config
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
+            return MISSING
         node = node[part]
     return node
 
 
-_MISSING = object()
+MISSING = object()
 
 
 def _spelled(value: object) -> str:
@@ -103,8 +104,8 @@ def arm_mismatch(summary_facts: Mapping, arm_overrides: Sequence[str], config: M
         if field is not None and summary_facts.get(field) is not None and str(summary_facts[field]) != value:
             return f"{key}={value} asked, {field}={summary_facts[field]} ran"
         if config is not None and field is None:
-            found = _lookup(config, key)
-            if found is not _MISSING and _spelled(found) != _spelled(value):
+            found = lookup(config, key)
+            if found is not MISSING and _spelled(found) != _spelled(value):
                 return f"{key}={value} asked, {found} ran"
     return None
 
@@ -177,8 +178,10 @@ def seed_hosts(used: Sequence[Mapping], allow_mixed: bool = False) -> dict[str, 
     return out
 
 
-def record_path(records: Path, arm: str, seed: int, kind: str = "curve", suffix: str = "") -> Path:
-    name = f"{arm}-s{seed}" if kind == "curve" else f"validate-{arm}{suffix}"
+def record_path(records: Path, arm: str, seed: int, kind: str = "curve", suffix: str = "", shape: str = "") -> Path:
+    """A curve's ``<arm><shape>-s<seed>.json`` or a validation's ``validate-<arm><suffix>.json`` (its
+    suffix carries the shape); ``shape``: :attr:`~.tta_shape.Shape.label`, empty at one rank per replica."""
+    name = f"{arm}{shape}-s{seed}" if kind == "curve" else f"validate-{arm}{suffix}"
     return records / f"{name}.json"
 
 
