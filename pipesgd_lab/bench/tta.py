@@ -180,16 +180,15 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def _shape(parser: argparse.ArgumentParser, a: argparse.Namespace) -> tta_shape.Shape:
     """The study's :class:`~.tta_shape.Shape` from ``--workers`` and ``--ranks-per-replica``
     (``parser.error`` naming the option where it cannot hold), before anything runs."""
-    for name in ("workers", "ranks_per_replica"):
-        if getattr(a, name) < 1:
-            parser.error(f"argument --{name.replace('_', '-')}: must be an integer >= 1, got {getattr(a, name)}")
+    for option, value in (("--workers", a.workers), ("--ranks-per-replica", a.ranks_per_replica)):
+        if value < 1:
+            parser.error(f"argument {option}: must be an integer >= 1, got {value}")
+    given = [o for o in a.overrides if o.lstrip("+").startswith(f"{tta_shape.REPLICA_KEY}=")]
+    if given:
+        parser.error(f"override {given[0]}: the study's shape is --ranks-per-replica (which sets it for every arm)")
     k = a.ranks_per_replica
     if k == 1:
         return tta_shape.Shape(a.workers)
-    torchft = [arm for arm in {*a.arms, *a.validate_arms} if get_mode(arm_mode(arm)).launcher is not None]
-    if torchft:
-        parser.error(f"argument --ranks-per-replica: {k} with torchft's arms ({', '.join(sorted(torchft))}): "
-                     f"{tta_shape.TORCHFT_GROUPS}")
     try:
         return tta_shape.shape_for(a.workers, k, tta_shape.compose_recipe(a.recipe, a.overrides))
     except ValueError as e:
@@ -200,19 +199,22 @@ def _shape(parser: argparse.ArgumentParser, a: argparse.Namespace) -> tta_shape.
 
 
 def train_command(a: argparse.Namespace, arm: str, link: str, run_dir: Path, extra: Sequence[str] = ()) -> list[str]:
-    """``python -m pipesgd.train`` (under ``pipesgd_lab.emulate`` on a shaped link) for one arm."""
-    # the shape's per-rank settings win over the user's (computed from them), the phase's own (extra) over both
-    overrides = [f"+experiment={a.recipe}", *ARMS[arm], f"dist.nproc={a.shape.world}", *a.overrides,
-                 *a.shape.overrides(), *extra, f"hydra.run.dir={run_dir}"]
-    if link == "loopback":
-        return [sys.executable, "-m", "pipesgd.train", *overrides]
-    if get_mode(arm_mode(arm)).launcher is not None:  # torchft_diloco: replica groups behind a lighthouse
-        return [sys.executable, "-m", "pipesgd_lab.bench.live_groups", "--workers", str(a.workers), "--rate", link,
-                "--timeout-s", str(int(a.timeout_s)), "--mtu", str(a.mtu), "--", *overrides]
+    """``python -m pipesgd.train`` (under ``pipesgd_lab.emulate`` on a shaped link) for one arm; torchft's
+    arms on a shaped link, or in groups of several ranks, as torchrun jobs behind a lighthouse (live_groups)."""
+    groups = get_mode(arm_mode(arm)).launcher is not None  # torchft_diloco: replica groups behind a lighthouse
     k = a.shape.ranks_per_replica
-    hosts = ["--workers", str(a.shape.replicas)] + (["--ranks-per-replica", str(k)] if k > 1 else [])  # a replica per host
-    return [sys.executable, "-m", "pipesgd_lab.emulate", *hosts, "--rate", link,
-            "--timeout-s", str(int(a.timeout_s)), "--mtu", str(a.mtu), "--", *overrides]
+    # the shape's per-rank settings win over the user's (computed from them), the phase's own (extra) over both;
+    # a torchft group's ranks are its torchrun job's (live_groups --ranks-per-replica), not dist.ranks_per_replica
+    overrides = [f"+experiment={a.recipe}", *ARMS[arm], f"dist.nproc={a.shape.world}", *a.overrides,
+                 *a.shape.overrides(replica_key=not groups), *extra, f"hydra.run.dir={run_dir}"]
+    if link == "loopback" and not (groups and k > 1):  # the live launcher starts lone processes only
+        return [sys.executable, "-m", "pipesgd.train", *overrides]
+    # a replica per emulated host (or per torchrun job on loopback)
+    shape = ["--workers", str(a.shape.replicas)] + (["--ranks-per-replica", str(k)] if k > 1 else [])
+    link_args = ["--rate", link, "--timeout-s", str(int(a.timeout_s))] + ([] if link == "loopback" else
+                                                                          ["--mtu", str(a.mtu)])
+    module = "pipesgd_lab.bench.live_groups" if groups else "pipesgd_lab.emulate"
+    return [sys.executable, "-m", module, *shape, *link_args, "--", *overrides]
 
 
 def _run(cmd: list[str], log_path: Path, timeout_s: float, append: bool = False) -> bool:

@@ -222,6 +222,8 @@ def link_mtu(command: str) -> int | None:
     if not any(name in words for name in EMULATORS):
         return None
     own = words[:words.index("--")] if "--" in words else words  # the emulator's options, not the job's
+    if "--rate" in own and own[own.index("--rate") + 1] == "loopback":  # torchft's groups of several ranks
+        return None
     return int(own[own.index("--mtu") + 1]) if "--mtu" in own else 1500
 
 
@@ -237,9 +239,14 @@ def timing_window(row: Mapping) -> dict:
     return {"first": None if total is None else int(total) - steps, "steps": steps, "warmup": None}
 
 
+SHAPE_KEYS = ("dist.ranks_per_replica",)
+"""The study's shape, which every timing row states (``replicas``, ``ranks_per_replica``) and the report
+checks apart (tta_shape.py); torchft's arms are given their group's ranks by torchrun instead."""
+
+
 def _hashed_overrides(overrides: Iterable[str], ignore: Iterable[str]) -> dict[str, str]:
     """``key -> value`` of the overrides that change what is trained (not run bookkeeping)."""
-    skip = set(ignore) | set(NOT_HASHED) | set(TIMING_PHASE_KEYS)
+    skip = set(ignore) | set(NOT_HASHED) | set(TIMING_PHASE_KEYS) | set(SHAPE_KEYS)
     return {k: v for k, v in map(_split, overrides) if k not in skip and not k.startswith("hydra.")}
 
 

@@ -41,12 +41,14 @@ class Shape:
         """What the shape adds to a name: nothing for k = 1 (names as before the option), else ``-<M>x<k>``."""
         return "" if self.ranks_per_replica == 1 else f"-{self.replicas}x{self.ranks_per_replica}"
 
-    def overrides(self) -> list[str]:
+    def overrides(self, replica_key: bool = True) -> list[str]:
         """What makes a run this shape, after the user's overrides (they win over a user's batch: the
-        value here was computed from it)."""
+        value here was computed from it). ``replica_key`` False: without ``dist.ranks_per_replica``
+        (torchft's arms, whose replica group is a torchrun job of k ranks)."""
         if self.ranks_per_replica == 1:
             return []
-        return [f"{REPLICA_KEY}={self.ranks_per_replica}", *(f"{k}={v}" for k, v in self.scaled)]
+        key = [f"{REPLICA_KEY}={self.ranks_per_replica}"] if replica_key else []
+        return [*key, *(f"{k}={v}" for k, v in self.scaled)]
 
     def fields(self) -> dict:
         """The shape as every record and timing row states it."""
@@ -62,13 +64,6 @@ class Shape:
 
     def describe(self) -> str:
         return f"{self.replicas} replica(s) of {self.ranks_per_replica} rank(s)"
-
-
-TORCHFT_GROUPS = (
-    "torchft's DiLoCo runs one process per replica group in this wing (pipesgd/live: a group under torchrun must "
-    "be WORLD_SIZE=1, its Manager is rank 0 of 1 with a store of its own, and its inner steps average nothing "
-    "inside the group); run them at --ranks-per-replica 1, or leave them out of --arms and --validate-arms")
-"""Why a shape of several ranks per replica refuses torchft's arms (docs/time-to-accuracy.md)."""
 
 
 def shape_for(replicas: int, ranks_per_replica: int, recipe: Mapping | None = None) -> Shape:
@@ -95,8 +90,14 @@ def shape_for(replicas: int, ranks_per_replica: int, recipe: Mapping | None = No
 
 def run_shape(summary: Mapping) -> dict:
     """:meth:`Shape.fields` of the run a summary.json describes, as it ran: its
-    ``dist.ranks_per_replica`` (1 where the config has none) and its world size over that."""
-    k = lookup(summary.get("config") or {}, REPLICA_KEY)
+    ``dist.ranks_per_replica`` (1 where the config has none) and its world size over that; a torchft
+    replica group's summary (it states ``group_ranks``, its torchrun job's ranks) the groups its
+    config names (``trainer.live.replicas``; None under the live launcher, which sets none)."""
+    config = summary.get("config") or {}
+    if "group_ranks" in summary:
+        replicas = lookup(config, "trainer.live.replicas")
+        return {"replicas": None if replicas is MISSING else replicas, "ranks_per_replica": summary["group_ranks"]}
+    k = lookup(config, REPLICA_KEY)
     k = 1 if k is MISSING or k is None else int(k)
     world = summary.get("world_size")
     return {"replicas": None if world is None else world // k, "ranks_per_replica": k}

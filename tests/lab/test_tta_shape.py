@@ -47,14 +47,35 @@ def test_one_rank_per_replica_runs_exactly_as_before_the_option():
     (["--ranks-per-replica", "0"], "argument --ranks-per-replica: must be an integer >= 1, got 0"),
     (["--workers", "0"], "argument --workers: must be an integer >= 1, got 0"),
     (["--ranks-per-replica", "5"], "--ranks-per-replica 5 divides the recipe's per-rank batch (data.batch_size=32)"),
-    (["--ranks-per-replica", "2", "--recipe", "gpt_shakespeare", "--arms", "sync,torchft-diloco-h25"],
-     "argument --ranks-per-replica: 2 with torchft's arms (torchft-diloco-h25)"),
+    (["--ranks-per-replica", "2", "dist.ranks_per_replica=2"],
+     "override dist.ranks_per_replica=2: the study's shape is --ranks-per-replica"),
     (["--ranks-per-replica", "2", "--recipe", "no_such_recipe"], "argument --ranks-per-replica: +experiment=no_such"),
 ])
 def test_a_shape_that_cannot_hold_is_refused_naming_the_option(argv, message, capsys):
     with pytest.raises(SystemExit):
         tta.parse([*argv, "--phase", "curves"])
     assert message in capsys.readouterr().err
+
+
+def test_torchfts_arms_run_in_groups_of_k_ranks_as_torchrun_jobs_on_every_link():
+    a = tta.parse(["--recipe", "gpt_shakespeare", "--ranks-per-replica", "2", "--phase", "curves"])
+    for link in ("loopback", "1mbit"):
+        cmd = tta.train_command(a, "torchft-diloco-h25", link, a.dir / "x")
+        assert cmd[1:9] == ["-m", "pipesgd_lab.bench.live_groups", "--workers", "2", "--ranks-per-replica", "2",
+                            "--rate", link]
+        assert ("--mtu" in cmd[:cmd.index("--")]) == (link != "loopback")  # a loopback row names no link MTU
+        # the group's ranks are its torchrun job's: the batch divided, no dist.ranks_per_replica
+        assert {"data.batch_size=16", "trainer.eval_max_batches=6"} <= set(cmd)
+        assert not any(w.startswith("dist.ranks_per_replica") for w in cmd)
+    assert r.link_mtu(" ".join(tta.train_command(a, "torchft-diloco-h25", "loopback", a.dir / "x"))) is None
+    # one rank per group: as before, the live launcher on loopback
+    assert tta.train_command(tta.parse(["--recipe", "gpt_shakespeare"]), "torchft-diloco-h25", "loopback",
+                             a.dir / "x")[1:3] == ["-m", "pipesgd.train"]
+    # a group's summary states its ranks; its config the groups
+    group = _summary() | {"group_ranks": 2, "world_size": 2}
+    group["config"] = copy.deepcopy(group["config"])
+    group["config"]["trainer"]["live"] = {"replicas": 2}
+    assert run_shape(group) == {"replicas": 2, "ranks_per_replica": 2} and a.shape.holds(run_shape(group))
 
 
 def test_a_record_says_its_shape_as_it_ran_and_the_report_keeps_shapes_apart(tmp_path):
