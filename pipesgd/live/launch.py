@@ -234,10 +234,15 @@ def run_here(fn: Callable[..., object], args: tuple, several_ranks: bool = False
     _imported_at = time.time()
     replica = int(env[ENV_REPLICA])
     out = replica_dir(run_dir, replica)
+    if int(os.environ["RANK"]) != 0:
+        # a group's other ranks have no run directory of their own (train.cli gives them "."): the
+        # worker takes its rank 0's, and they log to stderr only
+        fn(container, str(out), *rest)
+        return out / "summary.json"
     out.mkdir(parents=True, exist_ok=True)
     with _log_to(out / "train.log"):
         fn(container, str(out), *rest)
-    if replica == 0 and int(os.environ["RANK"]) == 0:  # the group's first rank wrote it
+    if replica == 0:
         _publish_summary(run_dir)
     return out / "summary.json"
 

@@ -6,7 +6,7 @@ import pytest
 from needs_torchft import require_torchft
 from pipesgd_lab.bench import live_groups
 from pipesgd_lab.bench.live_drill_torchrun import group_command
-from runs import needs_mnist, run, summary, tagged_processes
+from runs import ROOT, needs_mnist, run, summary, tagged_processes
 
 
 def test_a_group_keeps_the_mode_it_is_given_and_is_live_otherwise():
@@ -52,4 +52,6 @@ def test_torchfts_groups_of_two_ranks_run_as_torchrun_jobs_and_evaluate_one_mode
         assert s["averaged_replicas"] == 2 and s["live_skipped_commits"] == 0
     assert first["test_loss"] == second["test_loss"] and first["test_accuracy"] > 0.5
     assert summary(run_dir) == first
+    # a group's other ranks write nowhere of their own: their run directory is rank 0's
+    assert not [p for p in ROOT.glob("replica_*") if p.is_dir()], "a rank wrote beside the repository"
     assert not tagged_processes(r.tag)
