@@ -320,3 +320,33 @@ def test_ranks_of_one_host_talk_over_loopback_and_only_hosts_cross_the_shaped_li
         assert _ours(proc.pid) == []
     assert all(s > 100 for s in speeds[1]), speeds  # loopback: nothing shapes it
     assert all(14 < s < 20 for s in speeds[2]), speeds
+
+
+def _config_has_replicas() -> bool:
+    from pipesgd_lab.bench.tta_shape import compose_recipe
+
+    return "ranks_per_replica" in compose_recipe("mnist_mlp", [])["dist"]
+
+
+@pytest.mark.timeout(300)
+def test_a_training_run_of_two_replicas_of_two_ranks_on_two_emulated_hosts(
+    netns: None, shared_data: Path, tmp_path: Path
+) -> None:
+    """pipesgd.train under --ranks-per-replica 2: four ranks on two hosts, each host one replica (the
+    library forms them from dist.ranks_per_replica), blocking DiLoCo rounds between the hosts."""
+    if not _config_has_replicas():
+        pytest.skip("the training config has no dist.ranks_per_replica yet")
+    run_dir = tmp_path / "run"
+    proc = _emulate(
+        ["--workers", "2", "--ranks-per-replica", "2", "--rate", "100mbit", "--timeout-s", "240", "--",
+         "+experiment=mnist_mlp", f"data.root={shared_data}", "trainer.mode=sync", "trainer.sync_every=4",
+         "staleness=none", "compressor=none", "trainer.warmup_sync_steps=0", "trainer.check_every=null",
+         "trainer.max_steps=8", "data.batch_size=32", "trainer.eval_max_batches=2", "trainer.checkpoint_every=null",
+         f"hydra.run.dir={run_dir}"]
+    )  # fmt: skip
+    out, _ = proc.communicate(timeout=280)
+    assert proc.returncode == 0, out[-3000:]
+    done = json.loads((run_dir / "summary.json").read_text())
+    assert done["world_size"] == 4 and done["global_batch"] == 4 * 32 and done["steps"] == 8
+    assert done["config"]["dist"]["ranks_per_replica"] == 2
+    assert _ours(proc.pid) == []
