@@ -25,6 +25,8 @@ from pathlib import Path
 from pipesgd.reliability.checkpoint import NOT_HASHED, config_diff, config_digest, drop_keys, hashed_config, mode_sections
 from pipesgd.observability.hostinfo import UNKNOWN, host_kind
 
+from pipesgd_lab.emulate.cli import REPLICA_KEY
+
 from .tta_compose import ACCURACY, Metric
 
 SUMMARY_FACTS = {"trainer.mode": "mode", "trainer.width": "width", "staleness": "staleness",
@@ -239,7 +241,7 @@ def timing_window(row: Mapping) -> dict:
     return {"first": None if total is None else int(total) - steps, "steps": steps, "warmup": None}
 
 
-SHAPE_KEYS = ("dist.ranks_per_replica",)
+SHAPE_KEYS = (REPLICA_KEY,)
 """The study's shape, which every timing row states (``replicas``, ``ranks_per_replica``) and the report
 checks apart (tta_shape.py); torchft's arms are given their group's ranks by torchrun instead."""
 

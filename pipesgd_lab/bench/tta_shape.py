@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pipesgd_lab.emulate.cli import REPLICA_KEY
+
 from .tta_records import MISSING, lookup
 
-REPLICA_KEY = "dist.ranks_per_replica"
 SCALED = {"data.batch_size": "the recipe's per-rank batch", "trainer.eval_max_batches": "its evaluation batches"}
 """Keys a shape with k > 1 divides by k (key -> what it is, for the error)."""
 
