@@ -69,20 +69,23 @@ ENV_RESTART = "PIPESGD_LIVE_RESTART"  # how often the launcher has restarted thi
 
 
 def replica_shard() -> tuple[int, int] | None:
-    """``(replica, replicas)``: which share of the training data this replica group reads (its data
-    position follows its group, whatever process it runs in), or None outside a live launch."""
+    """``(shard, shards)``: which share of the training data this process of a replica group reads
+    (its data position follows its group, whatever process it runs in): the group's, and in a group
+    of k ranks (a torchrun job of WORLD_SIZE k, ``trainer.mode=torchft_diloco``) its rank's k-th of
+    that, shard ``replica * k + rank`` of ``replicas * k``. None outside a live launch."""
     if not os.environ.get(ENV_REPLICAS):
         return None
-    return int(os.environ[ENV_REPLICA]), int(os.environ[ENV_REPLICAS])
+    k = int(os.environ.get("WORLD_SIZE", "1")) if under_torchrun() else 1
+    rank = int(os.environ["RANK"]) if k > 1 else 0
+    return int(os.environ[ENV_REPLICA]) * k + rank, int(os.environ[ENV_REPLICAS]) * k
 
 
 def replica_attempt() -> tuple[int, int] | None:
     """``(replica, restarts)``: this replica group's number and how often the live launcher has
     restarted it (0 in its first process), or None outside a live launch."""
-    shard = replica_shard()
-    if shard is None:
+    if not os.environ.get(ENV_REPLICAS):
         return None
-    return shard[0], int(os.environ.get(ENV_RESTART, "0"))
+    return int(os.environ[ENV_REPLICA]), int(os.environ.get(ENV_RESTART, "0"))
 
 
 def run(fn: Callable[..., object], args: tuple, nproc: int, max_restarts: int = 0) -> None:

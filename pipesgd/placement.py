@@ -7,8 +7,8 @@ a step takes longer for reasons that have nothing to do with the scheme being ti
 that out of a timing:
 
 * ``rank``: core = the allowed cores' (``os.sched_getaffinity``) ``RANK mod count``-th, for one
-  host that runs every rank (the local launcher, the emulated cluster: its nodes all have
-  ``LOCAL_RANK`` 0);
+  host that runs every rank (the local launcher, the emulated cluster: its nodes share one
+  host's cores, whatever their ``LOCAL_RANK``);
 * ``local_rank``: the ``LOCAL_RANK mod count``-th, for real nodes, each with its own cores.
 
 Every thread of the process is pinned (torch's and the engine's threads made later inherit it), so

@@ -9,6 +9,28 @@ from diloco_reference import INNER, OUTER
 from engine_reference import flat_params, loss_of, make_model
 
 
+def gather(targets: list[tuple], timeout_s: float = 150.0) -> list[tuple]:
+    """Run each ``(fn, *args)`` of ``targets`` in a spawned process of its own, ``fn(*args, out)``;
+    what each put on ``out``, in the order they arrived. Every process is joined (or killed) and
+    must exit 0."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=fn, args=(*args, out)) for fn, *args in targets]
+    for p in procs:
+        p.start()
+    try:
+        results = [out.get(timeout=timeout_s) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return results
+
+
 def train(replica: int, lighthouse: str, sync_every: int, fragments: int, delay: int, steps: int, out) -> None:
     """Train ``steps`` inner steps as replica group ``replica``; put (replica, global weights, local
     weights, bytes sent per step) on the queue ``out``."""
@@ -31,3 +53,43 @@ def train(replica: int, lighthouse: str, sync_every: int, fragments: int, delay:
         out.put((replica, engine.consistent_params().clone(), flat_params(model), sent, engine.summary()))
     finally:
         engine.close()
+
+
+def train_in_group(replica: int, rank: int, ranks: int, port: int, lighthouse: str, sync_every: int, steps: int,
+                   out) -> None:
+    """Rank ``rank`` of replica group ``replica``, a job of ``ranks`` processes (its own Gloo group at
+    ``port``, rank 0 hosting its store): each rank takes its ``ranks``-th of the group's reference
+    batch, so the group's averaged gradient is the one rank's of the whole batch. Puts (replica,
+    rank, global weights, local weights, bytes sent per step, summary) on ``out``."""
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch import nn
+
+    from engine_reference import batch
+
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    from pipesgd.live.diloco import TorchftDiLoCo
+    from pipesgd.live.options import LiveOptions
+
+    store = dist.TCPStore("127.0.0.1", port, ranks, is_master=rank == 0, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=ranks, timeout=timedelta(seconds=60))
+    model = make_model()
+    opt = INNER(model.parameters())
+    options = LiveOptions(lighthouse, "torchft-groups-test", replica, init_sync=False, timeout_s=60)
+    engine = TorchftDiLoCo(model, opt, options, sync_every, outer_optimizer=OUTER)
+    sent = []
+    try:
+        for t in range(steps):
+            opt.zero_grad()
+            x, y = batch(replica, t)
+            part = slice(rank * len(y) // ranks, (rank + 1) * len(y) // ranks)
+            nn.functional.cross_entropy(model(x[part]), y[part]).backward()
+            stats = engine.step()
+            sent.append(stats.comm.wire_bytes)
+        out.put((replica, rank, engine.consistent_params().clone(), flat_params(model), sent, engine.summary()))
+    finally:
+        engine.close()
+        dist.destroy_process_group()

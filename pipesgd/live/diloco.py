@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from .. import period
@@ -38,7 +39,7 @@ from . import launch as live_launch
 from . import manager as torchft_manager
 from . import require_torchft
 from .options import LiveOptions
-from .peers import QuorumPeers
+from .peers import GroupPeers, QuorumPeers
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,8 @@ class TorchftDiLoCo(Engine):
         self._thread = CommThread("pipesgd-torchft-diloco")
         self._met = False  # a first quorum formed (torchft's first is at the first fragment's launch)
         self._world = 1
+        # a replica group of k ranks (a torchrun job): its inner step is the group's, DDP's average
+        self.group_ranks = dist.get_world_size() if dist.is_initialized() else 1
 
     def _start(self) -> None:
         """torchft's DiLoCo, built once, from the global weights (put in the model for its first
@@ -138,7 +141,10 @@ class TorchftDiLoCo(Engine):
         return self.sync_every // len(self.fragments)
 
     def step(self) -> StepStats:
-        """One inner step; torchft's hook prepares a fragment's exchange or syncs one when due."""
+        """One inner step; torchft's hook prepares a fragment's exchange or syncs one when due. In a
+        replica group of k ranks the gradients are first averaged over them (one all_reduce)."""
+        if self.group_ranks > 1:
+            _average_in_group(self.params, self.group_ranks)
         if has_nonfinite(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                                     for p in self.params])):
             self.nonfinite.bad(self.steps, "on this replica group")
@@ -201,7 +207,8 @@ class TorchftDiLoCo(Engine):
         """The loop's own averages over the quorum's groups, on torchft's group (as under ``live``)."""
         self._meet()
         o = self.options
-        return QuorumPeers(self.manager, self.group, self._thread, wait_s=o.quorum_timeout_s + 2 * o.timeout_s)
+        quorum = QuorumPeers(self.manager, self.group, self._thread, wait_s=o.quorum_timeout_s + 2 * o.timeout_s)
+        return GroupPeers(quorum) if self.group_ranks > 1 else quorum
 
     def _state(self) -> dict:
         """What a group that joins late loads from a peer (torchft's heal), beside the fragments'
@@ -255,7 +262,7 @@ class TorchftDiLoCo(Engine):
 
     def summary(self) -> dict:
         return {"sync_every": self.sync_every, "fragments": len(self.fragments), "sync_delay": self.sync_delay,
-                "rounds": self.rounds // len(self.fragments), "outer_rule": "torchft",
+                "rounds": self.rounds // len(self.fragments), "outer_rule": "torchft", "group_ranks": self.group_ranks,
                 "live_skipped_commits": self.skipped_commits}
 
     def close(self) -> None:
@@ -269,6 +276,22 @@ class TorchftDiLoCo(Engine):
             self.lighthouse.shutdown()
 
 
+def _average_in_group(params: list[nn.Parameter], ranks: int) -> None:
+    """Every gradient averaged over the replica group's ``ranks`` (torch.distributed's default group,
+    the group's torchrun job), as DDP inside a torchft replica group averages it: one flat buffer."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    flat /= ranks
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+        offset += n
+
+
 def _check_schedule(sync_every: int, fragments: int, sync_delay: int) -> None:
     """torchft's own rules, said with the settings' names before torchft asserts them."""
     period.check(sync_every, fragments, sync_delay, prefix="trainer.")
@@ -276,7 +299,7 @@ def _check_schedule(sync_every: int, fragments: int, sync_delay: int) -> None:
 
 @register(MODE, width=1, compressors=("none",), nonfinite_skip=False, sync_every=True, sync_delay=True,
           rounds_only=True,
-          replicas_agree=False, elastic=False, nccl=False, fixed_comm="native", launcher=live_launch.run,
+          replicas_agree=False, elastic=False, nccl=False, fixed_comm="native", launcher=live_launch.run_groups,
           settings=live_launch.settings, settings_key="live")
 def build(a: ModeArgs) -> tuple[nn.Module, TorchftDiLoCo]:
     """From the composition root, as the live mode is built: the lighthouse, run id and replica group

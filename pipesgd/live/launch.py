@@ -155,13 +155,10 @@ def group_env(live: Mapping[str, object], base: LiveOptions, environ: Mapping[st
     of its run (those the live launcher would set: :func:`~pipesgd.live.options.options_from_env`
     reads them), from ``trainer.live.*`` (``base``: its parsed replica options), else from the same
     variables already set; torchrun's restart count is the group's. ValueError naming the key
-    where one is missing or wrong, the world is not one process, a lighthouse key is set (the
-    lighthouse is not started here), or the servers would listen on loopback while the
-    lighthouse is elsewhere (peers on other nodes could not reach them)."""
-    world = environ.get("WORLD_SIZE")
-    if world != "1":
-        raise ValueError(f"trainer.mode=live under torchrun runs one process per replica group, each group its own "
-                         f"torchrun job (--nnodes 1 --nproc-per-node 1); this job has WORLD_SIZE={world}")
+    where one is missing or wrong, a lighthouse key is set (the lighthouse is not started here), or
+    the servers would listen on loopback while the lighthouse is elsewhere (peers on other nodes
+    could not reach them). The job is the group: one process, or k ranks where the mode takes a
+    group of several (``trainer.mode=torchft_diloco``; :func:`run_here` refuses it for ``live``)."""
     defaults = asdict(LighthouseOptions())
     for key, (field, option) in LIGHTHOUSE_KEYS.items():
         if live.get(key, defaults[field]) != defaults[field]:
@@ -215,14 +212,21 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def run_here(fn: Callable[..., object], args: tuple) -> Path:
+def run_here(fn: Callable[..., object], args: tuple, several_ranks: bool = False) -> Path:
     """Under torchrun: run ``fn(container, replica_run_dir, *rest)`` (``args``: container, run_dir,
     *rest) in this process as the replica group the container's ``trainer.live`` (or the environment) names (:func:`group_env`), in the run
     directory's ``replica_<n>`` (its checkpoints, its log, its summary.json, as under the live
     launcher; group 0's summary is copied into the run directory). Returns the path of the
-    group's summary.json."""
+    group's summary.json. ``several_ranks``: the job may be a group of k ranks (``torchft_diloco``,
+    :func:`run_groups`); otherwise a job of more than one process is refused (WorkerFailed) before it
+    trains: ``live``'s engine reduces over torchft's group alone."""
     global _imported_at
     container, run_dir, *rest = args
+    world = os.environ.get("WORLD_SIZE")
+    if world != "1" and not several_ranks:
+        raise WorkerFailed(f"trainer.mode={container['trainer']['mode']} under torchrun runs one process per replica "
+                           "group, each group its own torchrun job (--nnodes 1 --nproc-per-node 1); this job has "
+                           f"WORLD_SIZE={world}")
     live = container.get("trainer", {}).get("live") or {}
     env = group_env(live, settings(live)[1])
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum tick at info
@@ -230,6 +234,11 @@ def run_here(fn: Callable[..., object], args: tuple) -> Path:
     _imported_at = time.time()
     replica = int(env[ENV_REPLICA])
     out = replica_dir(run_dir, replica)
+    if int(os.environ["RANK"]) != 0:
+        # a group's other ranks have no run directory of their own (train.cli gives them "."): the
+        # worker takes its rank 0's, and they log to stderr only
+        fn(container, str(out), *rest)
+        return out / "summary.json"
     out.mkdir(parents=True, exist_ok=True)
     with _log_to(out / "train.log"):
         fn(container, str(out), *rest)
@@ -267,6 +276,15 @@ def _log_to(path: Path) -> Iterator[None]:
         mine.close()
         for h in files:
             root.addHandler(h)
+
+
+def run_groups(fn: Callable[..., object], args: tuple, nproc: int, max_restarts: int = 0) -> Path:
+    """:func:`run` for ``trainer.mode=torchft_diloco``: under torchrun the job may be a replica group
+    of k ranks (``--nproc-per-node k``, data parallel inside it, as torchft's own recipe builds one);
+    the live launcher starts lone processes, as for ``live``."""
+    if under_torchrun():
+        return run_here(fn, args, several_ranks=True)
+    return run(fn, args, nproc, max_restarts)
 
 
 def run(fn: Callable[..., object], args: tuple, nproc: int, max_restarts: int = 0) -> Path:

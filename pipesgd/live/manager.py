@@ -20,7 +20,7 @@ class Torchft(NamedTuple):
     """What an engine keeps of its set-up: the store and the transport it shuts down with the
     Manager (``transport.refused`` counts strangers turned away), the group its reductions run over."""
 
-    store: Any  # torch.distributed.TCPStore
+    store: Any  # torch.distributed.TCPStore (None on a group's ranks other than 0: they are its clients)
     transport: Any  # pipesgd.live.transport.RunTransport
     group: TorchftGroup
     manager: Any  # torchft.manager.Manager
@@ -28,25 +28,35 @@ class Torchft(NamedTuple):
 
 def start(options: LiveOptions, load: Callable[[dict], None], save: Callable[[], dict], *,
           async_quorum: bool) -> Torchft:
-    """This replica group's Manager (one process: rank 0 of a world of 1), reaching the run's
-    lighthouse, that hands a healer ``save()`` and loads a donor's state with ``load(state)``
-    (registered as ``"pipesgd"``). ``async_quorum``: the quorum is formed on torchft's thread while
-    the step goes on (``live``: it overlaps the next forward) or within ``start_quorum``. Call
-    :func:`pipesgd.live.require_torchft` first: this imports torchft."""
+    """This process's Manager in its replica group, reaching the run's lighthouse, that hands a
+    healer ``save()`` and loads a donor's state with ``load(state)`` (registered as ``"pipesgd"``).
+    A group is one process (rank 0 of a world of 1), or under torchrun a job of k ranks
+    (``trainer.mode=torchft_diloco``): each rank its Manager at its rank in the job, the group's
+    store and Manager server on its rank 0 (the store's port sent to the others over the job's
+    process group, so call it on every rank of the job together); rank j of every group then
+    reduces with rank j of the others (torchft's own layout). ``async_quorum``: the quorum is formed
+    on torchft's thread while the step goes on (``live``: it overlaps the next forward) or within
+    ``start_quorum``. Call :func:`pipesgd.live.require_torchft` first: this imports torchft."""
     quiet_torchft()
+    import torch.distributed as dist
     from torchft.process_group import ProcessGroupGloo
 
     from .transport import RunTransport
 
     timeout = timedelta(seconds=options.timeout_s)
-    store = listen.store_master(options.host, timeout)  # listening before its Manager looks for it
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    # the group's store, listening before its Manager looks for it; the other ranks are its clients
+    store = listen.store_master(options.host, timeout) if rank == 0 else None
+    port = [store.port if store is not None else None]
+    if world > 1:
+        dist.broadcast_object_list(port, src=0)
     transport = RunTransport(options.run_id, options.host, timeout)
     pg = ProcessGroupGloo(timeout=timeout)
     manager = listen.manager(
         options.host, pg=pg, load_state_dict=None, state_dict=None,
         min_replica_size=options.min_replicas, use_async_quorum=async_quorum, timeout=timeout,
-        quorum_timeout=timedelta(seconds=options.quorum_timeout_s), connect_timeout=timeout, rank=0,
-        world_size=1, store_addr=options.host, store_port=store.port, lighthouse_addr=options.lighthouse,
+        quorum_timeout=timedelta(seconds=options.quorum_timeout_s), connect_timeout=timeout, rank=rank,
+        world_size=world, store_addr=options.host, store_port=port[0], lighthouse_addr=options.lighthouse,
         replica_id=f"{options.run_id}_{options.replica}", hostname=listen.bracketed(options.host),
         checkpoint_transport=transport, init_sync=options.init_sync)
     manager.register_state_dict_fn("pipesgd", load, save)

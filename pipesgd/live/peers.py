@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from ..comm import CommThread
@@ -118,6 +119,40 @@ class QuorumPeers:
         if size > 1:
             self.group.all_reduce(flat)
         return self.group.rank()
+
+
+class GroupPeers:
+    """The loop's collectives where a replica group is k ranks (a torchrun job; ``trainer.mode=
+    torchft_diloco``): inside the group over torch.distributed's default group (the job's), across
+    the groups by ``quorum`` (rank j of each group with rank j of the others, :class:`QuorumPeers`).
+    Each rank scores its share of its own slice of the test set; the slices are added inside the
+    group where every rank's sum across the groups succeeded, else each rank keeps its own slice's
+    complete score (its other shares scored by the caller): a metric over 1/k of the sample."""
+
+    def __init__(self, quorum: QuorumPeers):
+        self.quorum = quorum
+
+    def average(self, tensors: list[Tensor], what: str) -> int:
+        world = dist.get_world_size()
+        for t in tensors:
+            dist.all_reduce(t)
+            t /= world
+        return self.quorum.average(tensors, what)
+
+    def evaluation_share(self) -> tuple[int, int] | None:
+        return self.quorum.evaluation_share()
+
+    def sum(self, totals: Tensor, what: str) -> bool:
+        done = self.quorum.sum(totals, what)
+        # every rank takes part in both collectives, whatever its own sum did: none waits alone
+        every = torch.tensor([float(done)], device=totals.device)
+        dist.all_reduce(every, op=dist.ReduceOp.MIN)
+        if every.item() == 1.0:
+            dist.all_reduce(totals)
+        else:
+            log.warning("%s: a rank of this group could not sum across the groups, so each rank keeps its own "
+                        "slice of the test set", what)
+        return done
 
 
 class _NotEveryGroup(Exception):

@@ -42,10 +42,12 @@ ADDRESS_TIMEOUT_S = 120.0
 
 def check(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """``parser.error`` naming the option where ``--launcher torchrun`` cannot run: an override of a
-    key it sets itself, a bad ``--rate``, or no root (network namespaces)."""
+    key it sets itself, a bad ``--rate``, or no root (network namespaces; not needed on ``loopback``)."""
     owned = [o for o in a.overrides if _key(o) in GROUP_OWNED]
     if owned:
         parser.error(f"override(s) {owned}: with --launcher torchrun the drill sets {', '.join(GROUP_OWNED)} itself")
+    if a.rate == LOOPBACK:
+        return
     try:
         parse_rate(a.rate)
     except ValueError as e:
@@ -78,19 +80,38 @@ START_KEY = "trainer.live.start_replicas"
 
 
 def group_command(train: Sequence[str], address: str, lighthouse: str, run_id: str, replica: int,
-                  replicas: int) -> list[str]:
+                  replicas: int, ranks: int = 1) -> list[str]:
     """Replica group ``replica``'s torchrun job: ``train`` (``pipesgd.train``'s arguments) told its run,
     in ``trainer.mode=live`` unless ``train`` names another mode of the live launcher (torchft_diloco).
     Every group waits for all ``replicas`` before its first step (``trainer.live.start_replicas``,
     unless ``train`` sets it): without that barrier a group that started late trained alone at first
-    and a fault early in the run could fall before the other group had joined."""
+    and a fault early in the run could fall before the other group had joined. ``ranks``: the
+    group's processes (torchrun's ``--nproc-per-node``; more than 1 for ``trainer.mode=torchft_diloco``
+    only, data parallel inside the group)."""
     barrier = [] if any(_key(t) == START_KEY for t in train) else [f"{START_KEY}={replicas}"]
     mode = [] if any(_key(t) == "trainer.mode" for t in train) else ["trainer.mode=live"]  # torchft_diloco's own
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
             "--max-restarts", "1", "--monitor-interval", "0.5", "-m", "pipesgd.train", *train,
             *mode, f"trainer.live.lighthouse={lighthouse}", f"trainer.live.run_id={run_id}",
             f"trainer.live.replica={replica}", f"trainer.live.replicas={replicas}", f"trainer.live.host={address}",
             *barrier]
+
+
+LOOPBACK = "loopback"
+"""``rate`` for groups on this host's loopback (a curve of torchft's arms in groups of several ranks,
+which the live launcher, one process per group, cannot start)."""
+
+
+@contextlib.contextmanager
+def _nodes(replicas: int, rate: str, mtu: int):
+    """``node(r)``: (the command prefix that runs in node r, its address, its link's variables), on an
+    emulated cluster of links ``rate``, or on this host's loopback for :data:`LOOPBACK`."""
+    if rate == LOOPBACK:
+        yield lambda r: ([], "127.0.0.1", {"GLOO_SOCKET_IFNAME": "lo"})
+        return
+    with Cluster(replicas, rate, handle_signals=False, mtu=mtu) as cluster:
+        yield lambda r: (["ip", "netns", "exec", cluster.namespaces[r]], cluster.addresses[r],
+                         {"GLOO_SOCKET_IFNAME": cluster.interfaces[r], "PIPESGD_EMULATED_LINK": cluster.rates[r]})
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -118,9 +139,10 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 def run_groups(train: Sequence[str], replicas: int, run_dir: Path, rate: str, fault: str | None,
                timeout_s: float, watch: Callable[[subprocess.Popen], None] | None = None,
-               mtu: int = DEFAULT_MTU) -> None:
-    """Run the live job of ``replicas`` groups (``train``: ``pipesgd.train``'s arguments, its
-    ``hydra.run.dir`` ``run_dir`` included) on an emulated cluster of links ``rate``, with
+               mtu: int = DEFAULT_MTU, ranks: int = 1) -> None:
+    """Run the live job of ``replicas`` groups of ``ranks`` processes each (``train``:
+    ``pipesgd.train``'s arguments, its ``hydra.run.dir`` ``run_dir`` included) on an emulated cluster
+    of links ``rate`` (``loopback``: every group on this host's loopback, no namespaces), with
     ``PIPESGD_FAULT=fault`` for the last group; ``watch(proc)`` as in :func:`runner.run_logged`,
     given the last group's torchrun. Logs: ``<run_dir>.lighthouse.log`` and ``<run_dir>.node<r>.log``
     beside the run directory. Raises CellFailed if a group exits non-zero or the run outlasts
@@ -132,24 +154,25 @@ def run_groups(train: Sequence[str], replicas: int, run_dir: Path, rate: str, fa
     run_id = f"drill-{uuid.uuid4().hex[:8]}"
     deadline = time.monotonic() + timeout_s
     procs: list[subprocess.Popen] = []
-    with Cluster(replicas, rate, handle_signals=False, mtu=mtu) as cluster:
+    with _nodes(replicas, rate, mtu) as node:
         try:
             with lighthouse_log.open("w") as err:
                 procs.append(subprocess.Popen(
-                    ["ip", "netns", "exec", cluster.namespaces[0], sys.executable, "-m", "pipesgd.live.lighthouse",
-                     "--host", cluster.addresses[0], *options], env=_env(), stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True))
+                    [*node(0)[0], sys.executable, "-m", "pipesgd.live.lighthouse", "--host", node(0)[1], *options],
+                    env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, text=True,
+                    start_new_session=True))
             address = _address(procs[0], lighthouse_log)
             groups = []
             for r in range(replicas):
-                env = _env(GLOO_SOCKET_IFNAME=cluster.interfaces[r], PIPESGD_EMULATED_LINK=cluster.rates[r])
+                prefix, host, link_env = node(r)
+                env = _env(**link_env)
                 if fault and r == replicas - 1:
                     env["PIPESGD_FAULT"] = fault  # the faulted group's first process only (faults.py)
-                cmd = group_command(train, cluster.addresses[r], address, run_id, r, replicas)
+                cmd = group_command(train, host, address, run_id, r, replicas, ranks)
                 with logs[r].open("w") as out:
                     out.write(f"$ PIPESGD_FAULT={env.get('PIPESGD_FAULT', '')} {' '.join(cmd)}\n")
                     out.flush()
-                    groups.append(subprocess.Popen(["ip", "netns", "exec", cluster.namespaces[r], *cmd], env=env,
+                    groups.append(subprocess.Popen([*prefix, *cmd], env=env,
                                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                                    start_new_session=True))
                 procs.append(groups[-1])

@@ -176,27 +176,29 @@ def link_rows(rows: Sequence[dict], latency_s: float,
     return out
 
 
-def load_curves(records: Path) -> list[dict]:
-    """Every complete curve record in ``records``: {"name", "seed", "curve", "final"}."""
+def load_curves(records: Path, ranks_per_replica: int = 1) -> list[dict]:
+    """Every complete curve record in ``records`` of runs at ``ranks_per_replica`` ranks per replica
+    (a record from before the field: 1): {"name", "seed", "curve", "final"}."""
     runs = []
     for path in sorted(records.glob("*.json")):
         r = json.loads(path.read_text())
-        if r.get("kind") == "curve" and r.get("complete"):
+        if r.get("kind") == "curve" and r.get("complete") and r.get("ranks_per_replica", 1) == ranks_per_replica:
             runs.append({"name": r["arm"], "seed": r["seed"], "curve": r["curve"], "final": r[f"final_{r['metric']}"],
                          "steps": r["steps"]})
     return runs
 
 
-def validations(records: Path) -> list[dict]:
+def validations(records: Path, ranks_per_replica: int = 1) -> list[dict]:
     """Composed against measured for each ``validate-*.json`` record in ``records`` (an arm run end to
     end on a shaped link by the tool's ``--phase validate``): the steps times the step its bracket's
     timing runs measured (just before and after it, priced as the timing table prices them), plus its
-    evaluations at their median time, against the run's own clock at its last evaluation."""
+    evaluations at their median time, against the run's own clock at its last evaluation. Only the
+    records of runs at ``ranks_per_replica`` ranks per replica: another shape's are its own study's."""
     out = []
     for path in sorted(records.glob("validate-*.json")) if records.is_dir() else []:
         v = json.loads(path.read_text())
         rows = [*(v.get("bracket") or {}).get("before", []), *(v.get("bracket") or {}).get("after", [])]
-        if not rows or v["arm"] not in ARMS:
+        if not rows or v["arm"] not in ARMS or v.get("ranks_per_replica", 1) != ranks_per_replica:
             continue
         block = timing_by_link(rows)[v["link"]]
         step_ms = block["step_ms"][v["arm"]]
@@ -356,6 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stand-in", action="append", default=[], metavar="ARM=CURVE",
                    help="price ARM's step on CURVE's loss curve (an arm timed without a curve of its own)")
     p.add_argument("--latency", default="100us", help="α the model is given (default 100us)")
+    p.add_argument("--ranks-per-replica", type=int, default=1, metavar="K",
+                   help="the study's ranks per replica (the tool's --ranks-per-replica; default 1): only records "
+                        "and timing rows of that shape are read (its timing file: timing-<M>x<K>.json). The "
+                        "model's prediction column prices one rank per replica")
     p.add_argument("--probe", type=Path, default=None,
                    help="a folder of pipesgd_lab.bench.allreduce records (ring and native on each link): the "
                         "model prices each arm at the rate its allreduce measured there")
@@ -366,14 +372,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"argument --stand-in: {bad}: ARM=CURVE, ARM one of the study's arms")
     if not a.timing.exists():
         p.error(f"argument --timing: {a.timing} does not exist (the tool's --phase timing writes it)")
+    timing = json.loads(a.timing.read_text())
+    other = sorted({r.get("ranks_per_replica", 1) for r in timing} - {a.ranks_per_replica})
+    if other:
+        p.error(f"argument --timing: {a.timing} has rows at {other} rank(s) per replica, not "
+                f"--ranks-per-replica {a.ranks_per_replica}: one study, one shape")
     latency = parse_latency(a.latency)
     try:
         probe = load_probe(a.probe) if a.probe is not None else []
         probe_links(probe, latency)
     except (FileNotFoundError, ValueError) as e:
         p.error(f"argument --probe: {e}")
-    result = study(json.loads(a.timing.read_text()), load_curves(a.records), stand_ins, latency,
-                   validations(a.records), probe)
+    result = study(timing, load_curves(a.records, a.ranks_per_replica), stand_ins, latency,
+                   validations(a.records, a.ranks_per_replica), probe)
     write_json_atomic(a.json, result)
     if str(a.plot) not in ("", "."):
         plot(result, a.plot)

@@ -6,13 +6,16 @@ Phases (``--phase``, default ``all`` = the four in order):
 * ``curves``: one full-length run per (arm, seed) on loopback, ``<dir>/runs/<arm>-s<seed>``; an
   interrupted run resumes from its checkpoints, a finished one (summary.json) is skipped.
 * ``timing``: per link, short runs of every arm interleaved, ``--repeats`` rounds, skipping the
-  first ``--skip`` steps; appended to ``<dir>/timing.json`` after each run. Needs a quiet machine.
+  first ``--skip`` steps; appended to ``<dir>/timing.json`` (``timing-<M>x<k>.json`` for several ranks per
+  replica) after each run. Needs a quiet machine.
 * ``validate``: the ``--validate-arms`` end to end on each link, ``<dir>/validate/<arm>-<link>``,
   each between ``--validate-bracket`` timing runs of its arm before and after, which time
   ``--bracket-steps`` steps after ``--bracket-skip``. Needs a quiet machine.
 * ``report``: compose accuracy-vs-step with seconds-per-step into ``--json`` (and ``--plot``).
 
-Links other than ``loopback`` run under ``pipesgd_lab.emulate`` (root). Exit status 1 if a run failed.
+Links other than ``loopback`` run under ``pipesgd_lab.emulate`` (root). ``--ranks-per-replica k`` runs
+every arm as ``--workers`` replicas of k ranks each, at the same global batch (tta_shape.py), a
+replica per emulated host. Exit status 1 if a run failed.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ from pipesgd_lab.emulate.netns import DEFAULT_MTU
 
 from . import probe
 from . import tta_records as records
+from . import tta_shape
 
 from .tta_arms import ARMS, DEFAULT_ARMS, RECIPE, TIMING_ONLY, WARMUP_KEYS, arm_mode, metric_for, sync_every
-from .tta_report import report, write_curve_record
+from .tta_report import report, timing_path, write_curve_record
 from .runner import CellFailed, CpuSampler, Stopped, cpu_split, recorded, run_logged, stop_on_signals
 
 log = logging.getLogger("pipesgd_lab.bench.tta")
@@ -96,7 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=40, help="timed steps per timing run (default 40)")
     p.add_argument("--skip", type=int, default=10, help="warm-up steps left out of the timing (default 10)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds per link (default 3)")
-    p.add_argument("--workers", type=int, default=2, help="workers (= the recipe's dist.nproc; default 2)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="replicas (= the recipe's dist.nproc at --ranks-per-replica 1; default 2)")
+    p.add_argument("--ranks-per-replica", type=int, default=1, metavar="K",
+                   help="ranks in each replica (default 1): every arm runs as --workers replicas of K ranks "
+                        "(dist.ranks_per_replica=K; on a shaped link, one emulated host per replica), each rank at "
+                        "1/K of the recipe's per-rank batch, so the global batch stays the recipe's; records, run "
+                        "directories and the result are named -<workers>x<K>")
     p.add_argument("--timeout-s", type=float, default=86400.0, help="per run (default 1 day)")
     p.add_argument("--probe-s", type=float, default=1.0,
                    help="seconds of the host-speed probe (fixed matrix products on every core) just before and "
@@ -120,7 +130,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     a = parser.parse_args(argv)
     a.phases = list(PHASES) if a.phase == "all" else _csv(a.phase)
     a.arms, a.links, a.validate_arms = _csv(a.arms), _csv(a.links), _csv(a.validate_arms)
-    stem = "time-to-accuracy" if a.recipe == RECIPE else f"time-to-target-{a.recipe}"
+    a.shape = _shape(parser, a)
+    stem = ("time-to-accuracy" if a.recipe == RECIPE else f"time-to-target-{a.recipe}") + a.shape.label
     folder = "time-to-accuracy" if a.recipe == RECIPE else a.recipe.replace("_", "-")  # results/gpt-shakespeare
     a.json = ROOT / "results" / folder / f"{stem}.json" if a.json is None else a.json
     a.plot = ROOT / "docs" / "img" / f"{stem}.png" if a.plot is None else a.plot
@@ -146,8 +157,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"argument --validate-steps: must be an integer >= 1, got {a.validate_steps}")
     if a.validate_bracket < 0:
         parser.error(f"argument --validate-bracket: must be an integer >= 0, got {a.validate_bracket}")
-    for name, low in (("steps", 1), ("skip", 0), ("repeats", 1), ("workers", 1), ("bracket_steps", 1),
-                      ("bracket_skip", 0)):
+    for name, low in (("steps", 1), ("skip", 0), ("repeats", 1), ("bracket_steps", 1), ("bracket_skip", 0)):
         if getattr(a, name) < low:
             parser.error(f"argument --{name.replace('_', '-')}: must be an integer >= {low}, got {getattr(a, name)}")
     if a.probe_s < 0:
@@ -167,20 +177,44 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return a
 
 
+def _shape(parser: argparse.ArgumentParser, a: argparse.Namespace) -> tta_shape.Shape:
+    """The study's :class:`~.tta_shape.Shape` from ``--workers`` and ``--ranks-per-replica``
+    (``parser.error`` naming the option where it cannot hold), before anything runs."""
+    for option, value in (("--workers", a.workers), ("--ranks-per-replica", a.ranks_per_replica)):
+        if value < 1:
+            parser.error(f"argument {option}: must be an integer >= 1, got {value}")
+    given = [o for o in a.overrides if o.lstrip("+").startswith(f"{tta_shape.REPLICA_KEY}=")]
+    if given:
+        parser.error(f"override {given[0]}: the study's shape is --ranks-per-replica (which sets it for every arm)")
+    k = a.ranks_per_replica
+    if k == 1:
+        return tta_shape.Shape(a.workers)
+    try:
+        return tta_shape.shape_for(a.workers, k, tta_shape.compose_recipe(a.recipe, a.overrides))
+    except ValueError as e:
+        parser.error(f"argument --ranks-per-replica: {e}")
+
+
 # --- commands ------------------------------------------------------------------------------------
 
 
 def train_command(a: argparse.Namespace, arm: str, link: str, run_dir: Path, extra: Sequence[str] = ()) -> list[str]:
-    """``python -m pipesgd.train`` (under ``pipesgd_lab.emulate`` on a shaped link) for one arm."""
-    overrides = [f"+experiment={a.recipe}", *ARMS[arm], f"dist.nproc={a.workers}", *a.overrides, *extra,
-                 f"hydra.run.dir={run_dir}"]  # the phase's own settings (extra) win over the user's
-    if link == "loopback":
+    """``python -m pipesgd.train`` (under ``pipesgd_lab.emulate`` on a shaped link) for one arm; torchft's
+    arms on a shaped link, or in groups of several ranks, as torchrun jobs behind a lighthouse (live_groups)."""
+    groups = get_mode(arm_mode(arm)).launcher is not None  # torchft_diloco: replica groups behind a lighthouse
+    k = a.shape.ranks_per_replica
+    # the shape's per-rank settings win over the user's (computed from them), the phase's own (extra) over both;
+    # a torchft group's ranks are its torchrun job's (live_groups --ranks-per-replica), not dist.ranks_per_replica
+    overrides = [f"+experiment={a.recipe}", *ARMS[arm], f"dist.nproc={a.shape.world}", *a.overrides,
+                 *a.shape.overrides(replica_key=not groups), *extra, f"hydra.run.dir={run_dir}"]
+    if link == "loopback" and not (groups and k > 1):  # the live launcher starts lone processes only
         return [sys.executable, "-m", "pipesgd.train", *overrides]
-    if get_mode(arm_mode(arm)).launcher is not None:  # torchft_diloco: replica groups behind a lighthouse
-        return [sys.executable, "-m", "pipesgd_lab.bench.live_groups", "--workers", str(a.workers), "--rate", link,
-                "--timeout-s", str(int(a.timeout_s)), "--mtu", str(a.mtu), "--", *overrides]
-    return [sys.executable, "-m", "pipesgd_lab.emulate", "--workers", str(a.workers), "--rate", link,
-            "--timeout-s", str(int(a.timeout_s)), "--mtu", str(a.mtu), "--", *overrides]
+    # a replica per emulated host (or per torchrun job on loopback)
+    shape = ["--workers", str(a.shape.replicas)] + (["--ranks-per-replica", str(k)] if k > 1 else [])
+    link_args = ["--rate", link, "--timeout-s", str(int(a.timeout_s))] + ([] if link == "loopback" else
+                                                                          ["--mtu", str(a.mtu)])
+    module = "pipesgd_lab.bench.live_groups" if groups else "pipesgd_lab.emulate"
+    return [sys.executable, "-m", module, *shape, *link_args, "--", *overrides]
 
 
 def _run(cmd: list[str], log_path: Path, timeout_s: float, append: bool = False) -> bool:
@@ -222,7 +256,7 @@ def run_curves(a: argparse.Namespace) -> bool:
         for arm in a.arms:
             if arm in TIMING_ONLY:
                 continue
-            run_dir = (a.dir / "runs" / f"{arm}-s{seed}").resolve()
+            run_dir = (a.dir / "runs" / f"{arm}{a.shape.label}-s{seed}").resolve()
             if (run_dir / "summary.json").exists():
                 log.info("curve %s seed %d: done (%s)", arm, seed, run_dir)
                 write_curve_record(a, arm, seed, run_dir)
@@ -236,7 +270,7 @@ def run_curves(a: argparse.Namespace) -> bool:
                 log.info("curve %s seed %d: %s, final %s %.4g; record %s (commit it)", arm, seed,
                          "complete" if record["complete"] else f"NOT complete ({record['why_incomplete']})",
                          record["metric"], record[f"final_{record['metric']}"],
-                         records.record_path(a.records, arm, seed))
+                         records.record_path(a.records, arm, seed, shape=a.shape.label))
     return ok
 
 
@@ -297,7 +331,7 @@ def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: i
     t0 = history["wall_time"][first - 1] if first else history["wall_time"][0]
     warm = history["iter_ms"][slice(*plan["warmup"])] if plan["warmup"] else []
     window = {"first": first, "steps": len(steps), "warmup": list(plan["warmup"]) if plan["warmup"] else None}
-    row = {"link": link, "arm": arm, "repeat": rep, "iter_ms": steps, "window": window,
+    row = {"link": link, "arm": arm, "repeat": rep, **tta_shape.run_shape(summary), "iter_ms": steps, "window": window,
            "median_iter_ms": statistics.median(steps), "eval_s": summary["evals"][-1]["eval_s"],
            **({"warmup_iter_ms": warm, "median_warmup_ms": statistics.median(warm)} if warm else {}),
            "median_compute_ms": statistics.median(history["compute_ms"][first:]),
@@ -320,7 +354,7 @@ def timing_row(a: argparse.Namespace, arm: str, link: str, run_dir: Path, rep: i
 def run_timing(a: argparse.Namespace) -> bool:
     """Interleaved: round r runs every arm once on a link before round r+1, so a drift in the
     machine's speed spreads over all arms instead of biasing one."""
-    path = a.dir / "timing.json"
+    path = timing_path(a)
     rows = json.loads(path.read_text()) if path.exists() else []
     done = {(r["link"], r["arm"], r["repeat"]) for r in rows}
     ok = True
@@ -329,7 +363,7 @@ def run_timing(a: argparse.Namespace) -> bool:
             for arm in timing_arms(a):
                 if (link, arm, rep) in done:
                     continue
-                row = timing_row(a, arm, link, (a.dir / "timing" / link / f"{arm}-r{rep}").resolve(), rep)
+                row = timing_row(a, arm, link, (a.dir / "timing" / link / f"{arm}{a.shape.label}-r{rep}").resolve(), rep)
                 if row is None:
                     ok = False
                     continue
@@ -339,7 +373,7 @@ def run_timing(a: argparse.Namespace) -> bool:
 
 
 def _validate_suffix(a: argparse.Namespace, link: str) -> str:
-    return f"-{link}" + ("" if a.validate_steps is None else f"-{a.validate_steps}steps")
+    return f"{a.shape.label}-{link}" + ("" if a.validate_steps is None else f"-{a.validate_steps}steps")
 
 
 def _validate_dir(a: argparse.Namespace, arm: str, link: str) -> Path:
@@ -403,7 +437,7 @@ def run_validation(a: argparse.Namespace) -> bool:
                                           metric=metric_for(a.recipe))
             a.records.mkdir(parents=True, exist_ok=True)
             write_json_atomic(path, record | {"kind": "validate", "link": link, "steps_limit": a.validate_steps,
-                                              "bracket": bracket})
+                                              "bracket": bracket, **tta_shape.run_shape(summary)})
     return ok
 
 

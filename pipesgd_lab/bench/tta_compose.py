@@ -22,7 +22,7 @@ and every "reaches the target" below goes through :meth:`Metric.reaches`.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 SAME_ACCURACY_PP = 0.3

@@ -25,6 +25,8 @@ from pathlib import Path
 from pipesgd.reliability.checkpoint import NOT_HASHED, config_diff, config_digest, drop_keys, hashed_config, mode_sections
 from pipesgd.observability.hostinfo import UNKNOWN, host_kind
 
+from pipesgd_lab.emulate.cli import REPLICA_KEY
+
 from .tta_compose import ACCURACY, Metric
 
 SUMMARY_FACTS = {"trainer.mode": "mode", "trainer.width": "width", "staleness": "staleness",
@@ -77,16 +79,17 @@ def recipe_config(config: Mapping, drop: Iterable[str], world_size: int | None =
     return drop_keys(hashed_config(dict(config)) | {"world_size": world_size}, [*drop, "seed"])
 
 
-def _lookup(config: Mapping, key: str):
+def lookup(config: Mapping, key: str):
+    """The value at dotted ``key`` in ``config``, :data:`MISSING` where it has none."""
     node = config
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
+            return MISSING
         node = node[part]
     return node
 
 
-_MISSING = object()
+MISSING = object()
 
 
 def _spelled(value: object) -> str:
@@ -103,8 +106,8 @@ def arm_mismatch(summary_facts: Mapping, arm_overrides: Sequence[str], config: M
         if field is not None and summary_facts.get(field) is not None and str(summary_facts[field]) != value:
             return f"{key}={value} asked, {field}={summary_facts[field]} ran"
         if config is not None and field is None:
-            found = _lookup(config, key)
-            if found is not _MISSING and _spelled(found) != _spelled(value):
+            found = lookup(config, key)
+            if found is not MISSING and _spelled(found) != _spelled(value):
                 return f"{key}={value} asked, {found} ran"
     return None
 
@@ -177,8 +180,10 @@ def seed_hosts(used: Sequence[Mapping], allow_mixed: bool = False) -> dict[str, 
     return out
 
 
-def record_path(records: Path, arm: str, seed: int, kind: str = "curve", suffix: str = "") -> Path:
-    name = f"{arm}-s{seed}" if kind == "curve" else f"validate-{arm}{suffix}"
+def record_path(records: Path, arm: str, seed: int, kind: str = "curve", suffix: str = "", shape: str = "") -> Path:
+    """A curve's ``<arm><shape>-s<seed>.json`` or a validation's ``validate-<arm><suffix>.json`` (its
+    suffix carries the shape); ``shape``: :attr:`~.tta_shape.Shape.label`, empty at one rank per replica."""
+    name = f"{arm}{shape}-s{seed}" if kind == "curve" else f"validate-{arm}{suffix}"
     return records / f"{name}.json"
 
 
@@ -219,6 +224,8 @@ def link_mtu(command: str) -> int | None:
     if not any(name in words for name in EMULATORS):
         return None
     own = words[:words.index("--")] if "--" in words else words  # the emulator's options, not the job's
+    if "--rate" in own and own[own.index("--rate") + 1] == "loopback":  # torchft's groups of several ranks
+        return None
     return int(own[own.index("--mtu") + 1]) if "--mtu" in own else 1500
 
 
@@ -234,9 +241,14 @@ def timing_window(row: Mapping) -> dict:
     return {"first": None if total is None else int(total) - steps, "steps": steps, "warmup": None}
 
 
+SHAPE_KEYS = (REPLICA_KEY,)
+"""The study's shape, which every timing row states (``replicas``, ``ranks_per_replica``) and the report
+checks apart (tta_shape.py); torchft's arms are given their group's ranks by torchrun instead."""
+
+
 def _hashed_overrides(overrides: Iterable[str], ignore: Iterable[str]) -> dict[str, str]:
     """``key -> value`` of the overrides that change what is trained (not run bookkeeping)."""
-    skip = set(ignore) | set(NOT_HASHED) | set(TIMING_PHASE_KEYS)
+    skip = set(ignore) | set(NOT_HASHED) | set(TIMING_PHASE_KEYS) | set(SHAPE_KEYS)
     return {k: v for k, v in map(_split, overrides) if k not in skip and not k.startswith("hydra.")}
 
 

@@ -18,6 +18,7 @@ from . import probe
 from . import tta_compose as compose
 from . import tta_records as records
 from .tta_arms import ARMS, metric_for, sync_every
+from .tta_shape import run_shape
 
 log = logging.getLogger("pipesgd_lab.bench.tta")
 
@@ -29,10 +30,11 @@ def write_curve_record(a: argparse.Namespace, arm: str, seed: int, run_dir: Path
     summary = run_dir / "summary.json"
     if not summary.exists():
         return None
-    path = records.record_path(a.records, arm, seed)
+    path = records.record_path(a.records, arm, seed, shape=a.shape.label)
     stamp = fingerprint() if f"{arm}-s{seed}" in a.stamp_host else None
-    record = records.curve_record(arm, seed, ARMS[arm], a.recipe, json.loads(summary.read_text()),
-                                  records.read_segments(run_dir), stamp, metric_for(a.recipe))
+    ran = json.loads(summary.read_text())
+    record = records.curve_record(arm, seed, ARMS[arm], a.recipe, ran, records.read_segments(run_dir), stamp,
+                                  metric_for(a.recipe)) | run_shape(ran)
     old = json.loads(path.read_text()) if path.exists() else {}
     if record["host"] is None and str(old.get("host_source") or "").startswith(records.STAMPED):
         # refreshed later without --stamp-host: the stamp made when the run ended still holds
@@ -61,11 +63,14 @@ def load_runs(a: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     missing = []
     for arm in a.arms:
         for seed in a.seeds:
-            run_dir = a.dir / "runs" / f"{arm}-s{seed}"
+            run_dir = a.dir / "runs" / f"{arm}{a.shape.label}-s{seed}"
             record = write_curve_record(a, arm, seed, run_dir)
-            path = records.record_path(a.records, arm, seed)
+            path = records.record_path(a.records, arm, seed, shape=a.shape.label)
             if record is None and path.exists():
                 record = json.loads(path.read_text())
+            if record is not None and not a.shape.holds(record):
+                raise records.Refused(f"{path} ran as {_shape_of(record)}, this study as {a.shape.describe()} "
+                                      "(--workers, --ranks-per-replica): report it apart")
             if record is not None:
                 found[(arm, seed)] = record
                 continue
@@ -77,11 +82,35 @@ def load_runs(a: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     return used, unfinished + missing
 
 
+def _shape_of(record: dict) -> str:
+    return f"{record.get('replicas') or '?'} replica(s) of {record.get('ranks_per_replica', 1)} rank(s)"
+
+
+def timing_path(a: argparse.Namespace) -> Path:
+    """The timing phase's file: ``<dir>/timing.json``, ``timing-<M>x<k>.json`` for several ranks per replica."""
+    return a.dir / f"timing{a.shape.label}.json"
+
+
+def study_overrides(a: argparse.Namespace) -> list[str]:
+    """The overrides every run of the study was given beside the arm's: the user's, then the shape's."""
+    return [*a.overrides, *a.shape.overrides()]
+
+
+def check_shape(rows: list[dict], a: argparse.Namespace, where: str) -> list[dict]:
+    """``rows`` (timing rows), :class:`records.Refused` if one ran in another shape than the study's."""
+    other = next((r for r in rows if not a.shape.holds(r)), None)
+    if other is not None:
+        raise records.Refused(f"{where}: timing record {other['link']} {other['arm']} round {other['repeat']} ran as "
+                              f"{_shape_of(other)}, this study as {a.shape.describe()}: report it apart")
+    return rows
+
+
 def load_timing(a: argparse.Namespace) -> dict[str, dict]:
-    path = a.timing if a.timing is not None else a.dir / "timing.json"
+    path = a.timing if a.timing is not None else timing_path(a)
     if not path.exists():
         return {}
-    return timing_by_link(records.check_timing(json.loads(path.read_text()), a.recipe, ARMS, a.overrides))
+    rows = check_shape(json.loads(path.read_text()), a, str(path))
+    return timing_by_link(records.check_timing(rows, a.recipe, ARMS, study_overrides(a)))
 
 
 def timing_by_link(rows: list[dict]) -> dict[str, dict]:
@@ -188,13 +217,14 @@ def _validation(a: argparse.Namespace, links: dict, target: float, warmup: dict[
     for path in sorted(folder.glob("validate-*.json")) if folder.is_dir() else []:
         v = json.loads(path.read_text())
         link, arm = v["link"], v["arm"]
-        if v["recipe"] != a.recipe:
+        if v["recipe"] != a.recipe or not a.shape.holds(v):  # another study's, named apart
             continue
         limit = v.get("steps_limit")
         bracket = v.get("bracket") or {}
         sides = {side: bracket.get(side) or [] for side in ("before", "after")}
         if sides["before"] and sides["after"]:
-            records.check_timing(sides["before"] + sides["after"], a.recipe, ARMS, a.overrides)
+            records.check_timing(check_shape(sides["before"] + sides["after"], a, path.name), a.recipe, ARMS,
+                                 study_overrides(a))
             own = _own_timing(v, sides["before"] + sides["after"], warmup_at)
             ranges = [_own_timing(v, sides[side], warmup_at) for side in ("before", "after")]
             if any(t is None or warmup.get(arm, 0) and t["warmup_ms"] is None for t in (own, *ranges)):
@@ -257,7 +287,7 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
     reference = next((r for r in used if r["arm"] == "sync"), used[0] if used else None)
     result = {
         "recipe": {"experiment": a.recipe, "arms": {arm: list(ARMS[arm]) for arm in a.arms},
-                   "overrides": list(a.overrides),
+                   "overrides": study_overrides(a),
                    "config": None if reference is None else records.recipe_config(
                        reference["config"], {k for arm in a.arms for k in records.override_keys(ARMS[arm])},
                        reference.get("world_size"))},
@@ -274,6 +304,8 @@ def build_result(a: argparse.Namespace, used: list[dict], unfinished: list[dict]
         # what the timing runs did is in their rows (links: timing_windows, repeat_median_ms), not in
         # this invocation's --steps/--skip
         "timing_config": {"workers": a.workers},
+        # one rank per replica: the result as it always was (committed results recompose unchanged)
+        **({"shape": a.shape.fields() | {"world_size": a.shape.world}} if a.shape.ranks_per_replica > 1 else {}),
         "commit": git_commit(), "date": records.now(),
     }
     return result | {"goals": compose.goals(result)}

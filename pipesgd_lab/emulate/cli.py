@@ -1,7 +1,8 @@
 """`python -m pipesgd_lab.emulate [options] -- <Hydra overrides>`: train on an emulated cluster.
 
-Every rank runs `<python> -m <module> <overrides> hydra.run.dir=<DIR>` in its own namespace with
-the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, ...). DIR is chosen once, here, so all
+Every rank runs `<python> -m <module> <overrides> hydra.run.dir=<DIR>` in its host's namespace with
+the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, ...); `--ranks-per-replica k` puts k ranks
+on each host and tells them `dist.ranks_per_replica=k`. DIR is chosen once, here, so all
 ranks share one run directory; a `hydra.run.dir=...` among the overrides wins, with any `${now:...}`
 in it resolved here for the same reason.
 
@@ -37,6 +38,23 @@ log = logging.getLogger("pipesgd_lab.emulate")
 
 _RUN_DIR_RE = re.compile(r"^\+{0,2}hydra\.run\.dir=(.*)$")
 _NOW_RE = re.compile(r"\$\{now:([^}]*)\}")
+_RANKS_PER_REPLICA_RE = re.compile(r"^\+{0,2}dist\.ranks_per_replica=(.*)$")
+REPLICA_KEY = "dist.ranks_per_replica"
+"""The training config's key that makes k consecutive ranks one replica (a host here)."""
+
+
+def replica_overrides(overrides: Sequence[str], ranks_per_replica: int) -> list[str]:
+    """``overrides`` telling the ranks ``dist.ranks_per_replica=k`` (nothing added for k = 1, the
+    library's default). ValueError naming ``--ranks-per-replica`` where an override already sets the
+    key to another value: a replica would not be the emulated host."""
+    given = [m[1] for o in overrides if (m := _RANKS_PER_REPLICA_RE.match(o))]
+    if other := [g for g in given if g.strip() != str(ranks_per_replica)]:
+        raise ValueError(f"--ranks-per-replica {ranks_per_replica} puts {ranks_per_replica} rank(s) on each emulated "
+                         f"host and passes {REPLICA_KEY}={ranks_per_replica}, but the overrides set "
+                         f"{REPLICA_KEY}={other[0]}: leave the key out or give the same value")
+    if given or ranks_per_replica == 1:
+        return list(overrides)
+    return [*overrides, f"{REPLICA_KEY}={ranks_per_replica}"]
 
 
 def resolve_run_dir(
@@ -65,7 +83,12 @@ def _parser() -> argparse.ArgumentParser:
         description="Run pipesgd.train on N network namespaces joined by tbf-shaped veth links "
         "(root only). Everything after '--' is passed to every rank as Hydra overrides.",
     )
-    p.add_argument("--workers", type=int, help="number of emulated hosts (one rank each)")
+    p.add_argument("--workers", type=int, help="number of emulated hosts (--ranks-per-replica ranks each)")
+    p.add_argument(
+        "--ranks-per-replica", type=int, default=1, metavar="K",
+        help="ranks on each emulated host, one replica (default 1): RANK = host*K + LOCAL_RANK, "
+        f"traffic inside a host on its loopback; passes {REPLICA_KEY}=K to the ranks",
+    )  # fmt: skip
     p.add_argument("--rate", help="rate of every link, both directions: 100mbit, 1gbit, ...")
     p.add_argument(
         "--rate-per-worker", help="comma-separated rate per worker, e.g. 100mbit,1gbit"
@@ -110,7 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     split = argv.index("--") if "--" in argv else len(argv)
     parser = _parser()
     args = parser.parse_args(argv[:split])
-    overrides = argv[split + 1 :]
+    if args.ranks_per_replica < 1:
+        parser.error(f"argument --ranks-per-replica: must be an integer >= 1 (ranks on each emulated host), "
+                     f"got {args.ranks_per_replica}")
+    try:
+        overrides = replica_overrides(argv[split + 1 :], args.ranks_per_replica)
+    except ValueError as e:
+        parser.error(str(e))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s emulate: %(message)s",
@@ -141,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             queue_s=args.queue_ms / 1000,
             delay_s=args.delay_ms / 1000,
             mtu=args.mtu,
+            ranks_per_host=args.ranks_per_replica,
         )
     except ValueError as e:
         parser.error(str(e))
@@ -177,6 +207,8 @@ def _record(cluster: Cluster, run_dir: str, cmd: list[str], args: argparse.Names
     ).stdout.strip()
     info = {
         "workers": cluster.workers,
+        "ranks_per_host": cluster.ranks_per_host,
+        "world_size": cluster.world,
         "rates": cluster.rates,
         "tbf": [s.tc_args() for s in cluster.shaping],
         "delay_ms": cluster.delay_s * 1000,

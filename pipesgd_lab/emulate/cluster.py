@@ -97,6 +97,9 @@ class Cluster:
     `burst_s`/`queue_s`: tbf bucket depth and queue length, in seconds of the link's rate.
     `delay_s`: one-way delay added between any two hosts (round trip +2x), through the TUN relay.
     `mtu`: every interface's MTU (default 9000, jumbo frames; 1500 is the earlier link).
+    `ranks_per_host`: k ranks on each host (global rank = host * k + local rank), as torchrun's
+    `--nproc-per-node k`: ranks of one host talk over its loopback, only traffic between hosts
+    crosses a shaped link. `run()` starts `workers * k` ranks.
     `output`: where the workers' merged stdout/stderr goes, one line at a time, prefixed
     '[rank i] ' (rank 0 unprefixed unless `prefix_rank0`).
     """
@@ -110,6 +113,7 @@ class Cluster:
         queue_s: float = DEFAULT_QUEUE_S,
         delay_s: float = 0.0,
         mtu: int = DEFAULT_MTU,
+        ranks_per_host: int = 1,
         output: TextIO | None = None,
         prefix_rank0: bool = False,
         grace_s: float = 5.0,
@@ -129,8 +133,11 @@ class Cluster:
             raise ValueError(f"delay_s={delay_s} must be in [0, 10] seconds")
         if isinstance(mtu, bool) or not isinstance(mtu, int) or not MIN_MTU <= mtu <= MAX_MTU:
             raise ValueError(f"mtu={mtu!r} must be an integer in [{MIN_MTU}, {MAX_MTU}] bytes")
+        if isinstance(ranks_per_host, bool) or not isinstance(ranks_per_host, int) or ranks_per_host < 1:
+            raise ValueError(f"ranks_per_host={ranks_per_host!r} must be an integer >= 1")
         self.mtu = mtu
         self.workers = workers
+        self.ranks_per_host = ranks_per_host
         self.shaping = [Shaping.for_rate(parse_rate(r), burst_s, queue_s) for r in rate_list]
         n = next(_instances)
         self.prefix = f"psgd{os.getpid()}" + (f"x{n}" if n else "")
@@ -158,6 +165,15 @@ class Cluster:
     def rates(self) -> list[str]:
         return [format_rate(s.rate_bps) for s in self.shaping]
 
+    @property
+    def world(self) -> int:
+        """Ranks in all: `workers` hosts of `ranks_per_host` each."""
+        return self.workers * self.ranks_per_host
+
+    def host_of(self, rank: int) -> int:
+        """The host (namespace index) global `rank` runs on."""
+        return rank // self.ranks_per_host
+
     # ---- lifecycle ---------------------------------------------------------------------------
 
     def __enter__(self) -> Cluster:
@@ -173,9 +189,10 @@ class Cluster:
             self._build()
             self._up = True
             log.info(
-                "emulated cluster up in %.2fs: %d workers on %s.0/24, links %s (tbf burst %s B)%s",
+                "emulated cluster up in %.2fs: %d workers (x%d ranks) on %s.0/24, links %s (tbf burst %s B)%s",
                 time.perf_counter() - started,
                 self.workers,
+                self.ranks_per_host,
                 self.subnet,
                 ",".join(self.rates),
                 ",".join(str(s.burst_bytes) for s in self.shaping),
@@ -333,23 +350,27 @@ class Cluster:
     # ---- workers -----------------------------------------------------------------------------
 
     def rank_env(self, rank: int, master_port: int = 29500) -> dict[str, str]:
-        """The torchrun environment contract for `rank`, plus Gloo's interface and the link rate."""
+        """The torchrun environment contract for global `rank` (as torchrun's `--nproc-per-node
+        ranks_per_host` on each host: GROUP_* count hosts), plus Gloo's interface and the link rate
+        of its host."""
         if not self._up:
             raise EmulateError("rank_env() needs an entered Cluster")
-        n = str(self.workers)
+        if not 0 <= rank < self.world:
+            raise ValueError(f"rank={rank} must be in [0, {self.world})")
+        host, k = self.host_of(rank), self.ranks_per_host
         return {
             "RANK": str(rank),
-            "WORLD_SIZE": n,
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1",
-            "GROUP_RANK": str(rank),
-            "GROUP_WORLD_SIZE": n,
+            "WORLD_SIZE": str(self.world),
+            "LOCAL_RANK": str(rank - host * k),
+            "LOCAL_WORLD_SIZE": str(k),
+            "GROUP_RANK": str(host),
+            "GROUP_WORLD_SIZE": str(self.workers),
             "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": n,
+            "ROLE_WORLD_SIZE": str(self.world),
             "MASTER_ADDR": self.addresses[0],
             "MASTER_PORT": str(master_port),
-            "GLOO_SOCKET_IFNAME": self.interfaces[rank],
-            "PIPESGD_EMULATED_LINK": self.rates[rank],
+            "GLOO_SOCKET_IFNAME": self.interfaces[host],
+            "PIPESGD_EMULATED_LINK": self.rates[host],
         }
 
     def run(
@@ -362,10 +383,11 @@ class Cluster:
         keep_going: bool = False,
         cwd: str | None = None,
     ) -> int:
-        """Run `cmd_for_rank(i)` in namespace i for every rank and wait; return a shell-style status.
+        """Run `cmd_for_rank(i)` for every global rank i in its host's namespace and wait; return a
+        shell-style status.
 
         Environment: os.environ, then `rank_env(i)`, then `env` (wins). OMP_NUM_THREADS defaults to
-        cpu_count // workers (as torchrun does for several local workers: they share the CPUs).
+        cpu_count // world (as torchrun does for several local workers: every rank shares the CPUs).
         0 when every rank exits 0. Otherwise the first failing rank's status (128 + signal if it
         was killed); the other ranks are then terminated unless `keep_going`. `timeout_s`:
         terminate everything after that long and return 124.
@@ -375,10 +397,10 @@ class Cluster:
         exits: queue.Queue[tuple[int, int]] = queue.Queue()
         running: list[_Worker] = []
         try:
-            for rank in range(self.workers):
+            for rank in range(self.world):
                 full_env = dict(os.environ)
                 full_env.setdefault(
-                    "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.workers))
+                    "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.world))
                 )
                 full_env |= self.rank_env(rank, master_port) | dict(env or {})
                 running.append(self._start(rank, cmd_for_rank(rank), full_env, cwd, exits))
@@ -394,8 +416,8 @@ class Cluster:
         cwd: str | None,
         exits: queue.Queue[tuple[int, int]],
     ) -> _Worker:
-        ns = self.namespaces[rank]
-        log.info("rank %d in %s (%s): %s", rank, ns, self.addresses[rank], " ".join(cmd))
+        ns = self.namespaces[self.host_of(rank)]
+        log.info("rank %d in %s (%s): %s", rank, ns, self.addresses[self.host_of(rank)], " ".join(cmd))
         proc = subprocess.Popen(
             ["ip", "netns", "exec", ns, *cmd],
             env=env,
@@ -429,7 +451,7 @@ class Cluster:
         self, exits: queue.Queue[tuple[int, int]], timeout_s: float | None, keep_going: bool
     ) -> int:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        remaining = set(range(self.workers))
+        remaining = set(range(self.world))
         first_failure: int | None = None
         while remaining:
             try:
@@ -473,7 +495,7 @@ class Cluster:
         # Anything still inside a worker namespace was started by this run (e.g. a daemon that
         # left the process group): nothing else lives there.
         for w in workers:
-            for pid in namespace_pids(self.namespaces[w.rank]):
+            for pid in namespace_pids(self.namespaces[self.host_of(w.rank)]):
                 log.warning("killing pid %d left behind by rank %d", pid, w.rank)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

@@ -7,10 +7,12 @@ Arguments are `key=value`, like Hydra overrides: bytes (per transfer), repeats (
 per direction, after one warm-up), pings (small-message round trips), gapped (transfers of
 gap_bytes, default ResNet-20's 1,078,888-byte gradient, each after gap_ms of idle link, default 50:
 what a tbf bucket lets through above the rate shows here, as the ring's hops see it),
-hydra.run.dir (where to write). Other keys are ignored. Needs the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
+peer (the rank rank 0 measures against, default 1: with `--ranks-per-replica 2` rank 1 shares rank
+0's host and its loopback, rank 2 is across the shaped link), hydra.run.dir (where to write).
+Other keys are ignored. Needs the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 
-Every rank all-reduces (rank + 1) and writes `<run dir>/probe_rank<r>.json`. Ranks 0 and 1 also
-time `bytes` going 0 -> 1 and 1 -> 0 with send/recv, and rank 0 times `pings` 1-float round trips: the sender's clock runs from the send until
+Every rank all-reduces (rank + 1) and writes `<run dir>/probe_rank<r>.json`. Ranks 0 and `peer` also
+time `bytes` going 0 -> peer and peer -> 0 with send/recv, and rank 0 times `pings` 1-float round trips: the sender's clock runs from the send until
 a 1-element acknowledgement comes back, so one small-message round trip (~0.1 ms unshaped) is
 included in each sample. Goodput, not wire rate: TCP/IP/Ethernet headers take ~4.4 % of each
 1514-byte frame (0.7 % of a 9014-byte jumbo frame), so a perfect 100mbit link gives ~95.6 Mbit/s
@@ -105,6 +107,7 @@ def main(argv: list[str]) -> int:
     gap_bytes = int(float(opts.get("gap_bytes", 1_078_888)))
     gap_s = float(opts.get("gap_ms", 50)) / 1000
     run_dir = opts.get("hydra.run.dir", ".")
+    pair = int(opts.get("peer", 1))
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -119,13 +122,16 @@ def main(argv: list[str]) -> int:
         "mtu": _mtu(os.environ.get("GLOO_SOCKET_IFNAME")),
         "bytes": nbytes,
         "repeats": repeats,
+        "peer": pair,
     }
-    if world >= 2 and rank < 2:
-        peer = 1 - rank
+    if not 0 < pair < world and world >= 2:
+        raise SystemExit(f"peer={pair} must be a rank in 1..{world - 1}")
+    if world >= 2 and rank in (0, pair):
+        peer = pair if rank == 0 else 0
         rtt = _round_trips(peer, rank == 0, pings)  # only rank 0's clock sees a round trip
         if rank == 0:
             result["rtt_ms"] = {k: v * 1e3 for k, v in _summary(rtt).items()} | {"n": len(rtt)}
-        for src in (0, 1):
+        for src in (0, pair):
             before = _cpu_ticks()
             seconds = _timed_transfers(peer, rank == src, nbytes, repeats)
             if rank == src:
@@ -146,9 +152,9 @@ def main(argv: list[str]) -> int:
                 log.info("%d B after %.0f ms idle: median %.1f ms (min %.1f, max %.1f)", gap_bytes, gap_s * 1e3,
                          statistics.median(ms), min(ms), max(ms))
         if rank == 0:
-            log.info("CPU per MB sent 0 -> 1 (whole machine): %s",
+            log.info("CPU per MB sent 0 -> %d (whole machine): %s", pair,
                      ", ".join(f"{k} {v:.2f} ms" for k, v in result["cpu_ms_per_mb"].items() if v))
-            log.info("round trip 0 -> 1 -> 0 (1 float): median %.3f ms, min %.3f, n=%d",
+            log.info("round trip 0 -> %d -> 0 (1 float): median %.3f ms, min %.3f, n=%d", pair,
                      statistics.median(rtt) * 1e3, min(rtt) * 1e3, len(rtt))
     dist.barrier()
     dist.destroy_process_group()

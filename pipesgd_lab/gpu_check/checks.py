@@ -11,7 +11,6 @@ Gloo's, and the engine's device code (streams, events, record_stream, the waiter
 
 from __future__ import annotations
 
-import io
 import json
 import statistics
 import sys

@@ -7,7 +7,6 @@ Skipped without torchft (pip install '.[live]'), except under CI=true, where it 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 
 import pytest
@@ -20,7 +19,7 @@ require_torchft()
 from diloco_reference import INNER, OUTER, diloco_reference  # noqa: E402
 from engine_reference import flat_params, loss_of, make_model  # noqa: E402
 from pipesgd.live.lighthouse import Lighthouse, LighthouseOptions  # noqa: E402
-from torchft_diloco_worker import train  # noqa: E402
+from torchft_diloco_worker import gather, train  # noqa: E402
 
 P = 2
 
@@ -28,21 +27,9 @@ P = 2
 def _run(sync_every: int, fragments: int, delay: int, steps: int) -> list[tuple]:
     """Both groups' (global weights, local weights, bytes sent per step, summary), by replica."""
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every quorum tick at info
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
     with Lighthouse(LighthouseOptions(min_replicas=P, join_timeout_ms=60_000)) as lighthouse:
-        procs = [ctx.Process(target=train, args=(r, lighthouse.address, sync_every, fragments, delay, steps, out))
-                 for r in range(P)]
-        for p in procs:
-            p.start()
-        try:
-            results = dict((r, rest) for r, *rest in (out.get(timeout=150) for _ in procs))
-        finally:
-            for p in procs:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
-        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        results = dict((r, rest) for r, *rest in gather(
+            [(train, r, lighthouse.address, sync_every, fragments, delay, steps) for r in range(P)]))
     return [results[r] for r in range(P)]
 
 

@@ -2,7 +2,7 @@
 
 Root-only tests build real namespaces and skip with the reason when that is impossible here. This
 file doubles as the stand-in rank for the CLI (`--module test_emulate`, PYTHONPATH=tests/):
-`python -m test_emulate mode=hang|fail hydra.run.dir=DIR`.
+`python -m test_emulate mode=hang|fail|env hydra.run.dir=DIR`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,14 @@ def _stand_in(argv: list[str]) -> int:
     rank = int(os.environ["RANK"])
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / f"pid_rank{rank}").write_text(str(os.getpid()))
+    if opts["mode"] == "env":  # what the rank was given: its environment and its arguments
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                 "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "GLOO_SOCKET_IFNAME", "PIPESGD_EMULATED_LINK",
+                 "OMP_NUM_THREADS")
+        netns = subprocess.run(["ip", "netns", "identify"], capture_output=True, text=True).stdout.strip()
+        (run_dir / f"env_rank{rank}.json").write_text(json.dumps(
+            {"env": {n: os.environ.get(n) for n in names}, "argv": argv, "netns": netns}))
+        return 0
     if opts["mode"] == "fail" and rank == 1:
         deadline = time.monotonic() + 20
         while not (run_dir / "pid_rank0").exists() and time.monotonic() < deadline:
@@ -258,3 +266,87 @@ def test_setup_failure_tears_down_partial_cluster(
             pass
     assert set(c.namespaces + [c.bridge_namespace]) & set(_namespaces()) == set()
 
+
+
+# ---- several ranks per emulated host (one replica each) ------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_ranks_per_replica_puts_k_ranks_on_each_host_with_torchruns_environment(
+    netns: None, tmp_path: Path
+) -> None:
+    proc = _emulate(
+        ["--workers", "2", "--ranks-per-replica", "2", "--rate", "50mbit", "--module",
+         "test_emulate", "--", "mode=env", f"hydra.run.dir={tmp_path}"]
+    )  # fmt: skip
+    out, _ = proc.communicate(timeout=25)
+    assert proc.returncode == 0, out
+    seen = [json.loads((tmp_path / f"env_rank{r}.json").read_text()) for r in range(4)]
+    info = json.loads((tmp_path / "emulate.json").read_text())
+    assert (info["workers"], info["ranks_per_host"], info["world_size"]) == (2, 2, 4)
+    omp = str(max(1, (os.cpu_count() or 1) // 4))
+    for rank, got in enumerate(seen):
+        host, local = divmod(rank, 2)
+        assert got["env"] == {
+            "RANK": str(rank), "WORLD_SIZE": "4", "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": str(host), "GROUP_WORLD_SIZE": "2", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": "4",
+            "MASTER_ADDR": info["addresses"][0], "GLOO_SOCKET_IFNAME": f"veth{host}",
+            "PIPESGD_EMULATED_LINK": "50mbit", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", omp),
+        }, rank
+        assert got["netns"] == info["namespaces"][host]  # both ranks of a host in its namespace
+        assert got["argv"].count("dist.ranks_per_replica=2") == 1  # the library forms the replicas
+    assert _ours(proc.pid) == []
+
+
+@pytest.mark.timeout(60)
+def test_ranks_of_one_host_talk_over_loopback_and_only_hosts_cross_the_shaped_link(
+    netns: None, tmp_path: Path
+) -> None:
+    """2 hosts x 2 ranks at 20mbit: rank 0 -> 1 (same host) runs far above the rate, rank 0 -> 2
+    (the other host) below it; the allreduce spans all four ranks."""
+    speeds = {}
+    for peer in (1, 2):
+        run_dir = tmp_path / f"peer{peer}"
+        proc = _emulate(
+            ["--workers", "2", "--ranks-per-replica", "2", "--rate", "20mbit", "--module",
+             "pipesgd_lab.emulate.probe", "--", "bytes=1e6", "repeats=3", "pings=5", f"peer={peer}",
+             f"hydra.run.dir={run_dir}"]
+        )  # fmt: skip
+        out, _ = proc.communicate(timeout=25)
+        assert proc.returncode == 0, out
+        ranks = [json.loads((run_dir / f"probe_rank{r}.json").read_text()) for r in range(4)]
+        assert [r["allreduce"] for r in ranks] == [10.0] * 4
+        speeds[peer] = [ranks[r]["send_mbit_s"]["median"] for r in (0, peer)]
+        assert _ours(proc.pid) == []
+    assert all(s > 100 for s in speeds[1]), speeds  # loopback: nothing shapes it
+    assert all(14 < s < 20 for s in speeds[2]), speeds
+
+
+def _config_has_replicas() -> bool:
+    from pipesgd_lab.bench.tta_shape import compose_recipe
+
+    return "ranks_per_replica" in compose_recipe("mnist_mlp", [])["dist"]
+
+
+@pytest.mark.timeout(300)
+def test_a_training_run_of_two_replicas_of_two_ranks_on_two_emulated_hosts(
+    netns: None, shared_data: Path, tmp_path: Path
+) -> None:
+    """pipesgd.train under --ranks-per-replica 2: four ranks on two hosts, each host one replica (the
+    library forms them from dist.ranks_per_replica), blocking DiLoCo rounds between the hosts."""
+    if not _config_has_replicas():
+        pytest.skip("the training config has no dist.ranks_per_replica yet")
+    run_dir = tmp_path / "run"
+    proc = _emulate(
+        ["--workers", "2", "--ranks-per-replica", "2", "--rate", "100mbit", "--timeout-s", "240", "--",
+         "+experiment=mnist_mlp", f"data.root={shared_data}", "trainer.mode=sync", "trainer.sync_every=4",
+         "staleness=none", "compressor=none", "trainer.warmup_sync_steps=0", "trainer.check_every=null",
+         "trainer.max_steps=8", "data.batch_size=32", "trainer.eval_max_batches=2", "trainer.checkpoint_every=null",
+         f"hydra.run.dir={run_dir}"]
+    )  # fmt: skip
+    out, _ = proc.communicate(timeout=280)
+    assert proc.returncode == 0, out[-3000:]
+    done = json.loads((run_dir / "summary.json").read_text())
+    assert done["world_size"] == 4 and done["global_batch"] == 4 * 32 and done["steps"] == 8
+    assert done["config"]["dist"]["ranks_per_replica"] == 2
+    assert _ours(proc.pid) == []

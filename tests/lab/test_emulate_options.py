@@ -56,3 +56,32 @@ def test_cluster_validates_at_construction() -> None:
         Cluster(2, "100mbit", mtu=100)
     with pytest.raises(ValueError, match="workers=0"):
         Cluster(0, "100mbit")
+
+
+def test_ranks_per_replica_is_checked_before_anything_is_built(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipesgd_lab.emulate.cli import main
+
+    for bad, why in (("0", "must be an integer >= 1 (ranks on each emulated host), got 0"),
+                     ("-1", "must be an integer >= 1 (ranks on each emulated host), got -1"),
+                     ("two", "invalid int value: 'two'")):
+        with pytest.raises(SystemExit) as exit_:  # as a non-root user too: before the root check
+            main(["--workers", "2", "--rate", "1gbit", "--ranks-per-replica", bad, "--", "x=1"])
+        assert exit_.value.code == 2
+        assert f"argument --ranks-per-replica: {why}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # an override that contradicts the flag: refused, naming both
+        main(["--workers", "2", "--rate", "1gbit", "--ranks-per-replica", "2", "--", "dist.ranks_per_replica=4"])
+    err = capsys.readouterr().err
+    assert "--ranks-per-replica 2" in err and "dist.ranks_per_replica=4" in err
+    with pytest.raises(ValueError, match="ranks_per_host=0 must be an integer >= 1"):
+        Cluster(2, "100mbit", ranks_per_host=0)
+    assert Cluster(3, "100mbit", ranks_per_host=2).world == 6
+
+
+def test_ranks_per_replica_passes_the_key_once_and_only_when_not_one() -> None:
+    from pipesgd_lab.emulate.cli import replica_overrides
+
+    assert replica_overrides(["a=1"], 1) == ["a=1"]  # the library's default: the config need not know the key
+    assert replica_overrides(["a=1"], 2) == ["a=1", "dist.ranks_per_replica=2"]
+    assert replica_overrides(["++dist.ranks_per_replica=2"], 2) == ["++dist.ranks_per_replica=2"]
+    with pytest.raises(ValueError, match=r"--ranks-per-replica 1 .* dist.ranks_per_replica=2"):
+        replica_overrides(["dist.ranks_per_replica=2"], 1)

@@ -11,6 +11,7 @@ import pytest
 from pipesgd.observability import hostinfo
 from pipesgd_lab.bench import tta, tta_report, tta_reproduce
 from pipesgd_lab.bench import tta_records as r
+from pipesgd_lab.bench.tta_shape import Shape
 from tests.lab.test_tta_records import _record, _summary
 from tests.unit.test_hostinfo import HOST_A, HOST_B
 
@@ -31,7 +32,7 @@ def test_a_stamp_survives_a_later_refresh_without_the_option(tmp_path):
     run_dir = tmp_path / "d" / "runs" / "sync-s0"
     run_dir.mkdir(parents=True)
     (run_dir / "summary.json").write_text(json.dumps(_summary()))
-    a = SimpleNamespace(records=tmp_path / "records", recipe="resnet_cifar_tta", stamp_host={"sync-s0"})
+    a = SimpleNamespace(records=tmp_path / "records", recipe="resnet_cifar_tta", stamp_host={"sync-s0"}, shape=Shape(2))
     first = tta_report.write_curve_record(a, "sync", 0, run_dir)
     assert first["host"] == hostinfo.fingerprint() and first["host_source"].startswith(r.STAMPED)
     again = tta_report.write_curve_record(SimpleNamespace(**(vars(a) | {"stamp_host": set()})), "sync", 0, run_dir)
@@ -56,7 +57,7 @@ def test_an_arm_whose_seeds_ran_on_two_kinds_of_host_is_refused_unless_asked():
 def test_the_report_lists_the_host_kinds_and_says_when_it_mixed_them(tmp_path):
     a = SimpleNamespace(arms=["sync"], seeds=[0, 1], dir=tmp_path / "d", records=tmp_path / "records",
                         recipe="resnet_cifar_tta", overrides=[], timing=None, workers=2, mixed_hosts=False,
-                        validations=None)
+                        validations=None, shape=Shape(2))
     used = [_seed(0, HOST_A), _seed(1, HOST_B)]
     with pytest.raises(r.Refused):
         tta_report.build_result(a, used, [], {})

@@ -187,3 +187,26 @@ def test_loopback_rows_price_only_from_a_probe_and_stay_out_of_the_time_tables()
     assert arms["torchft-diloco-h2"]["predicted_ms"] == pytest.approx((2 * 1000 + 100) / 2, rel=1e-2)
     text = period_h.tables(result)
     assert "loopback (evaluation" in text and "loopback: minutes" not in text and "5mbit: minutes" in text
+
+
+def test_the_tables_read_one_shape_of_replicas_and_refuse_a_timing_file_of_another(tmp_path, capsys):
+    records = tmp_path / "records"
+    records.mkdir()
+    curve = {"kind": "curve", "arm": "sync", "seed": 0, "complete": True, "curve": [[600, 2.0]], "metric": "test_loss",
+             "final_test_loss": 2.0, "steps": 600}
+    (records / "sync-s0.json").write_text(json.dumps(curve))  # from before the field: one rank per replica
+    (records / "sync-2x2-s0.json").write_text(json.dumps(curve | {"final_test_loss": 2.1, "replicas": 2,
+                                                                   "ranks_per_replica": 2}))
+    assert [r["final"] for r in period_h.load_curves(records)] == [2.0]
+    assert [r["final"] for r in period_h.load_curves(records, 2)] == [2.1]
+    bracket = {"before": [_row("sync", "5mbit", [900.0] * 10)], "after": [_row("sync", "5mbit", [900.0] * 10)]}
+    record = {"kind": "validate", "arm": "sync", "link": "5mbit", "seed": 0, "steps_limit": 10, "curve": [[10, 2.9]],
+              "eval_elapsed_s": [20.0], "bracket": bracket, "replicas": 2, "ranks_per_replica": 2}
+    (records / "validate-sync-2x2-5mbit-10steps.json").write_text(json.dumps(record))
+    assert period_h.validations(records) == [] and len(period_h.validations(records, 2)) == 1
+    timing = tmp_path / "timing.json"
+    timing.write_text(json.dumps([_row("compute", "5mbit", [1000.0] * 10) | {"ranks_per_replica": 2}]))
+    with pytest.raises(SystemExit):
+        period_h.main(["--timing", str(timing), "--records", str(records), "--json", str(tmp_path / "s.json"),
+                       "--plot", ""])
+    assert "has rows at [2] rank(s) per replica, not --ranks-per-replica 1" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import pytest
 from pipesgd_lab.bench import tta
 from pipesgd_lab.bench import tta_report
 from pipesgd_lab.bench import tta_records as r
+from pipesgd_lab.bench.tta_shape import Shape
 
 CONFIG = {"seed": 0, "trainer": {"mode": "sync", "width": 1, "warmup_sync_steps": 0, "epochs": 3, "max_steps": None},
           "compressor": {"_target_": "pipesgd.compress.none.NoCompression"},
@@ -149,7 +150,8 @@ def test_the_report_uses_records_and_lists_what_it_did_not_use(tmp_path):
         (records / f"{arm}-s0.json").write_text(json.dumps(_record(arm, summary)))
     a = SimpleNamespace(arms=["sync", "pipe+lookahead", "pipe"], seeds=[0], dir=tmp_path / "d", records=records,
                         recipe="resnet_cifar_tta", overrides=[], timing=None, validate_arms=[], steps=1, skip=0,
-                        repeats=1, workers=2, stamp_host=set(), mixed_hosts=False, validations=None)
+                        repeats=1, workers=2, stamp_host=set(), mixed_hosts=False, validations=None,
+                        shape=Shape(2))
     used, unfinished = tta_report.load_runs(a)
     assert [u["arm"] for u in used] == ["sync"]
     assert {(u["arm"], u["why_incomplete"]) for u in unfinished} == {("pipe+lookahead", "150 of 300 steps"),

@@ -9,13 +9,14 @@ from types import SimpleNamespace
 import pytest
 
 from pipesgd_lab.bench import tta, tta_report
+from pipesgd_lab.bench.tta_shape import Shape
 from tests.lab.test_tta_records import _record, _summary, _timing
 
 
 def _args(tmp_path, **kw):
     return SimpleNamespace(**{"links": ["100mbit"], "validate_arms": ["sync"], "seeds": [0], "dir": tmp_path / "d",
                               "records": tmp_path / "records", "validations": None, "recipe": "resnet_cifar_tta", "overrides": [],
-                              "validate_steps": None, "validate_bracket": 1, "workers": 2, "timeout_s": 60.0,
+                              "validate_steps": None, "validate_bracket": 1, "workers": 2, "shape": Shape(2), "timeout_s": 60.0,
                               "mtu": 9000, "steps": 40, "skip": 10, "bracket_skip": 100, "bracket_steps": 100,
                               "stamp_host": set(), "mixed_hosts": False} | kw)
 

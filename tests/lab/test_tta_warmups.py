@@ -9,6 +9,7 @@ import pytest
 
 from pipesgd_lab.bench import tta, tta_report
 from pipesgd_lab.bench import tta_compose as c
+from pipesgd_lab.bench.tta_shape import Shape
 from pipesgd.observability.hostinfo import fingerprint
 from tests.lab.test_tta_records import _record, _summary
 
@@ -16,7 +17,7 @@ PINNED = {"rule": "rank", "allowed": [0, 1], "core": 0}
 
 
 def test_a_powersgd_timing_run_times_its_plain_steps_then_its_compressed_ones(tmp_path, monkeypatch):
-    a = SimpleNamespace(skip=2, steps=4, recipe="resnet_cifar_tta", workers=2, overrides=[], timeout_s=60.0,
+    a = SimpleNamespace(skip=2, steps=4, recipe="resnet_cifar_tta", workers=2, shape=Shape(2), overrides=[], timeout_s=60.0,
                         mtu=9000, probe_s=0.02)
     seen = {}
 
@@ -44,7 +45,7 @@ def test_a_powersgd_timing_run_times_its_plain_steps_then_its_compressed_ones(tm
 
 def test_the_report_composes_both_accountings_and_says_which_is_the_headline(tmp_path):
     a = SimpleNamespace(arms=["sync", "pipe+lookahead"], seeds=[0], dir=tmp_path, records=tmp_path / "records",
-                        recipe="resnet_cifar_tta", overrides=[], timing=None, workers=2, mixed_hosts=False,
+                        recipe="resnet_cifar_tta", overrides=[], timing=None, workers=2, shape=Shape(2), mixed_hosts=False,
                         validations=None)
     pipe = _summary(mode="pipe", width=2, staleness="lookahead", warmup_sync_steps=100)
     used = [_record("sync", _summary()), _record("pipe+lookahead", pipe)]

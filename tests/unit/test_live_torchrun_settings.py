@@ -99,12 +99,32 @@ def test_the_environment_may_say_it_instead(torchrun):
     assert (env[ENV_REPLICA], env[ENV_REPLICAS], env[ENV_RESTART]) == ("0", "3", "0")
 
 
+def test_a_group_of_several_ranks_is_torchfts_and_live_refuses_it_before_it_trains(torchrun, tmp_path):
+    """torchft_diloco's replica group may be a torchrun job of k ranks (its launcher, run_groups); live's
+    engine reduces over torchft's group alone, so its launcher refuses such a job before the worker runs.
+    Each rank of a group reads its own k-th of the group's data share."""
+    torchrun.setenv("WORLD_SIZE", "2")
+    torchrun.setenv("RANK", "1")
+    for mode, launcher in (("live", live_launch.run), ("torchft_diloco", live_launch.run_groups)):
+        rounds = ("staleness=none", "compressor=none", "trainer.sync_every=4", "trainer.warmup_sync_steps=0",
+                  "trainer.check_every=null") if mode == "torchft_diloco" else ()
+        container = live_of(*GROUP[1:], f"trainer.mode={mode}", *rounds)
+        ran = []
+        if mode == "live":
+            with pytest.raises(live_launch.WorkerFailed, match="this job has WORLD_SIZE=2"):
+                launcher(lambda *a: ran.append(a), (container, str(tmp_path)), nproc=1)
+            assert not ran
+            continue
+        launcher(lambda *a: ran.append(a), (container, str(tmp_path)), nproc=1)
+        assert ran and ran[0][1] == str(tmp_path / "replica_1")
+        # group 1 of 2, rank 1 of its 2: shard 3 of 4
+        assert replica_shard() == (3, 4) and replica_attempt() == (1, 0)
+
+
 @pytest.mark.parametrize("overrides,env,message", [
     (GROUP[:1], {}, "trainer.live.lighthouse, trainer.live.run_id, trainer.live.replica, trainer.live.replicas not "
                     "set (nor PIPESGD_LIVE_LIGHTHOUSE"),
     (GROUP[:4] + GROUP[5:], {}, "trainer.live.replicas not set (nor PIPESGD_LIVE_REPLICAS)"),
-    (GROUP, {"WORLD_SIZE": "2"}, "one process per replica group, each group its own torchrun job (--nnodes 1 "
-                                 "--nproc-per-node 1); this job has WORLD_SIZE=2"),
     (GROUP, {ENV_REPLICA: "0"}, "trainer.live.replica=1 and PIPESGD_LIVE_REPLICA='0' disagree"),
     (GROUP[:4] + GROUP[5:], {ENV_REPLICAS: "two"}, "trainer.live.replicas (or PIPESGD_LIVE_REPLICAS)='two' is "
                                                    "invalid: must be an integer"),
