@@ -507,9 +507,12 @@ def _sync_every_problems(cfg: DictConfig, explicit: Collection[str], settled: Se
     if not agrees and "trainer.check_every" in explicit and t.check_every is not None:
         out.append(f"trainer.check_every={t.check_every} cannot check staleness={rule} replicas: each carries "
                    "its own fresh pseudo-gradient, so they differ by design; set trainer.check_every=null")
-    lr = cfg.outer_optimizer.get("lr")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        out.append(f"outer_optimizer.lr={lr!r} is invalid: must be a number > 0")
+    lr = cfg.outer_optimizer.get("lr")  # null: follows H and M (pipesgd.outer), SGD's only
+    if lr is None and cfg.outer_optimizer.get("_target_") != "torch.optim.SGD":
+        out.append(f"outer_optimizer.lr=null follows H and M for torch.optim.SGD only; set a number > 0 for "
+                   f"{cfg.outer_optimizer.get('_target_')}")
+    elif lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
+        out.append(f"outer_optimizer.lr={lr!r} is invalid: must be a number > 0, or null to follow H and M")
     return out
 
 

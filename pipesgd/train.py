@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import dist as pdist
-from . import launch, schema  # noqa: F401  (schema: registers the structured config with Hydra)
+from . import launch, outer, schema  # noqa: F401  (schema: registers the structured config with Hydra)
 from .observability import trace
 from .comm import bind, get_allreduce
 from .config import ConfigError, KeyOrigin, Settled, check_batch, check_removed, command_line_keys, settle, validate
@@ -247,7 +247,7 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext, settled: Settled) -> _Run:
         check_every=cfg.trainer.check_every if mode.check_on_reductions else None,
         sync_every=cfg.trainer.sync_every, fragments=cfg.trainer.fragments, sync_delay=cfg.trainer.sync_delay,
         landing_alpha=cfg.trainer.get("landing_alpha"), fragment_layout=cfg.trainer.get("fragment_layout", "contiguous"),
-        outer_optimizer=instantiate(cfg.outer_optimizer) if cfg.trainer.sync_every > 1 else None,
+        outer_optimizer=_outer_optimizer(cfg, ctx.world_size // k) if cfg.trainer.sync_every > 1 else None,
         replicas=pdist.replica_groups(k, cfg.dist.timeout_s) if k > 1 else None))
     if cfg.trainer.max_grad_norm is not None:
         clip_applied_gradient(optimizer, cfg.trainer.max_grad_norm)
@@ -307,6 +307,17 @@ def _build_allreduce(cfg: DictConfig, name: str):
     node groups (collectively, once per run) in case it declares it needs them."""
     return instantiate(cfg.comm, name=name,
                        node_groups=functools.partial(pdist.node_groups, timeout_s=cfg.dist.timeout_s))
+
+
+def _outer_optimizer(cfg: DictConfig, replicas: int):
+    """The outer step of ``trainer.sync_every > 1``: the ``outer_optimizer`` group's, with any null
+    among SGD's lr, momentum and nesterov following H and the ``replicas`` M (pipesgd.outer)."""
+    given = OmegaConf.to_container(cfg.outer_optimizer, resolve=True)
+    if given.get("_target_") == "torch.optim.SGD":
+        given = outer.fill(given, cfg.trainer.sync_every, replicas)
+        log.info("outer step: SGD lr %g momentum %g%s (H=%d, M=%d)", given["lr"], given["momentum"],
+                 " Nesterov" if given["nesterov"] else "", cfg.trainer.sync_every, replicas)
+    return instantiate(given)
 
 
 def _hparams(cfg: DictConfig, run: _Run, world_size: int) -> dict:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -33,6 +32,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch import Tensor
 
+from .. import outer as outer_defaults
 from .. import period
 from ..observability import trace
 from ..comm import CommStats, CommThread
@@ -47,9 +47,6 @@ from .pipe import PipeSGD
 from .replica import InnerSteps, sharded_exchange
 
 OuterFactory = Callable[[list[Tensor]], torch.optim.Optimizer]
-
-DEFAULT_OUTER = functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)
-"""The DiLoCo papers' outer optimizer: SGD with Nesterov momentum, lr 0.7, momentum 0.9."""
 
 
 class _Fragment:
@@ -172,7 +169,7 @@ class PipeDiLoCo(Engine):
     and every ``sync_every`` calls ends a round: the round's pseudo-gradient anchor - params is
     launched, the average of the round ``width - 1`` rounds back is applied to the anchor by
     ``outer_optimizer`` (a callable building an optimizer over the anchor tensors, default
-    :data:`DEFAULT_OUTER`) under ``staleness`` (``"none"``, or ``"eager"`` at width 2), and
+    :func:`pipesgd.outer.settings` for this H and the replicas) under ``staleness`` (``"none"``, or ``"eager"`` at width 2), and
     ``params`` take the anchor's values. ``flush()`` ends a partial round early and applies every
     round still in flight; afterwards every replica holds the anchor. ``compressor``,
     ``allreduce``, ``group``, ``nonfinite`` and ``timeout_s`` are PipeSGD's, applied to the
@@ -233,7 +230,7 @@ class PipeDiLoCo(Engine):
             outer_group = self.replicas.peers
             compressors, allreduces = zip(*(sharded_exchange(c, allreduce, self.replicas) for c in compressors))
         self.fragments = [
-            _Fragment(part, (f + 1) * step, outer_optimizer or DEFAULT_OUTER,
+            _Fragment(part, (f + 1) * step, outer_optimizer or outer_defaults.factory(sync_every, _replicas(outer_group)),
                       dict(width=width, compressor=compressors[f], allreduce=allreduces[f], group=outer_group,
                            staleness=rules[f], nonfinite=nonfinite, timeout_s=timeout_s, comm_thread=self._thread,
                            delay=sync_delay, clock=self._tick))
@@ -524,7 +521,8 @@ class PipeDiLoCo(Engine):
     def summary(self) -> dict:
         return {"sync_every": self.sync_every, "fragments": len(self.fragments), "sync_delay": self.sync_delay,
                 "warmup_sync_steps": self.warmup_sync_steps, "landing_alpha": self.landing_alpha,
-                "rounds": self.rounds, "outer_rule": self.rule.name, **self._replica_summary()}
+                "rounds": self.rounds, "outer_rule": self.rule.name,
+                "outer_step": outer_defaults.describe(self.fragments[0].outer), **self._replica_summary()}
 
     def _replica_summary(self) -> dict:
         """Replicas of several ranks: what this rank sent inside its replica (the fast fabric: the
@@ -546,6 +544,13 @@ class PipeDiLoCo(Engine):
             f.pipe.close()
         if self._thread is not None:
             self._thread.close()
+
+
+def _replicas(group) -> int:
+    """How many replicas exchange over ``group`` (the world where it is None; 1 alone)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
 def _merge(into: StepStats, s: StepStats) -> StepStats:

@@ -32,7 +32,8 @@ from torch import Tensor, nn
 from .. import period
 from ..comm import CommStats, CommThread
 from ..engine.base import Engine, ModeArgs, NonFinitePolicy, StepStats
-from ..engine.diloco import DEFAULT_OUTER, OuterFactory, split
+from .. import outer as outer_defaults
+from ..engine.diloco import OuterFactory, split
 from ..flat import assign_params, flat_params, has_nonfinite, state_to_device
 from ..modes import register
 from . import launch as live_launch
@@ -104,7 +105,7 @@ class TorchftDiLoCo(Engine):
         self._store, self._transport, self.group, self.manager = torchft_manager.start(
             options, self._load_peer_state, self._state, async_quorum=False)
         self.fragments = [_Fragment(ps) for ps in split(self.params, fragments)]
-        outer = outer_optimizer or DEFAULT_OUTER
+        outer = outer_optimizer or outer_defaults.factory(sync_every, options.min_replicas)
         self.outer = [outer(f.tensors) for f in self.fragments]
         self._inner_done = 0.0
         self._timer = optimizer.register_step_post_hook(self._mark)  # before torchft's: the inner step's end
@@ -263,7 +264,7 @@ class TorchftDiLoCo(Engine):
     def summary(self) -> dict:
         return {"sync_every": self.sync_every, "fragments": len(self.fragments), "sync_delay": self.sync_delay,
                 "rounds": self.rounds // len(self.fragments), "outer_rule": "torchft", "group_ranks": self.group_ranks,
-                "live_skipped_commits": self.skipped_commits}
+                "live_skipped_commits": self.skipped_commits, "outer_step": outer_defaults.describe(self.outer[0])}
 
     def close(self) -> None:
         self._timer.remove()

@@ -55,6 +55,10 @@ Mbit/s 2, 5 Mbit/s 5, 1 Mbit/s 25 here); its DiLoCo arms exist at each and at 2H
 best of three)."""
 _ROUNDS = ("trainer.warmup_sync_steps=0", "trainer.check_every=null")
 _BOTH = "trainer.live.min_replicas=2"
+_PAPERS_OUTER = ("outer_optimizer.lr=0.7", "outer_optimizer.momentum=0.9", "outer_optimizer.nesterov=true")
+"""The DiLoCo papers' outer step (conf/outer_optimizer/nesterov.yaml), the recipe's default when
+these arms' records were made: pinned, so an arm stays what its records ran now that the default
+follows H and M (pipesgd.outer)."""
 _PLAIN_OUTER = ("outer_optimizer.lr=1.0", "outer_optimizer.momentum=0.0", "outer_optimizer.nesterov=false")
 """A plain outer step of lr 1, no momentum (conf/outer_optimizer/sgd.yaml, spelled key by key so a
 record's config can be checked against it): the replicas' average move."""
@@ -65,50 +69,50 @@ def _diloco_arms() -> dict[str, tuple[str, ...]]:
     for h in sorted({h * k for h in STUDY_H for k in (1, 2, 4)}):
         every = f"trainer.sync_every={h}"
         arms[f"diloco-eager-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=eager",
-                                           "compressor=int8", every, *_ROUNDS)
+                                           "compressor=int8", every, *_PAPERS_OUTER, *_ROUNDS)
         # the same with a plain outer step: no outer momentum to carry the late step's error forward
         # (docs/period-h.md, the diagnosis)
         arms[f"diloco-eager-sgd-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=eager",
                                                "compressor=int8", every, *_PLAIN_OUTER, *_ROUNDS)
         arms[f"diloco-none-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=none",
-                                          "compressor=int8", every, *_ROUNDS)
+                                          "compressor=int8", every, *_PAPERS_OUTER, *_ROUNDS)
         # the staleness-aware outer steps, a whole round late (docs/period-h.md): eager with the outer
         # momentum fed arrived averages only, and the late average at half the outer rate
         arms[f"diloco-dn-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=delayed_nesterov",
-                                        "compressor=int8", every, *_ROUNDS)
+                                        "compressor=int8", every, *_PAPERS_OUTER, *_ROUNDS)
         arms[f"diloco-damped-int8-h{h}"] = ("trainer.mode=pipe", "trainer.width=2", "staleness=damped",
-                                            "compressor=int8", every, *_ROUNDS)
+                                            "compressor=int8", every, *_PAPERS_OUTER, *_ROUNDS)
         arms[f"diloco-blocking-h{h}"] = ("trainer.mode=sync", "trainer.width=1", "staleness=none",
-                                         "compressor=none", every, *_ROUNDS)
+                                         "compressor=none", every, *_PAPERS_OUTER, *_ROUNDS)
         arms[f"diloco-blocking-int8-h{h}"] = ("trainer.mode=sync", "trainer.width=1", "staleness=none",
-                                              "compressor=int8", every, *_ROUNDS)
+                                              "compressor=int8", every, *_PAPERS_OUTER, *_ROUNDS)
         # torchft 0.2.0's own DiLoCo behind a lighthouse, one replica group per worker (fp32 on the CPU);
         # every quorum holds both groups (a group a second late would otherwise sync alone)
         arms[f"torchft-diloco-h{h}"] = ("trainer.mode=torchft_diloco", "staleness=none", "compressor=none",
-                                        every, *_ROUNDS, _BOTH)
+                                        every, *_PAPERS_OUTER, *_ROUNDS, _BOTH)
         fragments, delay = streaming_schedule(h)
         if delay >= 0:
             arms[f"torchft-streaming-h{h}"] = ("trainer.mode=torchft_diloco", "staleness=none", "compressor=none",
                                                every, f"trainer.fragments={fragments}", f"trainer.sync_delay={delay}",
-                                               *_ROUNDS, _BOTH)
+                                               *_PAPERS_OUTER, *_ROUNDS, _BOTH)
         if fragments > 1:
             # the fragments alone, blocking (width 1, no delay): what streaming costs before any lateness
             arms[f"diloco-fragments-int8-h{h}"] = ("trainer.mode=sync", "trainer.width=1", "staleness=none",
                                                    "compressor=int8", every, f"trainer.fragments={fragments}",
-                                                   *_ROUNDS)
+                                                   *_PAPERS_OUTER, *_ROUNDS)
         if delay >= 1:
             # pipesgd's own streaming on torchft's schedule at this H (F fragments, each round's average
             # landing τ steps after its launch, the steps since kept), int8 in the ring, under each rule
             stream = ("trainer.mode=pipe", "trainer.width=2", "compressor=int8", every,
                       f"trainer.fragments={fragments}", f"trainer.sync_delay={delay}", *_ROUNDS)
-            arms[f"diloco-streaming-none-int8-h{h}"] = (*stream, "staleness=none")
+            arms[f"diloco-streaming-none-int8-h{h}"] = (*stream, "staleness=none", *_PAPERS_OUTER)
             arms[f"diloco-streaming-none-sgd-int8-h{h}"] = (*stream, "staleness=none", *_PLAIN_OUTER)
-            arms[f"diloco-streaming-eager-int8-h{h}"] = (*stream, "staleness=eager")
+            arms[f"diloco-streaming-eager-int8-h{h}"] = (*stream, "staleness=eager", *_PAPERS_OUTER)
             arms[f"diloco-streaming-eager-sgd-int8-h{h}"] = (*stream, "staleness=eager", *_PLAIN_OUTER)
             # streaming DiLoCo's merge at the landing (α = 0.5) instead of keeping the steps since the launch
-            arms[f"diloco-streaming-mix-int8-h{h}"] = (*stream, "staleness=none", "trainer.landing_alpha=0.5")
+            arms[f"diloco-streaming-mix-int8-h{h}"] = (*stream, "staleness=none", "trainer.landing_alpha=0.5", *_PAPERS_OUTER)
             # the streaming paper's strided fragments: layers dealt round-robin across the depth
-            arms[f"diloco-streaming-strided-int8-h{h}"] = (*stream, "staleness=none", "trainer.fragment_layout=strided")
+            arms[f"diloco-streaming-strided-int8-h{h}"] = (*stream, "staleness=none", "trainer.fragment_layout=strided", *_PAPERS_OUTER)
     return arms
 
 

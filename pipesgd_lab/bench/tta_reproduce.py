@@ -63,8 +63,21 @@ def rerun_command(record: Mapping, run_dir: Path, overrides: Sequence[str] = (),
         raise NotRerunnable(f"record {record.get('arm')} seed {record.get('seed')} has no evaluation to rerun")
     keep = [w for w in _train_args(record) if w.partition("=")[0].lstrip("+") not in RERUN_SETTINGS]
     first = int(record["curve"][0][0])
-    return [python, "-m", "pipesgd.train", *keep, *overrides, f"trainer.stop_after_step={first}",
+    return [python, "-m", "pipesgd.train", *keep, *_outer_as_run(record, keep), *overrides, f"trainer.stop_after_step={first}",
             "trainer.checkpoint_every=null", "trainer.resume=never", f"hydra.run.dir={run_dir}"]
+
+
+def _outer_as_run(record: Mapping, words: Sequence[str]) -> list[str]:
+    """The outer step the record ran with, spelled key by key, where its command left it to the
+    config's default (a default that has since changed: it follows H and M now, pipesgd.outer)."""
+    config = record.get("config") or {}
+    outer = config.get("outer_optimizer") or {}
+    if (config.get("trainer") or {}).get("sync_every", 1) <= 1 or outer.get("_target_") != "torch.optim.SGD":
+        return []
+    if any(w.lstrip("+").startswith("outer_optimizer") for w in words):
+        return []
+    return [f"outer_optimizer.{k}={str(outer[k]).lower() if isinstance(outer[k], bool) else outer[k]}"
+            for k in ("lr", "momentum", "nesterov") if outer.get(k) is not None]
 
 
 def compare(record: Mapping, summary: Mapping) -> dict:

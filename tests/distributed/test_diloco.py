@@ -204,7 +204,7 @@ def _elastic(rank, world, saved):
 def _saved_states(rank, world):
     model = make_model()
     opt = INNER(model.parameters())
-    with PipeDiLoCo(opt, model.parameters(), H, width=2, allreduce="ring") as engine:
+    with PipeDiLoCo(opt, model.parameters(), H, width=2, allreduce="ring", outer_optimizer=OUTER) as engine:
         for t in range(7):
             opt.zero_grad()
             loss_of(model, rank, t).backward()
@@ -224,7 +224,7 @@ def _run_fragments(rank, p, width, rule):
     model = make_model()
     opt = INNER(model.parameters())
     with PipeDiLoCo(opt, model.parameters(), 4, width=width, staleness=rule, allreduce="ring",
-                    fragments=2) as engine:
+                    fragments=2, outer_optimizer=OUTER) as engine:
         sent = []
         for t in range(STEPS + 1):  # 21 steps: both fragments end on a partial round
             opt.zero_grad()
@@ -328,7 +328,8 @@ def _run_warm(rank, p, h, width, rule, warmup, fragments=1, delay=0, alpha=None,
         opt = INNER(model.parameters())
         return model, opt, PipeDiLoCo(opt, model.parameters(), h, width=width, staleness=rule, allreduce="ring",
                                       fragments=fragments, sync_delay=delay, warmup_sync_steps=warmup,
-                                      landing_alpha=alpha, fragment_layout=layout, module=model)
+                                      landing_alpha=alpha, fragment_layout=layout, module=model,
+                                      outer_optimizer=OUTER)
 
     model, opt, engine = build()
     for t in range(steps):

@@ -199,7 +199,7 @@ def test_the_library_never_imports_the_lab():
 # them. The registry is the one way up: ``registry(kind)`` imports a kind's packages by name
 # (pipesgd/registry.py's KINDS, the torchft wing's modes among them), as plugin discovery does.
 FLOORS = (
-    ("flat", "inflight", "period", "registry", "dist", "teardown", "peers", "placement", "schedule", "objective", "schema",
+    ("flat", "inflight", "outer", "period", "registry", "dist", "teardown", "peers", "placement", "schedule", "objective", "schema",
      "models", "optim"),                      # leaves: they import no other part of the library
     ("modes", "compress", "staleness"),       # the plugin declarations the rest reads
     ("launch", "timing"),                     # how workers come to exist; the cost model on the declared facts

@@ -9,10 +9,12 @@ from __future__ import annotations
 import copy
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 import pipesgd.schema  # noqa: F401  (registers the structured config)
+from pipesgd.outer import fill, settings
 from pipesgd.config import ConfigError, check_removed, check_targets, command_line_keys, staleness_rule, validate
 from runs import ROOT
 
@@ -269,7 +271,9 @@ def test_the_gpt_diloco_recipe_streams_fragments_that_land_a_step_late_and_mix()
     assert (cfg.trainer.sync_every, settled.width, settled.staleness) == (10, 2, "none")
     assert (cfg.trainer.fragments, cfg.trainer.sync_delay, cfg.compressor._target_) == (5, 1, "pipesgd.compress.int8.Int8")
     assert cfg.trainer.landing_alpha == 0.5
-    assert (cfg.outer_optimizer.lr, cfg.outer_optimizer.momentum, cfg.outer_optimizer.nesterov) == (0.7, 0.9, True)
+    # the outer step follows H and M (outer_optimizer=auto), at H = 10 the papers' Nesterov 0.7 / 0.9
+    outer = fill(OmegaConf.to_container(cfg.outer_optimizer), cfg.trainer.sync_every, cfg.dist.nproc)
+    assert (outer["lr"], outer["momentum"], outer["nesterov"]) == (0.7, 0.9, True)
 
 
 def test_every_independent_problem_is_named_in_one_refusal():
@@ -286,3 +290,21 @@ def test_every_independent_problem_is_named_in_one_refusal():
     with pytest.raises(ConfigError) as one:  # one problem: its own message, as before
         validate(composed("trainer.log_every=0"))
     assert str(one.value).startswith("trainer.log_every=0 is invalid")
+
+
+@pytest.mark.parametrize("h", [5, 10, 25])
+def test_a_user_who_sets_only_sync_every_gets_the_outer_step_of_that_h(h):
+    """outer_optimizer=auto by default: nothing set but trainer.sync_every, and the run's outer step
+    is pipesgd.outer.settings(H, M); a value set on the command line is kept."""
+    from pipesgd.train import _outer_optimizer
+
+    overrides = ["+experiment=gpt_shakespeare", "trainer.mode=sync", "trainer.width=1", "staleness=none",
+                 "trainer.warmup_sync_steps=0", f"trainer.sync_every={h}"]
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+        kept = compose("config", overrides=[*overrides, "outer_optimizer.lr=0.25"])
+    validate(cfg, command_line_keys(overrides))
+    opt = _outer_optimizer(cfg, 2)([torch.zeros(1, requires_grad=True)])
+    group = opt.param_groups[0]
+    assert (group["lr"], group["momentum"], group["nesterov"]) == tuple(settings(h, 2).as_dict().values())
+    assert _outer_optimizer(kept, 2)([torch.zeros(1, requires_grad=True)]).param_groups[0]["lr"] == 0.25
