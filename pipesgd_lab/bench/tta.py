@@ -39,6 +39,7 @@ from pipesgd_lab.emulate.netns import DEFAULT_MTU
 from . import probe
 from . import tta_records as records
 from . import tta_shape
+from .tta_compose import COMPUTE_ARM
 
 from .tta_arms import ARMS, DEFAULT_ARMS, RECIPE, TIMING_ONLY, WARMUP_KEYS, arm_mode, metric_for, sync_every
 from .tta_report import report, timing_path, write_curve_record
@@ -202,15 +203,19 @@ def train_command(a: argparse.Namespace, arm: str, link: str, run_dir: Path, ext
     """``python -m pipesgd.train`` (under ``pipesgd_lab.emulate`` on a shaped link) for one arm; torchft's
     arms on a shaped link, or in groups of several ranks, as torchrun jobs behind a lighthouse (live_groups)."""
     groups = get_mode(arm_mode(arm)).launcher is not None  # torchft_diloco: replica groups behind a lighthouse
-    k = a.shape.ranks_per_replica
+    # the compute-alone arm exchanges nothing, so it has no replicas to form: its ranks run at the
+    # shape's per-rank batch, one per emulated host (no link carries anything either way)
+    alone = arm == COMPUTE_ARM
+    k = 1 if alone else a.shape.ranks_per_replica
     # the shape's per-rank settings win over the user's (computed from them), the phase's own (extra) over both;
     # a torchft group's ranks are its torchrun job's (live_groups --ranks-per-replica), not dist.ranks_per_replica
     overrides = [f"+experiment={a.recipe}", *ARMS[arm], f"dist.nproc={a.shape.world}", *a.overrides,
-                 *a.shape.overrides(replica_key=not groups), *extra, f"hydra.run.dir={run_dir}"]
+                 *a.shape.overrides(replica_key=not (groups or alone)), *extra, f"hydra.run.dir={run_dir}"]
     if link == "loopback" and not (groups and k > 1):  # the live launcher starts lone processes only
         return [sys.executable, "-m", "pipesgd.train", *overrides]
     # a replica per emulated host (or per torchrun job on loopback)
-    shape = ["--workers", str(a.shape.replicas)] + (["--ranks-per-replica", str(k)] if k > 1 else [])
+    shape = ["--workers", str(a.shape.world if alone else a.shape.replicas)] + (
+        ["--ranks-per-replica", str(k)] if k > 1 else [])
     link_args = ["--rate", link, "--timeout-s", str(int(a.timeout_s))] + ([] if link == "loopback" else
                                                                           ["--mtu", str(a.mtu)])
     module = "pipesgd_lab.bench.live_groups" if groups else "pipesgd_lab.emulate"

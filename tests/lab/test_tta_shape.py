@@ -27,6 +27,10 @@ def test_k_ranks_per_replica_divide_the_recipes_batch_so_the_global_batch_stays(
     emulated = tta.train_command(a, "diloco-blocking-h25", "5mbit", a.dir / "x")
     assert emulated[1:7] == ["-m", "pipesgd_lab.emulate", "--workers", "2", "--ranks-per-replica", "2"]
     assert a.json.name == "time-to-target-gpt_shakespeare-2x2.json" and a.plot.name.endswith("-2x2.png")
+    # the compute-alone arm exchanges nothing: the shape's batch on every rank, no replicas to form
+    alone = tta.train_command(a, "compute", "5mbit", a.dir / "x")
+    assert alone[1:5] == ["-m", "pipesgd_lab.emulate", "--workers", "4"] and "--ranks-per-replica" not in alone
+    assert "data.batch_size=16" in alone and not any(w.startswith("dist.ranks_per_replica") for w in alone)
     # the user's batch is the one divided, and the divided one wins
     b = tta.parse(["--ranks-per-replica", "4", "--workers", "1", "--phase", "curves", "data.batch_size=48"])
     assert b.shape == Shape(1, 4, (("data.batch_size", 12),))  # resnet's recipe evaluates the whole test set
