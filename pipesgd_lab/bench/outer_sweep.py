@@ -90,7 +90,7 @@ def table(record: dict) -> str:
     lines = ["| H | M | arm | outer lr | momentum | final loss | vs best | vs sync | |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in record["schedules"]:
-        arm = f"{row['mode']} {row['compressor']}" + (f" F={row['fragments']}" if row["fragments"] > 1 else "") + (
+        arm = f"{'blocking' if row['mode'] == 'sync' else 'in flight'} {row['compressor']}" + (f" F={row['fragments']}" if row["fragments"] > 1 else "") + (
             f" τ={row['sync_delay']}" if row["sync_delay"] else "") + (
             f" α={row['landing_alpha']}" if row["landing_alpha"] is not None else "")
         for s in row["settings"]:
