@@ -488,22 +488,16 @@ def _sync_every_problems(cfg: DictConfig, explicit: Collection[str], settled: Se
         out.append(f"trainer.warmup_sync_steps={t.warmup_sync_steps} is not used by trainer.mode={name}: its rounds "
                    "have no synchronous warm-up; set trainer.warmup_sync_steps=0, or run the warm-up with "
                    f"trainer.mode={'|'.join(m for m in modes_with('sync_every') if not get_mode(m).rounds_only)}")
-    layout = t.get("fragment_layout", "contiguous")
-    if layout != "contiguous":
-        if layout not in period.LAYOUTS:
-            out.append(f"trainer.fragment_layout={layout!r} is not known; allowed: {', '.join(period.LAYOUTS)}")
-        elif fragments == 1 or mode.rounds_only:
-            out.append(f"trainer.fragment_layout={layout} deals a model's layers to trainer.fragments > 1 of "
-                       f"trainer.mode={'|'.join(m for m in modes_with('sync_every') if not get_mode(m).rounds_only)}")
-    alpha = t.get("landing_alpha")
-    if alpha is not None:
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
-            out.append(f"trainer.landing_alpha={alpha!r} is invalid: must be a number in [0, 1] (the local "
-                       "weights' share at a landing) or null (keep the steps since the launch)")
-        elif not delay or mode.rounds_only:
-            out.append(f"trainer.landing_alpha={alpha} mixes the weights where a round lands trainer.sync_delay "
-                       f"steps after its launch: it needs trainer.sync_delay > 0 with trainer.mode="
-                       f"{'|'.join(m for m in modes_with('sync_delay') if not get_mode(m).rounds_only)}")
+    layout, alpha = t.get("fragment_layout", "contiguous"), t.get("landing_alpha")
+    # the values (period's one list; the warm-up's range is the schema's), then whether this mode reads them
+    out += period.merge_problems(0, alpha, delay, layout, "trainer.")
+    pipes = '|'.join(m for m in modes_with('sync_every') if not get_mode(m).rounds_only)
+    if layout in period.LAYOUTS and layout != "contiguous" and (fragments == 1 or mode.rounds_only):
+        out.append(f"trainer.fragment_layout={layout} deals a model's layers to trainer.fragments > 1 of "
+                   f"trainer.mode={pipes}")
+    if alpha is not None and mode.rounds_only and delay:
+        out.append(f"trainer.landing_alpha={alpha} mixes the weights where a round lands trainer.sync_delay "
+                   f"steps after its launch, which trainer.mode={name} does its own way; use trainer.mode={pipes}")
     if not agrees and "trainer.check_every" in explicit and t.check_every is not None:
         out.append(f"trainer.check_every={t.check_every} cannot check staleness={rule} replicas: each carries "
                    "its own fresh pseudo-gradient, so they differ by design; set trainer.check_every=null")

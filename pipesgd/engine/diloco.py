@@ -207,7 +207,9 @@ class PipeDiLoCo(Engine):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params has no tensor with requires_grad=True: nothing to train")
-        _check_warmup_and_mix(warmup_sync_steps, landing_alpha, sync_delay)
+        found = period.merge_problems(warmup_sync_steps, landing_alpha, sync_delay, fragment_layout)
+        if found:
+            raise ValueError("; ".join(found))
         self.sync_every, self.width, self.sync_delay = sync_every, width, sync_delay
         self.warmup_sync_steps, self.landing_alpha = warmup_sync_steps, landing_alpha
         self.steps = 0  # inner steps: the tick every fragment's schedule launches and lands at
@@ -257,8 +259,6 @@ class PipeDiLoCo(Engine):
             self._inner = InnerSteps(self.optimizer, self.params, self.replicas.inner, self._timeout_s)
 
     def _split(self, fragments: int, layout: str, module: torch.nn.Module | None) -> list[list[Tensor]]:
-        if layout not in period.LAYOUTS:
-            raise ValueError(f"fragment_layout={layout!r} is not known; allowed: {', '.join(period.LAYOUTS)}")
         if layout == "contiguous" or fragments == 1:
             return split(self.params, fragments)
         if module is None:
@@ -576,18 +576,3 @@ class _Policies:
     @property
     def skipped(self) -> list[int]:
         return sorted(s for p in self._policies for s in p.skipped)
-
-
-def _check_warmup_and_mix(warmup_sync_steps: int, landing_alpha: float | None, sync_delay: int) -> None:
-    if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
-        raise ValueError(f"warmup_sync_steps must be an integer >= 0 (synchronous steps before the first round), "
-                         f"got {warmup_sync_steps!r}")
-    if landing_alpha is None:
-        return
-    if isinstance(landing_alpha, bool) or not isinstance(landing_alpha, (int, float)) or not 0 <= landing_alpha <= 1:
-        raise ValueError(f"landing_alpha must be a number in [0, 1] (the local weights' share at a landing: "
-                         f"θ ← α·θ + (1 − α)·anchor) or None (keep the steps since the launch), got {landing_alpha!r}")
-    if not sync_delay:
-        raise ValueError(f"landing_alpha={landing_alpha} mixes the weights where a round's average lands sync_delay "
-                         "steps after its launch; at sync_delay=0 every round restarts from the anchor: set "
-                         "sync_delay > 0 or leave landing_alpha unset")

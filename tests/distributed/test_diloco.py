@@ -385,8 +385,9 @@ def test_the_alpha_mix_at_a_landing_equals_its_reference(alpha, rule):
 
 def test_warm_up_and_mix_refusals_name_the_value():
     model = make_model()
-    for kwargs, match in (({"warmup_sync_steps": -1}, "warmup_sync_steps must be an integer >= 0"),
-                          ({"landing_alpha": 1.5, "sync_delay": 1}, r"landing_alpha must be a number in \[0, 1\]"),
+    for kwargs, match in (({"warmup_sync_steps": -1}, "warmup_sync_steps=-1 is invalid: must be an integer >= 0"),
+                          ({"landing_alpha": 1.5, "sync_delay": 1}, r"landing_alpha=1.5 is invalid: must be a number in \[0, 1\]"),
+                          ({"fragment_layout": "zigzag"}, "fragment_layout='zigzag' is not known"),
                           ({"landing_alpha": 0.5}, "landing_alpha=0.5 mixes the weights")):
         with pytest.raises(ValueError, match=match):
             PipeDiLoCo(INNER(model.parameters()), model.parameters(), 4, **kwargs)
