@@ -86,8 +86,9 @@ def _same(a: tuple, b: tuple) -> bool:
 
 
 def table(record: dict) -> str:
-    """Markdown: one row per schedule and outer setting, best first."""
-    lines = ["| H | M | arm | outer lr | momentum | final loss | vs best | vs sync | |",
+    """Markdown: one row per schedule and outer setting, best first (M replicas of k ranks; "vs sync":
+    against sync at the same M, whose ranks are M)."""
+    lines = ["| H | M × k | arm | outer lr | momentum | final loss | vs best | vs sync | |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in record["schedules"]:
         arm = f"{'blocking' if row['mode'] == 'sync' else 'in flight'} {row['compressor']}" + (f" F={row['fragments']}" if row["fragments"] > 1 else "") + (
@@ -97,7 +98,7 @@ def table(record: dict) -> str:
             mark = "default" if _same((s["lr"], s["momentum"], s["nesterov"]),
                                       tuple(row["default"][k] for k in _OUTER)) else ""
             sync = f"{s['test_loss'] / row['sync_loss'] - 1:+.2%}" if row["sync_loss"] else "-"
-            lines.append(f"| {row['sync_every']} | {row['replicas']} | {arm} | {s['lr']} | "
+            lines.append(f"| {row['sync_every']} | {row['replicas']} × {row['ranks_per_replica']} | {arm} | {s['lr']} | "
                          f"{s['momentum']}{' N' if s['nesterov'] else ''} | {s['test_loss']:.4f} "
                          f"({s['seeds']} seed{'s' if s['seeds'] > 1 else ''}) | "
                          f"{s['test_loss'] / row['best_loss'] - 1:+.2%} | {sync} | {mark} |")
