@@ -17,7 +17,7 @@ from hydra.experimental.callback import Callback
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .dist import BACKENDS, env_int
+from .dist import BACKENDS, env_int, ranks_per_replica
 from .launch import under_torchrun
 from . import period
 from .modes import check_comm, check_compressor, get_mode, modes, modes_with, replica_problems
@@ -164,7 +164,8 @@ def validate(cfg: DictConfig, explicit: Collection[str] = (),
     for key, low, hint, optional in (
             ("trainer.width", 1, "pipeline width; 1 = synchronous SGD, 2 = Pipe-SGD", False),
             ("dist.nproc", 1, "number of local worker processes", False),
-            ("dist.ranks_per_replica", 1, "ranks per DiLoCo replica; 1 = every rank a replica", False),
+            ("dist.ranks_per_replica", 1, "ranks per DiLoCo replica; 1 = every rank a replica, null = a "
+             "torchrun node across nodes", True),
             ("dist.max_restarts", 0, "", False),
             ("trainer.warmup_sync_steps", 0, "synchronous steps before the pipeline starts", False),
             ("trainer.epochs", 1, "", False),
@@ -513,7 +514,8 @@ def _sync_every_problems(cfg: DictConfig, explicit: Collection[str], settled: Se
 def _replica_problems(cfg: DictConfig) -> list[str]:
     """``dist.ranks_per_replica=k``: a divisor of the world (``dist.nproc``, or torchrun's
     WORLD_SIZE), and what the mode and the plugins cannot run with replicas of k ranks."""
-    k = cfg.dist.get("ranks_per_replica", 1)
+    k = ranks_per_replica(cfg.dist.get("ranks_per_replica"),
+                          get_mode(cfg.trainer.mode).replicas and cfg.trainer.sync_every > 1)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         return []  # refused as an integer >= 1 already
     world, what = (env_int("WORLD_SIZE", 1), "WORLD_SIZE") if under_torchrun() else (cfg.dist.nproc, "dist.nproc")

@@ -185,6 +185,17 @@ class ReplicaGroups:
     member: int  # this rank's place in its replica: the shard it carries between replicas
 
 
+def ranks_per_replica(setting: int | None, rounds: bool) -> int:
+    """``dist.ranks_per_replica`` as the run uses it: the setting where given; null: under torchrun
+    across several nodes (LOCAL_WORLD_SIZE < WORLD_SIZE, dividing it) a node is a replica when the
+    run has replicas to form (``rounds``: a mode with rounds at ``trainer.sync_every`` > 1), else 1
+    (every rank a replica, and one host's ranks are never split that way)."""
+    if setting is not None:
+        return setting
+    local, world = env_int("LOCAL_WORLD_SIZE", 0), env_int("WORLD_SIZE", 1)
+    return local if rounds and 1 < local < world and world % local == 0 else 1
+
+
 def replica_groups(k: int, timeout_s: float = 300.0) -> ReplicaGroups:
     """Create the replica groups of ``k`` ranks each (:class:`ReplicaGroups`). COLLECTIVE: every
     rank calls it once, at the same point relative to other group creations. ValueError naming

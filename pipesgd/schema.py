@@ -84,7 +84,7 @@ class DistConfig:
     max_restarts: int = 0
     threads_per_worker: Optional[int] = None
     cpu_affinity: Optional[str] = None
-    ranks_per_replica: int = 1
+    ranks_per_replica: Optional[int] = None
 
 
 @dataclass

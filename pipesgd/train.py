@@ -299,7 +299,9 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
 
 
 def _ranks_per_replica(cfg: DictConfig) -> int:
-    return cfg.dist.get("ranks_per_replica", 1)
+    """The run's k (null: a node under torchrun across nodes, where the mode forms replicas)."""
+    return pdist.ranks_per_replica(cfg.dist.get("ranks_per_replica"),
+                                   get_mode(cfg.trainer.mode).replicas and cfg.trainer.sync_every > 1)
 
 
 def _build_allreduce(cfg: DictConfig, name: str):

@@ -106,7 +106,7 @@ def hashed_config(config: dict) -> dict:
     # an exchange every step has no outer step: its settings are no setting (configs before them had none)
     per_step = (plain.get("trainer") or {}).get("sync_every", 1) == 1
     unused = ["trainer.sync_every", "trainer.fragments", "outer_optimizer"] if per_step else []
-    if (plain.get("dist") or {}).get("ranks_per_replica", 1) == 1:  # every rank its own replica, as before the key
+    if (plain.get("dist") or {}).get("ranks_per_replica", 1) in (None, 1):  # every rank its own replica, as before the key
         unused.append("dist.ranks_per_replica")
     return drop_unset(drop_keys(plain, [*NOT_HASHED, *mode_sections(keep={mode}), *unused]))
 

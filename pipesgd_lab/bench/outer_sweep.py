@@ -25,7 +25,7 @@ def _run(summary: dict) -> dict:
     cfg = summary["config"]
     outer, trainer = cfg.get("outer_optimizer", {}), cfg["trainer"]
     h = int(summary.get("sync_every", 1))
-    k = int(cfg["dist"].get("ranks_per_replica", 1) or 1)
+    k = int(summary.get("ranks_per_replica") or cfg["dist"].get("ranks_per_replica") or 1)
     return {"sync_every": h, "replicas": summary["world_size"] // k, "ranks_per_replica": k,
             "mode": summary["mode"], "rule": summary.get("outer_rule", "none"),
             "compressor": summary["compressor"], "fragments": int(summary.get("fragments", 1)),

@@ -1,7 +1,7 @@
 """docs/multi-node.md's two-host command, run as two "hosts" on one machine: two torchrun agents
 (static rendezvous on loopback), each in its own working directory. One run directory with one
 summary.json for the whole world must come out, and host B must write nothing. With two workers a
-host and ``dist.ranks_per_replica=2``, each host is one DiLoCo replica of two ranks."""
+host and ``dist.ranks_per_replica`` unset, each host is one DiLoCo replica of two ranks."""
 
 import json
 import os
@@ -54,11 +54,11 @@ def test_two_torchrun_agents_form_one_job(tmp_path, shared_data):
 
 @pytest.mark.timeout(300)
 def test_two_nodes_of_two_workers_are_two_replicas_of_two_ranks(tmp_path, shared_data):
-    """torchrun numbers node n's workers n·2, n·2+1: with dist.ranks_per_replica=2 a node is a
+    """torchrun numbers node n's workers n·2, n·2+1: with dist.ranks_per_replica unset a node is a
     replica; the inner steps average inside it, the rounds go between the two nodes in two shards."""
-    summary, errs = _two_hosts(tmp_path, shared_data, 2, "dist.ranks_per_replica=2", "trainer.sync_every=3",
+    summary, errs = _two_hosts(tmp_path, shared_data, 2, "trainer.sync_every=3",
                                "trainer.check_every=1", "data.batch_size=32")
     assert (summary["world_size"], summary["replicas"], summary["ranks_per_replica"]) == (4, 2, 2)
     assert summary["steps"] == 6 and summary["rounds"] == 2 and summary["bytes_inside_replica"] > 0
-    assert summary["config"]["dist"]["ranks_per_replica"] == 2
+    assert summary["config"]["dist"]["ranks_per_replica"] is None  # unset: the node
     assert "replicas: 2 of 2 ranks each" in errs[0]

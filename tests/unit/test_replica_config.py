@@ -58,3 +58,36 @@ def test_the_default_keeps_the_checkpoint_digest_of_runs_before_it():
     one = {**base, "dist": {"nproc": 4, "ranks_per_replica": 1}}
     two = {**base, "dist": {"nproc": 4, "ranks_per_replica": 2}}
     assert config_digest(one) == config_digest(base) != config_digest(two)
+    auto = {**base, "dist": {"nproc": 4, "ranks_per_replica": None}}
+    assert config_digest(auto) == config_digest(base)
+
+
+@pytest.mark.parametrize("local,world,rounds,k", [
+    (2, 4, True, 2),    # torchrun, two nodes of two: a node is a replica
+    (8, 16, True, 8),   # two nodes of eight
+    (4, 4, True, 1),    # one node: every rank a replica, as before
+    (2, 4, False, 1),   # no rounds (sync_every=1, or a mode without replicas): nothing to group
+    (0, 1, True, 1),    # not under torchrun (no LOCAL_WORLD_SIZE)
+    (3, 4, True, 1),    # a local size that does not divide the world is never guessed into replicas
+])
+def test_unset_a_replica_is_a_torchrun_node_where_there_are_rounds(monkeypatch, local, world, rounds, k):
+    from pipesgd.dist import ranks_per_replica
+
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    if local:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+    else:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert ranks_per_replica(None, rounds) == k
+    assert ranks_per_replica(1, rounds) == 1 and ranks_per_replica(2, rounds) == 2  # a setting is kept
+
+
+def test_unset_under_two_torchrun_nodes_the_config_checks_the_node_as_a_replica(monkeypatch):
+    """Two nodes of two ranks, rounds: null means k = 2, which a mode without replicas never sees
+    (it resolves to 1 there and passes), while rounds with PowerSGD are refused naming the key."""
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    validate(composed(*ROUNDS, "compressor=int8"))
+    validate(composed("trainer.mode=sync", "trainer.width=1"))
+    with pytest.raises(ConfigError, match="compressor=powersgd is not available with dist.ranks_per_replica=2"):
+        validate(composed(*ROUNDS, "compressor=powersgd"))
