@@ -19,7 +19,7 @@ def _period_h_worker(rank, p):
 
     import torch
 
-    from diloco_reference import INNER
+    from diloco_reference import INNER, OUTER
     from engine_reference import batch, flat_params, make_model
     from pipesgd import PipeDiLoCo
     from pipesgd.flat import state_to_device
@@ -32,7 +32,8 @@ def _period_h_worker(rank, p):
             model = make_model().to(device)
             opt = INNER(model.parameters())
             return model, opt, PipeDiLoCo(opt, model.parameters(), H, width=width, staleness=rule,
-                                          compressor=compressor, allreduce="native", timeout_s=60)
+                                          compressor=compressor, allreduce="native", timeout_s=60,
+                                          outer_optimizer=OUTER)  # the reference's outer step
 
         model, opt, engine = build()
         for t in range(STEPS):
