@@ -52,6 +52,24 @@ def run(*overrides: str, tmp: Path, fault: str | None = None, prefix: tuple[str,
     return r
 
 
+def killed_and_resumed(args: list[str], tmp: Path, *, rank: int, at: int, checkpoint: int,
+                       steps: int) -> tuple[dict, dict]:
+    """``args`` run uninterrupted, then again with ``rank`` killed at step ``at`` (restarts allowed):
+    the second resumes from the checkpoint of step ``checkpoint`` and ends on the same weights and
+    evaluations as the first, its workers all gone. The two summaries (uninterrupted first)."""
+    ref = run(*args, f"hydra.run.dir={tmp / 'ref'}", tmp=tmp)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    r = run(*args, "dist.max_restarts=2", f"hydra.run.dir={tmp / 'run'}", tmp=tmp, fault=f"kill:{rank}:{at}")
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert f"does 'kill' at step {at}" in r.stderr and f"step-{checkpoint:08d}.pt" in r.stderr
+    a, b = summary(tmp / "ref"), summary(tmp / "run")
+    assert b["resumed_from_step"] == checkpoint and b["steps"] == steps
+    assert a["param_checksum"] == b["param_checksum"], "final weights must be bit-identical"
+    assert [e["test_loss"] for e in a["evals"]] == [e["test_loss"] for e in b["evals"]]
+    assert not tagged_processes(r.tag)
+    return a, b
+
+
 def run_script(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """``args`` (an example script and its arguments) from the repository root, as a user starts it."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from runs import needs_mnist, run, summary, tagged_processes
+from runs import killed_and_resumed, needs_mnist, run, summary
 
 # 30 steps per epoch (60000 / 2 replicas / 1000 samples a replica); rounds of 3 steps
 MNIST = ["+experiment=mnist_mlp", "trainer.max_steps=16", "optimizer.lr=0.05", "trainer.lr_reference_batch=null",
@@ -43,16 +43,7 @@ def test_killed_worker_of_a_replica_resumes_mid_round_and_mid_flight_bit_identic
     killed at step 11; the job restarts every worker from step 8 and ends on the same weights."""
     args = [*MNIST, "dist.nproc=4", "dist.ranks_per_replica=2", "data.batch_size=500", "compressor=int8",
             "trainer.checkpoint_every=8"]
-    ref = run(*args, f"hydra.run.dir={tmp_path / 'ref'}", tmp=tmp_path)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    r = run(*args, "dist.max_restarts=2", f"hydra.run.dir={tmp_path / 'run'}", tmp=tmp_path, fault="kill:1:11")
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert "does 'kill' at step 11" in r.stderr and "step-00000008.pt" in r.stderr
-    a, b = summary(tmp_path / "ref"), summary(tmp_path / "run")
-    assert b["resumed_from_step"] == 8 and b["steps"] == 16
-    assert a["param_checksum"] == b["param_checksum"], "final weights must be bit-identical"
-    assert [e["test_loss"] for e in a["evals"]] == [e["test_loss"] for e in b["evals"]]
-    assert not tagged_processes(r.tag)
+    killed_and_resumed(args, tmp_path, rank=1, at=11, checkpoint=8, steps=16)
 
 
 @needs_mnist
