@@ -34,7 +34,7 @@ from ..comm import CommStats, CommThread
 from ..engine.base import Engine, ModeArgs, NonFinitePolicy, StepStats
 from .. import outer as outer_defaults
 from ..engine.diloco import OuterFactory, split
-from ..flat import assign_params, flat_params, has_nonfinite, state_to_device
+from ..flat import assign_params, flat_params, flatten_grads, has_nonfinite, set_grads, state_to_device
 from ..modes import register
 from . import launch as live_launch
 from . import manager as torchft_manager
@@ -144,10 +144,14 @@ class TorchftDiLoCo(Engine):
     def step(self) -> StepStats:
         """One inner step; torchft's hook prepares a fragment's exchange or syncs one when due. In a
         replica group of k ranks the gradients are first averaged over them (one all_reduce)."""
-        if self.group_ranks > 1:
-            _average_in_group(self.params, self.group_ranks)
-        if has_nonfinite(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                                    for p in self.params])):
+        flat = torch.empty(sum(p.numel() for p in self.params), dtype=self.params[0].dtype,
+                           device=self.params[0].device)
+        flatten_grads(self.params, flat)
+        if self.group_ranks > 1:  # DDP's average inside the group: one all_reduce of the flat gradient
+            dist.all_reduce(flat)
+            flat /= self.group_ranks
+            set_grads(self.params, flat)
+        if has_nonfinite(flat):
             self.nonfinite.bad(self.steps, "on this replica group")
         if self.diloco is None:
             self._start()
@@ -275,22 +279,6 @@ class TorchftDiLoCo(Engine):
         self._transport.shutdown()
         if self.lighthouse is not None:
             self.lighthouse.shutdown()
-
-
-def _average_in_group(params: list[nn.Parameter], ranks: int) -> None:
-    """Every gradient averaged over the replica group's ``ranks`` (torch.distributed's default group,
-    the group's torchrun job), as DDP inside a torchft replica group averages it: one flat buffer."""
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat)
-    flat /= ranks
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-        offset += n
 
 
 def _check_schedule(sync_every: int, fragments: int, sync_delay: int) -> None:
