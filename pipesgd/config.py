@@ -511,11 +511,17 @@ def _sync_every_problems(cfg: DictConfig, explicit: Collection[str], settled: Se
     return out
 
 
+def replica_size(cfg: DictConfig) -> int:
+    """The run's ranks per replica: ``dist.ranks_per_replica``, or where it is null a torchrun node
+    when the mode forms replicas of rounds (:func:`pipesgd.dist.ranks_per_replica`)."""
+    return ranks_per_replica(cfg.dist.get("ranks_per_replica"),
+                             get_mode(cfg.trainer.mode).replicas and cfg.trainer.sync_every > 1)
+
+
 def _replica_problems(cfg: DictConfig) -> list[str]:
     """``dist.ranks_per_replica=k``: a divisor of the world (``dist.nproc``, or torchrun's
     WORLD_SIZE), and what the mode and the plugins cannot run with replicas of k ranks."""
-    k = ranks_per_replica(cfg.dist.get("ranks_per_replica"),
-                          get_mode(cfg.trainer.mode).replicas and cfg.trainer.sync_every > 1)
+    k = replica_size(cfg)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         return []  # refused as an integer >= 1 already
     world, what = (env_int("WORLD_SIZE", 1), "WORLD_SIZE") if under_torchrun() else (cfg.dist.nproc, "dist.nproc")

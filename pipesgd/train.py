@@ -27,7 +27,8 @@ from . import dist as pdist
 from . import launch, outer, schema  # noqa: F401  (schema: registers the structured config with Hydra)
 from .observability import trace
 from .comm import bind, get_allreduce
-from .config import ConfigError, KeyOrigin, Settled, check_batch, check_removed, command_line_keys, settle, validate
+from .config import (ConfigError, KeyOrigin, Settled, check_batch, check_removed, command_line_keys, replica_size,
+                     settle, validate)
 from .data import DatasetError
 from .engine import Engine, ModeArgs
 from .engine.parity import clip_applied_gradient
@@ -144,10 +145,10 @@ def worker(container: dict, run_dir: str, settled: Settled | None = None) -> Non
         log.info("mode=%s width=%d staleness=%s compressor=%s allreduce=%s world=%d global batch %d lr %.4g "
                  "threads/worker %d", cfg.trainer.mode, run.engine.width, settled.staleness, run.compressor.name,
                  run.allreduce, ctx.world_size, run.global_batch, run.lr, threads)
-        if _ranks_per_replica(cfg) > 1:
+        k = replica_size(cfg)
+        if k > 1:
             log.info("replicas: %d of %d ranks each (dist.ranks_per_replica): inner steps averaged inside a replica, "
-                     "rounds exchanged between replicas in %d shards", ctx.world_size // _ranks_per_replica(cfg),
-                     _ranks_per_replica(cfg), _ranks_per_replica(cfg))
+                     "rounds exchanged between replicas in %d shards", ctx.world_size // k, k, k)
         if placement["core"] is not None:
             log.info("workers pinned by dist.cpu_affinity=%s: this rank on core %d of %s", placement["rule"],
                      placement["core"], placement["allowed"])
@@ -224,7 +225,7 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext, settled: Settled) -> _Run:
     train_split, test_split = dataset.load()
     # a live run's replica groups are lone processes; each reads its group's share of the data
     shard, shards = replica_shard() or (ctx.rank, ctx.world_size)
-    k = _ranks_per_replica(cfg)  # replicas of k ranks: the data by replica, then rank inside it
+    k = replica_size(cfg)  # replicas of k ranks: the data by replica, then rank inside it
     train_loader = dataset.train_loader(train_split, shard, shards, cfg.seed, ranks_per_replica=k)
     eval_loader = dataset.eval_loader(test_split, ctx.rank, ctx.world_size)
     model = instantiate(cfg.model, **dataset.model_inputs).to(ctx.device)
@@ -262,7 +263,7 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext, settled: Settled) -> _Run:
 def _reliability(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, run_dir: str, container: dict,
                  rule: str) -> Reliability:
     """The trainer's hooks: checkpoints and resume, replica checks, faults, the hang watchdog."""
-    t, mode, k = cfg.trainer, get_mode(cfg.trainer.mode), _ranks_per_replica(cfg)
+    t, mode, k = cfg.trainer, get_mode(cfg.trainer.mode), replica_size(cfg)
     agree = mode.replicas_agree and run.engine.replicas_agree
     if not run.engine.replicas_agree and t.check_every is not None and ctx.is_main:
         log.info("trainer.check_every=%d checks nothing here: this run's replicas differ by design (%s)",
@@ -290,18 +291,12 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
     write_json_atomic(run_dir / "summary.json", summary(
         h, result, predicted, mode=cfg.trainer.mode, width=run.engine.width, staleness=rule,
         compressor=name, allreduce=run.allreduce, world_size=ctx.world_size, backend=ctx.backend,
-        replicas=ctx.world_size // _ranks_per_replica(cfg), ranks_per_replica=_ranks_per_replica(cfg),
+        replicas=ctx.world_size // replica_size(cfg), ranks_per_replica=replica_size(cfg),
         steps=trainer.step, total_steps=trainer.total_steps, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
         placement=placement,
         git_commit=git_commit(), host=fingerprint(), config=container, data=run.data, **reliability.summary(), **run.engine.summary()))
     # Per-step timings for benchmarks that skip warm-up steps (pipesgd_lab.bench).
     write_json_atomic(run_dir / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
-
-
-def _ranks_per_replica(cfg: DictConfig) -> int:
-    """The run's k (null: a node under torchrun across nodes, where the mode forms replicas)."""
-    return pdist.ranks_per_replica(cfg.dist.get("ranks_per_replica"),
-                                   get_mode(cfg.trainer.mode).replicas and cfg.trainer.sync_every > 1)
 
 
 def _build_allreduce(cfg: DictConfig, name: str):
@@ -340,7 +335,7 @@ def _prediction(cfg: DictConfig, run: _Run, world_size: int) -> Prediction:
                "buffers": any(True for _ in run.model.buffers())}
     if cfg.trainer.sync_every > 1:
         options |= {"sync_every": cfg.trainer.sync_every, "fragments": cfg.trainer.fragments,
-                    "sync_delay": cfg.trainer.sync_delay, "ranks_per_replica": _ranks_per_replica(cfg)}
+                    "sync_delay": cfg.trainer.sync_delay, "ranks_per_replica": replica_size(cfg)}
     trainable = [p for p in run.model.parameters() if p.requires_grad]
     return Prediction(instantiate(cfg.timing), cfg.trainer.mode, run.allreduce, run.engine.width,
                       sum(p.numel() * p.element_size() for p in trainable), sum(p.numel() for p in trainable),

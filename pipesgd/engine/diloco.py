@@ -231,8 +231,9 @@ class PipeDiLoCo(Engine):
         if self.replicas is not None:
             outer_group = self.replicas.peers
             compressors, allreduces = zip(*(sharded_exchange(c, allreduce, self.replicas) for c in compressors))
+        outer = outer_optimizer or outer_defaults.factory(sync_every, _replicas(outer_group))
         self.fragments = [
-            _Fragment(part, (f + 1) * step, outer_optimizer or outer_defaults.factory(sync_every, _replicas(outer_group)),
+            _Fragment(part, (f + 1) * step, outer,
                       dict(width=width, compressor=compressors[f], allreduce=allreduces[f], group=outer_group,
                            staleness=rules[f], nonfinite=nonfinite, timeout_s=timeout_s, comm_thread=self._thread,
                            delay=sync_delay, clock=self._tick))
