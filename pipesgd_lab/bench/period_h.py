@@ -7,7 +7,10 @@ own median forward + backward; the compute-alone arm's step beside it); per arm 
 final validation loss at equal steps over its seeds; per link the time to sync's final loss + 1 %,
 composed as the tool composes it (each arm's loss curve on loopback, its step time on the link, the
 evaluations at the link's median evaluation time). ``--stand-in ARM=CURVE`` prices an arm timed
-without a curve of its own on another arm's curve (said in the output). Writes ``--json`` and
+without a curve of its own on another arm's curve (said in the output); ``--timed-as CURVE=ARM`` the
+reverse: prices CURVE's loss curve at ARM's step times, for an arm whose exchange is ARM's (the same
+fragments, H, delay and compressor; only the arithmetic at a landing differs) and that was not timed
+under its own name. Writes ``--json`` and
 ``--plot`` (utilization against bandwidth); prints the tables. The validation records in ``--records``
 (an arm run end to end on a shaped link, ``--phase validate``) are composed against their own clocks.
 
@@ -232,9 +235,12 @@ def final_losses(runs: Sequence[dict]) -> dict[str, dict]:
 
 
 def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str], latency_s: float,
-          checks: Sequence[dict] = (), probe: Sequence[dict] = ()) -> dict:
+          checks: Sequence[dict] = (), probe: Sequence[dict] = (), timed_as: dict[str, str] | None = None) -> dict:
     """The study's result: per link the arm rows and the composed times to sync's final loss + 1 %;
-    ``probe``: allreduce records that give the model each link's measured rate (:func:`probe_links`)."""
+    ``probe``: allreduce records that give the model each link's measured rate (:func:`probe_links`);
+    ``timed_as``: curve arm -> the timed arm whose step times it is priced at."""
+    timed_as = timed_as or {}
+    rows = [*rows, *({**r, "arm": curve} for curve, arm in timed_as.items() for r in rows if r["arm"] == arm)]
     measured = probe_links(probe, latency_s)
     finals: dict[str, list[float]] = {}
     for r in runs:
@@ -261,7 +267,7 @@ def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str],
     return {"recipe": "gpt_shakespeare", "steps": sorted({r["steps"] for r in runs}), "target_loss": target,
             "targets": targets,
             "final_loss": final_losses(runs),
-            "stand_ins": stand_ins, "links": links, "validations": list(checks), "latency_s": latency_s,
+            "stand_ins": stand_ins, "timed_as": timed_as, "links": links, "validations": list(checks), "latency_s": latency_s,
             "commit": git_commit()}
 
 
@@ -271,6 +277,9 @@ def _fmt(v, spec: str = "{:.3g}") -> str:
 
 def tables(result: dict) -> str:
     lines = [f"target: sync's final loss + 1 % = {result['target_loss']:.4f} at {result['steps']} steps", "",
+             *(f"{arm}: priced on {curve}'s curve" for arm, curve in result["stand_ins"].items()),
+             *(f"{curve}: priced at {arm}'s step times" for curve, arm in (result.get("timed_as") or {}).items()),
+             *([""] if result["stand_ins"] or result.get("timed_as") else []),
              "| arm | final loss | sd | vs sync | vs sync, seed by seed | seeds |", "|---|---|---|---|---|---|"]
     for arm, f in sorted(result["final_loss"].items(), key=lambda kv: kv[1]["mean"]):
         paired = ", ".join(f"{v:+.2%}" for v in f["paired_vs_sync"].values()) if arm != "sync" else "–"
@@ -357,6 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--plot", type=Path, default=Path("docs/img/period-h-utilization.png"))
     p.add_argument("--stand-in", action="append", default=[], metavar="ARM=CURVE",
                    help="price ARM's step on CURVE's loss curve (an arm timed without a curve of its own)")
+    p.add_argument("--timed-as", action="append", default=[], metavar="CURVE=ARM",
+                   help="price CURVE's loss curve at ARM's step times (an arm with ARM's exchange, not timed "
+                        "under its own name)")
     p.add_argument("--latency", default="100us", help="α the model is given (default 100us)")
     p.add_argument("--ranks-per-replica", type=int, default=1, metavar="K",
                    help="the study's ranks per replica (the tool's --ranks-per-replica; default 1): only records "
@@ -370,6 +382,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [s for s in a.stand_in if "=" not in s] + [k for k in stand_ins if k not in ARMS]
     if bad:
         p.error(f"argument --stand-in: {bad}: ARM=CURVE, ARM one of the study's arms")
+    timed_as = dict(s.split("=", 1) for s in a.timed_as if "=" in s)
+    bad = [s for s in a.timed_as if "=" not in s] + [n for pair in timed_as.items() for n in pair if n not in ARMS]
+    if bad:
+        p.error(f"argument --timed-as: {bad}: CURVE=ARM, both of the study's arms")
     if not a.timing.exists():
         p.error(f"argument --timing: {a.timing} does not exist (the tool's --phase timing writes it)")
     timing = json.loads(a.timing.read_text())
@@ -383,8 +399,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         probe_links(probe, latency)
     except (FileNotFoundError, ValueError) as e:
         p.error(f"argument --probe: {e}")
+    untimed = sorted(arm for arm in timed_as.values() if not any(r["arm"] == arm for r in timing))
+    if untimed:
+        p.error(f"argument --timed-as: {untimed} has no step times in {a.timing}")
     result = study(timing, load_curves(a.records, a.ranks_per_replica), stand_ins, latency,
-                   validations(a.records, a.ranks_per_replica), probe)
+                   validations(a.records, a.ranks_per_replica), probe, timed_as)
     write_json_atomic(a.json, result)
     if str(a.plot) not in ("", "."):
         plot(result, a.plot)

@@ -210,3 +210,26 @@ def test_the_tables_read_one_shape_of_replicas_and_refuse_a_timing_file_of_anoth
         period_h.main(["--timing", str(timing), "--records", str(records), "--json", str(tmp_path / "s.json"),
                        "--plot", ""])
     assert "has rows at [2] rank(s) per replica, not --ranks-per-replica 1" in capsys.readouterr().err
+
+
+def test_a_curve_timed_as_another_arm_is_priced_at_that_arms_steps_and_a_bad_pair_is_refused(tmp_path, capsys):
+    rows = [_row("compute", "5mbit", [1000.0] * 10),
+            _row("diloco-streaming-none-int8-h10", "5mbit", [1250.0] * 10, sent=250_000.0)]
+    runs = _curve("sync", [2.0]) + _curve("diloco-streaming-mix-int8-h10", [2.01])
+    mix = "diloco-streaming-mix-int8-h10"
+    alone = period_h.study(rows, runs, {}, 1e-4)["links"]["5mbit"]["time_to_target_s"]
+    assert mix not in alone  # not timed under its name: not priced
+    result = period_h.study(rows, runs, {}, 1e-4, timed_as={mix: "diloco-streaming-none-int8-h10"})
+    arms = {r["arm"]: r for r in result["links"]["5mbit"]["arms"]}
+    assert arms[mix]["step_ms"] == 1250.0 and arms[mix]["vs_compute"] == pytest.approx(0.8)
+    assert result["links"]["5mbit"]["time_to_target_s"][mix] == pytest.approx(600 * 1.25 + 2 * 10.0)
+    assert f"{mix}: priced at diloco-streaming-none-int8-h10's step times" in period_h.tables(result)
+    timing = tmp_path / "timing.json"
+    timing.write_text(json.dumps(rows))
+    args = ["--timing", str(timing), "--records", str(tmp_path), "--json", str(tmp_path / "s.json"), "--plot", ""]
+    for pair, said in ((f"{mix}=nonesuch", "both of the study's arms"),
+                       (f"{mix}=diloco-blocking-int8-h10", "has no step times in")):
+        with pytest.raises(SystemExit):
+            period_h.main([*args, "--timed-as", pair])
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "s.json").exists()
