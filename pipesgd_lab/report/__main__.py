@@ -3,6 +3,8 @@
 timeline: renders RUN_DIR/trace.json (from ``trainer.trace=true``) as RUN_DIR/timeline.png.
 sweep: gathers every job's summary.json below MULTIRUN_DIR into sweep.md, sweep.csv and two PNGs,
 and prints the markdown table on stdout.
+cores: what the exchange takes from compute on RUN_DIR's traced steps, per rank (pipesgd_lab.report.cores):
+prints the table, writes RUN_DIR/cores.json.
 scale-map: draws docs/scale-map.md's heatmaps (the timing model's arithmetic, no runs needed). Exit status 2 with one line naming the path when the
 input is missing.
 """
@@ -13,11 +15,15 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from pipesgd.observability.runinfo import write_json_atomic
+
+from .cores import core_cost, table
 from .errors import ReportError
 from .scale_map import render_scale_maps
 from .sweep import sweep_report
-from .timeline import render_timeline
+from .timeline import load_trace, render_timeline
 
 
 def parser() -> argparse.ArgumentParser:
@@ -28,6 +34,11 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=int, default=4, help="how many consecutive steps to draw (default 4)")
     t.add_argument("--first", type=int, default=None, help="first step to draw (default: middle of the trace)")
     t.add_argument("--out", default=None, help="PNG path (default RUN_DIR/timeline.png)")
+    c = sub.add_parser("cores", help="what the exchange takes from compute, per rank, from a run's trace")
+    c.add_argument("run_dir", help="a run directory with trace.json (or the trace file itself)")
+    c.add_argument("--skip", type=int, default=None,
+                   help="steps to leave out at the start (default: the warm-up and the pipeline's fill, plus one)")
+    c.add_argument("--out", default=None, help="JSON path (default RUN_DIR/cores.json)")
     s = sub.add_parser("sweep", help="table and plots of every job of a multirun")
     s.add_argument("sweep_dir", help="a Hydra multirun directory (summary.json files at any depth)")
     s.add_argument("--out", default=None, help="output directory (default: the sweep directory)")
@@ -43,6 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "timeline":
             render_timeline(args.run_dir, args.out, args.steps, args.first)
+        elif args.command == "cores":
+            rows = core_cost(load_trace(args.run_dir), args.skip)
+            run_dir = Path(args.run_dir)
+            write_json_atomic(Path(args.out) if args.out else (run_dir if run_dir.is_dir() else run_dir.parent)
+                              / "cores.json", rows)
+            sys.stdout.write(table(rows))
         elif args.command == "scale-map":
             render_scale_maps(args.out)
         else:

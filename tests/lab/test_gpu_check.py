@@ -4,7 +4,6 @@ behind into one outcome, and a check that overruns its budget is killed with its
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
