@@ -240,7 +240,6 @@ def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str],
     ``probe``: allreduce records that give the model each link's measured rate (:func:`probe_links`);
     ``timed_as``: curve arm -> the timed arm whose step times it is priced at."""
     timed_as = timed_as or {}
-    rows = [*rows, *({**r, "arm": curve} for curve, arm in timed_as.items() for r in rows if r["arm"] == arm)]
     measured = probe_links(probe, latency_s)
     finals: dict[str, list[float]] = {}
     for r in runs:
@@ -254,6 +253,9 @@ def study(rows: Sequence[dict], runs: Sequence[dict], stand_ins: dict[str, str],
     by_link = timing_by_link(list(rows))
     links = {}
     for link, table in link_rows(rows, latency_s, measured).items():
+        # a curve timed as another arm takes that arm's row, after every median over the link's rows
+        table += [{**r, "arm": curve, "timed_as": arm} for curve, arm in timed_as.items() for r in table
+                  if r["arm"] == arm]
         block = by_link[link]
         ms = {r["arm"]: r["step_ms"] for r in table}
         composed = compose.compose_link(priced, ms, block["eval_s"], WARMUP_STEPS, {"target": target, **targets},
