@@ -23,7 +23,8 @@ from pipesgd.outer import settings
 
 def _run(summary: dict) -> dict:
     cfg = summary["config"]
-    outer, trainer = cfg.get("outer_optimizer", {}), cfg["trainer"]
+    # the step that ran (outer_optimizer=auto leaves the config's values null and records what it chose)
+    outer, trainer = summary.get("outer_step") or cfg.get("outer_optimizer", {}), cfg["trainer"]
     h = int(summary.get("sync_every", 1))
     k = int(summary.get("ranks_per_replica") or cfg["dist"].get("ranks_per_replica") or 1)
     return {"sync_every": h, "replicas": summary["world_size"] // k, "ranks_per_replica": k,
@@ -91,7 +92,8 @@ def table(record: dict) -> str:
     lines = ["| H | M × k | arm | outer lr | momentum | final loss | vs best | vs sync | |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in record["schedules"]:
-        arm = f"{'blocking' if row['mode'] == 'sync' else 'in flight'} {row['compressor']}" + (f" F={row['fragments']}" if row["fragments"] > 1 else "") + (
+        arm = f"{'blocking' if row['mode'] == 'sync' else 'in flight'} {row['compressor']}" + (
+            f" {row['rule']}" if row["rule"] != "none" else "") + (f" F={row['fragments']}" if row["fragments"] > 1 else "") + (
             f" τ={row['sync_delay']}" if row["sync_delay"] else "") + (
             f" α={row['landing_alpha']}" if row["landing_alpha"] is not None else "")
         for s in row["settings"]:

@@ -35,3 +35,15 @@ def test_a_default_never_run_is_none_not_guessed(tmp_path):
     _write(tmp_path, "b", _summary(10, 1.0, 0.0, 2.10) | {"world_size": 4})
     [row] = outer_sweep.study(outer_sweep.collect([tmp_path]))["schedules"]
     assert row["replicas"] == 4 and row["default_loss"] is None and row["sync_loss"] is None
+
+
+def test_a_run_of_the_auto_default_is_keyed_by_the_step_it_ran_and_a_rule_names_its_arm(tmp_path):
+    d = settings(10, 2)
+    auto = _summary(10, None, None, 2.03) | {"outer_step": {"optimizer": "SGD", "lr": d.lr, "momentum": d.momentum,
+                                                             "nesterov": d.nesterov}}
+    _write(tmp_path, "auto", auto)
+    _write(tmp_path, "eager", _summary(10, 1.0, 0.0, 2.2) | {"mode": "pipe", "outer_rule": "eager"})
+    record = outer_sweep.study(outer_sweep.collect([tmp_path]))
+    blocking = next(r for r in record["schedules"] if r["mode"] == "sync")
+    assert blocking["default_loss"] == 2.03 and blocking["best"]["lr"] == d.lr
+    assert "| 10 | 2 × 1 | in flight int8 eager | 1.0 | 0.0 | 2.2000" in outer_sweep.table(record)
