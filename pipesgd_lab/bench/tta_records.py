@@ -131,6 +131,18 @@ def host_fields(summary: Mapping, stamp: Mapping | None = None) -> dict:
     return {"host": host, "host_source": source, "host_kind": host_kind(host)}
 
 
+def ran_config(summary: Mapping) -> dict:
+    """summary.json's config with what ran in place of what was left to the run: the outer step's
+    lr, momentum and nesterov that ``outer_optimizer=auto`` filled (its ``outer_step``) where the
+    config has them null."""
+    config = dict(summary["config"])
+    step, outer = summary.get("outer_step"), config.get("outer_optimizer")
+    if isinstance(step, Mapping) and isinstance(outer, Mapping):
+        config["outer_optimizer"] = {**outer, **{k: step[k] for k in ("lr", "momentum", "nesterov")
+                                                 if outer.get(k) is None and k in step}}
+    return config
+
+
 def curve_record(arm: str, seed: int, arm_overrides: Sequence[str], recipe: str, summary: Mapping,
                  segments: Sequence[Mapping], stamp_host: Mapping | None = None,
                  metric: Metric = ACCURACY) -> dict:
@@ -141,7 +153,7 @@ def curve_record(arm: str, seed: int, arm_overrides: Sequence[str], recipe: str,
     evals = list(summary.get("evals") or [])
     total = summary.get("total_steps") or (evals[-1]["step"] if evals else None)
     facts = {field: summary.get(field) for field in SUMMARY_FACTS.values()}
-    mismatch = arm_mismatch(facts, arm_overrides, summary["config"])
+    mismatch = arm_mismatch(facts, arm_overrides, ran_config(summary))
     steps = summary.get("steps")
     return {
         "kind": "curve", "arm": arm, "seed": seed, "recipe": recipe, "arm_overrides": list(arm_overrides),

@@ -63,6 +63,19 @@ def test_a_run_that_is_not_its_arm_is_not_complete():
     assert not rec["complete"] and "trainer.warmup_sync_steps=0 asked, 100 ran" in rec["why_incomplete"]
 
 
+def test_an_outer_step_left_to_auto_is_judged_by_the_step_that_ran():
+    arm = ["outer_optimizer.lr=0.7", "outer_optimizer.momentum=0.9", "outer_optimizer.nesterov=true"]
+    s = _summary()
+    s["config"]["outer_optimizer"] = {"_target_": "torch.optim.SGD", "lr": None, "momentum": None, "nesterov": None}
+    ran = s | {"outer_step": {"optimizer": "SGD", "lr": 0.7, "momentum": 0.9, "nesterov": True}}
+    assert r.arm_mismatch({}, arm, r.ran_config(ran)) is None
+    assert r.arm_mismatch({}, arm, r.ran_config(s)) == "outer_optimizer.lr=0.7 asked, None ran"
+    plain = s | {"outer_step": {"optimizer": "SGD", "lr": 1.0, "momentum": 0.0, "nesterov": False}}
+    assert r.arm_mismatch({}, arm, r.ran_config(plain)) == "outer_optimizer.lr=0.7 asked, 1.0 ran"
+    s["config"]["outer_optimizer"]["lr"] = 0.5  # a value set by hand is what ran, whatever the record says
+    assert r.ran_config(ran | {"config": s["config"]})["outer_optimizer"]["lr"] == 0.5
+
+
 def test_an_override_of_null_is_the_none_a_config_holds():
     from pipesgd_lab.bench.tta_records import arm_mismatch
 
