@@ -359,6 +359,11 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _pairs(values: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """``A=B`` options as a dict, and the values that are not of that form."""
+    return dict(v.split("=", 1) for v in values if "=" in v), [v for v in values if "=" not in v]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipesgd_lab.bench.period_h", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -380,13 +385,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="a folder of pipesgd_lab.bench.allreduce records (ring and native on each link): the "
                         "model prices each arm at the rate its allreduce measured there")
     a = p.parse_args(argv)
-    stand_ins = dict(s.split("=", 1) for s in a.stand_in if "=" in s)
-    bad = [s for s in a.stand_in if "=" not in s] + [k for k in stand_ins if k not in ARMS]
-    if bad:
+    stand_ins, bad = _pairs(a.stand_in)
+    if bad := bad + [k for k in stand_ins if k not in ARMS]:
         p.error(f"argument --stand-in: {bad}: ARM=CURVE, ARM one of the study's arms")
-    timed_as = dict(s.split("=", 1) for s in a.timed_as if "=" in s)
-    bad = [s for s in a.timed_as if "=" not in s] + [n for pair in timed_as.items() for n in pair if n not in ARMS]
-    if bad:
+    timed_as, bad = _pairs(a.timed_as)
+    if bad := bad + [n for pair in timed_as.items() for n in pair if n not in ARMS]:
         p.error(f"argument --timed-as: {bad}: CURVE=ARM, both of the study's arms")
     if not a.timing.exists():
         p.error(f"argument --timing: {a.timing} does not exist (the tool's --phase timing writes it)")
