@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 
 from .errors import ReportError
-from .timeline import Span, Trace
+from .timeline import Span, Trace, clipped
 
 WIRE = ("reduce-scatter", "allgather", "all_reduce")
 """The communication thread's spans that are the backend's send and receive."""
@@ -31,7 +31,7 @@ UNDER = 0.5
 
 
 def _overlap(a: Span, spans: Sequence[Span]) -> float:
-    return sum(max(0.0, min(a.end_ms, s.end_ms) - max(a.start_ms, s.start_ms)) for s in spans)
+    return sum(clipped(s, a.start_ms, a.end_ms) for s in spans)
 
 
 def _median(values: Sequence[float]) -> float | None:

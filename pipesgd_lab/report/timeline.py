@@ -94,13 +94,14 @@ def window(trace: Trace, steps: list[int]) -> tuple[float, float]:
 def overlap_stats(trace: Trace, t0: float, t1: float) -> dict[str, float]:
     """Over ``[t0, t1]`` (ms), summed over ranks: how long the communication threads were busy,
     how long the training threads waited for them, and the hidden fraction 1 - waited / busy."""
-    busy = sum(_clip(s, t0, t1) for s in trace.spans if s.tid != 0 and s.cat in COMM_CATEGORIES)
-    waited = sum(_clip(s, t0, t1) for s in trace.spans if s.tid == 0 and s.cat == "wait")
+    busy = sum(clipped(s, t0, t1) for s in trace.spans if s.tid != 0 and s.cat in COMM_CATEGORIES)
+    waited = sum(clipped(s, t0, t1) for s in trace.spans if s.tid == 0 and s.cat == "wait")
     hidden = max(0.0, min(1.0, 1.0 - waited / busy)) if busy > 0 else 0.0
     return {"comm_busy_ms": busy, "waited_ms": waited, "hidden_fraction": hidden}
 
 
-def _clip(s: Span, t0: float, t1: float) -> float:
+def clipped(s: Span, t0: float, t1: float) -> float:
+    """How much of ``s`` lies inside ``[t0, t1]`` (ms)."""
     return max(0.0, min(s.end_ms, t1) - max(s.start_ms, t0))
 
 
