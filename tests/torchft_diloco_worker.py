@@ -9,10 +9,20 @@ from diloco_reference import INNER, OUTER
 from engine_reference import flat_params, loss_of, make_model
 
 
+def by_value(t: torch.Tensor):
+    """A tensor as a numpy copy, for the results queue: a tensor put there travels as a file
+    descriptor its process shares until it exits, so a worker that finished before the parent read
+    its result left the parent a dead socket (FileNotFoundError in resource_sharer). ``gather``
+    turns it back."""
+    return t.detach().numpy().copy()
+
+
 def gather(targets: list[tuple], timeout_s: float = 150.0) -> list[tuple]:
     """Run each ``(fn, *args)`` of ``targets`` in a spawned process of its own, ``fn(*args, out)``;
-    what each put on ``out``, in the order they arrived. Every process is joined (or killed) and
-    must exit 0."""
+    what each put on ``out``, in the order they arrived, numpy arrays (``by_value``) back as
+    tensors. Every process is joined (or killed) and must exit 0."""
+    import numpy as np
+
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
@@ -21,7 +31,8 @@ def gather(targets: list[tuple], timeout_s: float = 150.0) -> list[tuple]:
     for p in procs:
         p.start()
     try:
-        results = [out.get(timeout=timeout_s) for _ in procs]
+        results = [tuple(torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in out.get(timeout=timeout_s))
+                   for _ in procs]
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -50,7 +61,7 @@ def train(replica: int, lighthouse: str, sync_every: int, fragments: int, delay:
             stats = engine.step()
             assert stats.applied
             sent.append(stats.comm.wire_bytes)
-        out.put((replica, engine.consistent_params().clone(), flat_params(model), sent, engine.summary()))
+        out.put((replica, by_value(engine.consistent_params()), by_value(flat_params(model)), sent, engine.summary()))
     finally:
         engine.close()
 
@@ -89,7 +100,8 @@ def train_in_group(replica: int, rank: int, ranks: int, port: int, lighthouse: s
             nn.functional.cross_entropy(model(x[part]), y[part]).backward()
             stats = engine.step()
             sent.append(stats.comm.wire_bytes)
-        out.put((replica, rank, engine.consistent_params().clone(), flat_params(model), sent, engine.summary()))
+        out.put((replica, rank, by_value(engine.consistent_params()), by_value(flat_params(model)), sent,
+                 engine.summary()))
     finally:
         engine.close()
         dist.destroy_process_group()
