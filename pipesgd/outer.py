@@ -9,8 +9,9 @@ five steps point the same way for most of them. So the momentum follows H: none 
 replicas' average move, local SGD's model averaging), the papers' 0.9 from H = 10, and in between
 linear in log H. The rate follows the momentum. :data:`MEASURED` holds the points the sweep chose
 (``python -m pipesgd_lab.bench.outer_sweep``, records in results/outer-sweep); :func:`settings`
-interpolates between them and holds the nearest outside. Standard library only (:func:`factory`
-imports torch when called).
+interpolates between them and holds the nearest outside. Where a round lands late and is mixed with
+the local weights, their share follows M (:func:`landing_alpha`). Standard library only
+(:func:`factory` imports torch when called).
 """
 
 from __future__ import annotations
@@ -53,6 +54,23 @@ def settings(sync_every: int, replicas: int = 2) -> OuterSettings:
         w = (h - h0) / (h1 - h0)
         lr, momentum = lr0 + w * (lr1 - lr0), m0 + w * (m1 - m0)
     return OuterSettings(lr=round(lr, 4), momentum=round(momentum, 4), nesterov=momentum > 0)
+
+
+LANDING_REPLICAS = (2, 8)
+"""The numbers of replicas between which :func:`landing_alpha`'s rule was measured (held beyond)."""
+
+
+def landing_alpha(replicas: int) -> float:
+    """The local weights' share where a round lands late (``landing_alpha="auto"``): 1 / M, for M
+    held to :data:`LANDING_REPLICAS`. At a fixed global batch each replica's steps see 1 / M of it,
+    so the weights it trained since the last landing are M times noisier than the average that
+    lands; the mix θ ← α·θ + (1 − α)·anchor keeps α of them, and the sweep (docs/period-h.md, "The
+    landing's share follows M") found the best α falling with M: 0.5 at M = 2, 0.125 to 0.25 at 8,
+    where 0.5 costs 3.7 % over the same fragments blocking."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas={replicas!r} is invalid: must be an integer >= 1")
+    low, high = LANDING_REPLICAS
+    return 1.0 / min(max(replicas, low), high)
 
 
 def fill(given: dict, sync_every: int, replicas: int) -> dict:

@@ -12,6 +12,9 @@ LAYOUTS = ("contiguous", "strided")
 """How ``fragments`` cut the model: contiguous runs of tensors, or its layers dealt round-robin
 across the depth (streaming DiLoCo's strided fragments; :mod:`pipesgd.engine.diloco`)."""
 
+AUTO = "auto"
+"""``landing_alpha`` that follows the number of replicas (:func:`pipesgd.outer.landing_alpha`)."""
+
 
 def invalid(sync_every: object, fragments: object = 1, sync_delay: object = 0, prefix: str = "") -> list[str]:
     """The settings of ``(sync_every, fragments, sync_delay)`` that are not integers in range, one
@@ -63,8 +66,8 @@ def merge_problems(warmup_sync_steps: object = 0, landing_alpha: object = None, 
                    fragment_layout: object = "contiguous", prefix: str = "") -> list[str]:
     """What the rounds' start and landing cannot take, one message each naming the setting
     (``prefix`` + its name): ``warmup_sync_steps`` (an integer >= 0), ``fragment_layout`` (one of
-    :data:`LAYOUTS`), ``landing_alpha`` (None, or a number in [0, 1] with ``sync_delay`` > 0: the
-    mix happens where a round lands late). Whether the mode reads them is the caller's to say."""
+    :data:`LAYOUTS`), ``landing_alpha`` (None, ``"auto"`` or a number in [0, 1] with ``sync_delay``
+    > 0: the mix happens where a round lands late). Whether the mode reads them is the caller's to say."""
     p, out = prefix, []
     if isinstance(warmup_sync_steps, bool) or not isinstance(warmup_sync_steps, int) or warmup_sync_steps < 0:
         out.append(f"{p}warmup_sync_steps={warmup_sync_steps!r} is invalid: must be an integer >= 0 (synchronous "
@@ -73,9 +76,11 @@ def merge_problems(warmup_sync_steps: object = 0, landing_alpha: object = None, 
         out.append(f"{p}fragment_layout={fragment_layout!r} is not known; allowed: {', '.join(LAYOUTS)}")
     if landing_alpha is None:
         return out
-    if isinstance(landing_alpha, bool) or not isinstance(landing_alpha, (int, float)) or not 0 <= landing_alpha <= 1:
+    if landing_alpha != AUTO and (isinstance(landing_alpha, bool) or not isinstance(landing_alpha, (int, float))
+                                  or not 0 <= landing_alpha <= 1):
         out.append(f"{p}landing_alpha={landing_alpha!r} is invalid: must be a number in [0, 1] (the local weights' "
-                   "share at a landing: θ ← α·θ + (1 − α)·anchor) or null (keep the steps since the launch)")
+                   f"share at a landing: θ ← α·θ + (1 − α)·anchor), {AUTO} (the share that follows the number of "
+                   "replicas, pipesgd.outer.landing_alpha) or null (keep the steps since the launch)")
     elif not sync_delay:
         out.append(f"{p}landing_alpha={landing_alpha} mixes the weights where a round lands {p}sync_delay steps "
                    f"after its launch: at {p}sync_delay=0 every round restarts from the anchor; set {p}sync_delay > 0 "

@@ -55,7 +55,7 @@ class TrainerConfig:
     sync_every: int = 1
     fragments: int = 1
     sync_delay: int = 0
-    landing_alpha: Optional[float] = None
+    landing_alpha: Any = None  # a number in [0, 1], "auto" (follows the replicas) or None (period.merge_problems)
     fragment_layout: str = "contiguous"
     epochs: int = 1
     max_steps: Optional[int] = None

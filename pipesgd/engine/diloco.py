@@ -183,7 +183,9 @@ class PipeDiLoCo(Engine):
     trained since on top of the new anchor: under ``"none"`` ``params`` train on from where the
     round ended and become the new anchor plus what they moved since; under ``"eager"`` this
     replica's own Δ / M is applied at the launch, ``params`` restart from that anchor and move by
-    what the others' part moves it when it lands. 0: the whole round.
+    what the others' part moves it when it lands. 0: the whole round. ``landing_alpha=α`` mixes
+    instead at the landing, ``params`` ← α·params + (1 − α)·anchor (streaming DiLoCo's merge);
+    ``"auto"``: the share that follows the number of replicas, :func:`pipesgd.outer.landing_alpha`.
 
     The anchor is the model every replica trains towards: :meth:`consistent_weights` (evaluation,
     replica checks) puts it into ``params``. With ``"none"`` it is identical on every rank; with
@@ -198,7 +200,7 @@ class PipeDiLoCo(Engine):
                  staleness: str | Staleness = "none", compressor: str | Compressor | Reduction | None = "none",
                  allreduce: str | Callable[..., CommStats] = "auto", group=None, nonfinite: str = "abort",
                  timeout_s: float | None = None, module: torch.nn.Module | None = None, fragments: int = 1,
-                 sync_delay: int = 0, warmup_sync_steps: int = 0, landing_alpha: float | None = None,
+                 sync_delay: int = 0, warmup_sync_steps: int = 0, landing_alpha: float | str | None = None,
                  fragment_layout: str = "contiguous", replicas: ReplicaGroups | None = None):
         rule = make_staleness(staleness)
         period.check(sync_every, fragments, sync_delay, width=width, rule=rule.name, rule_period=rule.sync_period,
@@ -232,6 +234,8 @@ class PipeDiLoCo(Engine):
             outer_group = self.replicas.peers
             compressors, allreduces = zip(*(sharded_exchange(c, allreduce, self.replicas) for c in compressors))
         outer = outer_optimizer or outer_defaults.factory(sync_every, _replicas(outer_group))
+        if landing_alpha == period.AUTO:  # the local weights' share that follows M
+            self.landing_alpha = outer_defaults.landing_alpha(_replicas(outer_group))
         self.fragments = [
             _Fragment(part, (f + 1) * step, outer,
                       dict(width=width, compressor=compressors[f], allreduce=allreduces[f], group=outer_group,

@@ -30,7 +30,8 @@ def _run(summary: dict) -> dict:
     return {"sync_every": h, "replicas": summary["world_size"] // k, "ranks_per_replica": k,
             "mode": summary["mode"], "rule": summary.get("outer_rule", "none"),
             "compressor": summary["compressor"], "fragments": int(summary.get("fragments", 1)),
-            "sync_delay": int(summary.get("sync_delay", 0)), "landing_alpha": trainer.get("landing_alpha"),
+            "sync_delay": int(summary.get("sync_delay", 0)),
+            "landing_alpha": summary.get("landing_alpha", trainer.get("landing_alpha")),  # auto: the share that ran
             "lr": outer.get("lr") if h > 1 else None, "momentum": outer.get("momentum") if h > 1 else None,
             "nesterov": bool(outer.get("nesterov")) if h > 1 else None,
             "seed": cfg.get("seed"), "steps": summary["steps"], "test_loss": summary["test_loss"],

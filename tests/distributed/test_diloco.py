@@ -373,11 +373,14 @@ def test_resume_during_and_after_the_warm_up_is_bit_exact(stop):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("alpha,rule", [(0.0, "none"), (0.5, "none"), (0.5, "eager")])
+@pytest.mark.parametrize("alpha,rule", [(0.0, "none"), (0.5, "none"), (0.5, "eager"), ("auto", "none")])
 def test_the_alpha_mix_at_a_landing_equals_its_reference(alpha, rule):
     """landing_alpha=α: where a round's average lands (sync_delay), θ ← α·θ + (1 − α)·anchor
-    (streaming DiLoCo's merge; α = 0 drops the steps since the launch, as torchft does)."""
-    expected = diloco_reference(2, 4, 2, STEPS + 1, rule, delay=2, alpha=alpha)
+    (streaming DiLoCo's merge; α = 0 drops the steps since the launch, as torchft does); "auto":
+    the share that follows the replicas (pipesgd.outer.landing_alpha: 1/2 at these two)."""
+    from pipesgd.outer import landing_alpha
+
+    expected = diloco_reference(2, 4, 2, STEPS + 1, rule, delay=2, alpha=landing_alpha(2) if alpha == "auto" else alpha)
     for rank, params in enumerate(run_workers(_run_warm, 2, 4, 2, rule, 0, 1, 2, alpha)):
         assert (params - expected[rank]).abs().max() <= 1e-6, f"rank {rank}"
     assert (expected[0] - diloco_reference(2, 4, 2, STEPS + 1, rule, delay=2)[0]).abs().max() > 1e-4

@@ -21,20 +21,22 @@ MNIST = ["+experiment=mnist_mlp", "trainer.max_steps=40", "data.batch_size=1000"
 
 @needs_mnist
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("rule,compressor,outer,fragments,delay", [("eager", "int8", "nesterov", 1, 0),
-                                                                   ("none", "none", "sgd", 1, 1),
-                                                                   ("eager", "none", "nesterov", 3, 0)])
-def test_killed_worker_resumes_mid_round_bit_identical(rule, compressor, outer, fragments, delay, tmp_path):
+@pytest.mark.parametrize("rule,compressor,outer,fragments,delay,alpha", [("eager", "int8", "nesterov", 1, 0, None),
+                                                                         ("none", "none", "sgd", 1, 1, "auto"),
+                                                                         ("eager", "none", "nesterov", 3, 0, None)])
+def test_killed_worker_resumes_mid_round_bit_identical(rule, compressor, outer, fragments, delay, alpha, tmp_path):
     """The checkpoint at step 32 holds each rank's own weights and inner optimizer mid-round, the
     anchor, the outer optimizer's momentum, the round in flight and (eager) each rank's own term;
     with three streaming fragments (one a step), every fragment's; with trainer.sync_delay=1 each
-    round's average lands a step after its launch."""
+    round's average lands a step after its launch, mixed at the share that follows M (1/2 here)."""
     args = [*MNIST, f"staleness={rule}", f"compressor={compressor}", f"outer_optimizer={outer}",
             f"trainer.fragments={fragments}", f"trainer.sync_delay={delay}",
+            *([f"trainer.landing_alpha={alpha}"] if alpha else []),
             "trainer.check_every=4" if rule == "none" else "trainer.check_every=null"]
     a, _ = killed_and_resumed(args, tmp_path, rank=1, at=35, checkpoint=32, steps=40)
     assert a["sync_every"] == 3 and a["rounds"] == 14 and a["outer_rule"] == rule  # 13 rounds + the partial one
     assert a["fragments"] == fragments and a["sync_delay"] == delay
+    assert a["landing_alpha"] == (0.5 if alpha else None)  # the share that ran
     assert a["test_accuracy"] > 0.4, "the run must really train, or equality proves little"
     if fragments > 1:  # a fragment's average lands at every step from the second round on
         return
@@ -101,7 +103,7 @@ def test_multirun_sweeps_the_width_at_a_period(tmp_path):
     ("trainer.sync_every=4 trainer.fragment_layout=strided", "trainer.fragment_layout=strided deals a model's layers"),
     ("trainer.sync_every=4 trainer.fragments=2 trainer.fragment_layout=diagonal",
      "trainer.fragment_layout='diagonal' is not known"),
-    ("trainer.sync_every=4 trainer.sync_delay=1 trainer.landing_alpha=2", "trainer.landing_alpha=2.0 is invalid"),
+    ("trainer.sync_every=4 trainer.sync_delay=1 trainer.landing_alpha=2", "trainer.landing_alpha=2 is invalid"),
     ("trainer.sync_every=4 staleness=eager trainer.check_every=5", "trainer.check_every=5 cannot check"),
     ("trainer.sync_every=4 trainer.mode=live", "trainer.sync_every=4 is not available with trainer.mode=live"),
     ("trainer.sync_every=4 trainer.mode=ps_sync", "trainer.sync_every=4 is not available with trainer.mode=ps_sync"),

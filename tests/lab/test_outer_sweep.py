@@ -47,3 +47,13 @@ def test_a_run_of_the_auto_default_is_keyed_by_the_step_it_ran_and_a_rule_names_
     blocking = next(r for r in record["schedules"] if r["mode"] == "sync")
     assert blocking["default_loss"] == 2.03 and blocking["best"]["lr"] == d.lr
     assert "| 10 | 2 × 1 | in flight int8 eager | 1.0 | 0.0 | 2.2000" in outer_sweep.table(record)
+
+
+def test_a_landing_share_left_to_auto_is_keyed_by_the_share_that_ran(tmp_path):
+    late = {"mode": "pipe", "sync_delay": 1, "fragments": 5, "world_size": 8}
+    cfg = _summary(10, 0.7, 0.9, 2.13)["config"]
+    _write(tmp_path, "auto", _summary(10, 0.7, 0.9, 2.13) | late | {
+        "landing_alpha": 0.125, "config": cfg | {"trainer": {"landing_alpha": "auto"}}})
+    [row] = outer_sweep.collect([tmp_path])
+    assert row["landing_alpha"] == 0.125
+    assert "F=5 τ=1 α=0.125 |" in outer_sweep.table(outer_sweep.study([row]))

@@ -264,13 +264,14 @@ def test_every_experiment_and_variant_passes_the_target_check(experiment):
 def test_the_gpt_diloco_recipe_streams_fragments_that_land_a_step_late_and_mix():
     # measured (docs/period-h.md, "The controls"): fragments landing a step late and mixed half and
     # half end on sync's loss at H = 10 (three seeds); kept on top, +1.53 %; the whole round late
-    # (eager, plain step) +8.9 %: the recipe takes the first, and passes every check
+    # (eager, plain step) +8.9 %: the recipe takes the first, at the share that follows M ("The
+    # landing's share follows M"), and passes every check
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["+experiment=gpt_diloco"])
     settled = validate(cfg, command_line_keys(["+experiment=gpt_diloco"]))
     assert (cfg.trainer.sync_every, settled.width, settled.staleness) == (10, 2, "none")
     assert (cfg.trainer.fragments, cfg.trainer.sync_delay, cfg.compressor._target_) == (5, 1, "pipesgd.compress.int8.Int8")
-    assert cfg.trainer.landing_alpha == 0.5
+    assert cfg.trainer.landing_alpha == "auto"  # the local share follows M: 1/M (pipesgd.outer.landing_alpha)
     # the outer step follows H and M (outer_optimizer=auto), at H = 10 the papers' Nesterov 0.7 / 0.9
     outer = fill(OmegaConf.to_container(cfg.outer_optimizer), cfg.trainer.sync_every, cfg.dist.nproc)
     assert (outer["lr"], outer["momentum"], outer["nesterov"]) == (0.7, 0.9, True)

@@ -39,3 +39,12 @@ def test_factory_builds_sgd_with_the_settings():
 
     opt = outer.factory(10, 2)([torch.zeros(2, requires_grad=True)])
     assert outer.describe(opt) == {"optimizer": "SGD", **outer.settings(10, 2).as_dict()}
+
+
+def test_the_landing_share_is_one_over_the_replicas_within_the_measured_range():
+    low, high = outer.LANDING_REPLICAS
+    assert [outer.landing_alpha(m) for m in (2, 4, 8)] == [0.5, 0.25, 0.125]
+    assert outer.landing_alpha(1) == 1 / low and outer.landing_alpha(64) == 1 / high  # held beyond
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match=f"replicas={bad!r}"):
+            outer.landing_alpha(bad)
