@@ -377,7 +377,7 @@ def test_resume_during_and_after_the_warm_up_is_bit_exact(stop):
 def test_the_alpha_mix_at_a_landing_equals_its_reference(alpha, rule):
     """landing_alpha=α: where a round's average lands (sync_delay), θ ← α·θ + (1 − α)·anchor
     (streaming DiLoCo's merge; α = 0 drops the steps since the launch, as torchft does); "auto":
-    the share that follows the replicas (pipesgd.outer.landing_alpha: 1/2 at these two)."""
+    the share that follows the replicas (pipesgd.outer.landing_alpha: 1/4 at these two)."""
     from pipesgd.outer import landing_alpha
 
     expected = diloco_reference(2, 4, 2, STEPS + 1, rule, delay=2, alpha=landing_alpha(2) if alpha == "auto" else alpha)

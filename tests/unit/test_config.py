@@ -271,7 +271,7 @@ def test_the_gpt_diloco_recipe_streams_fragments_that_land_a_step_late_and_mix()
     settled = validate(cfg, command_line_keys(["+experiment=gpt_diloco"]))
     assert (cfg.trainer.sync_every, settled.width, settled.staleness) == (10, 2, "none")
     assert (cfg.trainer.fragments, cfg.trainer.sync_delay, cfg.compressor._target_) == (5, 1, "pipesgd.compress.int8.Int8")
-    assert cfg.trainer.landing_alpha == "auto"  # the local share follows M: 1/M (pipesgd.outer.landing_alpha)
+    assert cfg.trainer.landing_alpha == "auto"  # the local share follows M (pipesgd.outer.landing_alpha)
     # the outer step follows H and M (outer_optimizer=auto), at H = 10 the papers' Nesterov 0.7 / 0.9
     outer = fill(OmegaConf.to_container(cfg.outer_optimizer), cfg.trainer.sync_every, cfg.dist.nproc)
     assert (outer["lr"], outer["momentum"], outer["nesterov"]) == (0.7, 0.9, True)

@@ -41,9 +41,10 @@ def test_factory_builds_sgd_with_the_settings():
     assert outer.describe(opt) == {"optimizer": "SGD", **outer.settings(10, 2).as_dict()}
 
 
-def test_the_landing_share_is_one_over_the_replicas_within_the_measured_range():
+def test_the_landing_share_is_the_sweeps_best_and_one_over_the_replicas_between():
     low, high = outer.LANDING_REPLICAS
-    assert [outer.landing_alpha(m) for m in (2, 4, 8)] == [0.5, 0.25, 0.125]
+    assert [outer.landing_alpha(m) for m in (2, 4, 8)] == [0.25, 0.25, 0.125]  # the sweep's best at each M
+    assert outer.landing_alpha(6) == 1 / 6
     assert outer.landing_alpha(1) == 1 / low and outer.landing_alpha(64) == 1 / high  # held beyond
     for bad in (0, True, 2.0):
         with pytest.raises(ValueError, match=f"replicas={bad!r}"):
