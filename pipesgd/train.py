@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from . import dist as pdist
-from . import launch, outer, period, schema  # noqa: F401  (schema: registers the structured config with Hydra)
+from . import launch, outer, schema  # noqa: F401  (schema: registers the structured config with Hydra)
 from .observability import trace
 from .comm import bind, get_allreduce
 from .config import (ConfigError, KeyOrigin, Settled, check_batch, check_removed, command_line_keys, replica_size,
@@ -247,7 +247,7 @@ def _build(cfg: DictConfig, ctx: pdist.DistContext, settled: Settled) -> _Run:
         nonfinite=cfg.trainer.nonfinite, timeout_s=ctx.engine_timeout_s,
         check_every=cfg.trainer.check_every if mode.check_on_reductions else None,
         sync_every=cfg.trainer.sync_every, fragments=cfg.trainer.fragments, sync_delay=cfg.trainer.sync_delay,
-        landing_alpha=_landing_alpha(cfg.trainer.get("landing_alpha"), ctx.world_size // k), fragment_layout=cfg.trainer.get("fragment_layout", "contiguous"),
+        landing_alpha=cfg.trainer.get("landing_alpha"), fragment_layout=cfg.trainer.get("fragment_layout", "contiguous"),
         outer_optimizer=_outer_optimizer(cfg, ctx.world_size // k) if cfg.trainer.sync_every > 1 else None,
         replicas=pdist.replica_groups(k, cfg.dist.timeout_s) if k > 1 else None))
     if cfg.trainer.max_grad_norm is not None:
@@ -304,15 +304,6 @@ def _build_allreduce(cfg: DictConfig, name: str):
     node groups (collectively, once per run) in case it declares it needs them."""
     return instantiate(cfg.comm, name=name,
                        node_groups=functools.partial(pdist.node_groups, timeout_s=cfg.dist.timeout_s))
-
-
-def _landing_alpha(alpha, replicas: int):
-    """``trainer.landing_alpha``, with ``auto`` the share that follows the ``replicas`` M (pipesgd.outer)."""
-    if alpha != period.AUTO:
-        return alpha
-    alpha = outer.landing_alpha(replicas)
-    log.info("landing share: α = %g (M=%d)", alpha, replicas)
-    return alpha
 
 
 def _outer_optimizer(cfg: DictConfig, replicas: int):
