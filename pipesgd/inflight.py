@@ -37,10 +37,15 @@ class InFlight(Generic[W]):
     ``delay``: with ``delay`` = τ > 0 the oldest is due τ ticks after its launch instead (PipeDiLoCo's
     ``sync_delay``, where a tick is an inner step), whatever the width. ``owner`` and ``remedy`` name,
     in the unapplied-work warning, who ended with work in flight and what applies it (``None``: no
-    warning; an owner whose in-flight work is dropped by design, such as a quorum's)."""
+    warning; an owner whose in-flight work is dropped by design, such as a quorum's). ``quiesce``,
+    called after that warning on each entry's work, lets work that runs Python on a backend's
+    threads (a future's callbacks) finish before the interpreter finalizes: a callback still
+    waiting for the GIL then is ended by ``pthread_exit`` through C++ frames and the process aborts
+    ("terminate called without an active exception") after its work is done."""
 
     def __init__(self, width: int, delay: int = 0, owner: str | None = None,
-                 remedy: str = "call engine.flush() after the last engine.step()"):
+                 remedy: str = "call engine.flush() after the last engine.step()",
+                 quiesce: Callable[[W], None] | None = None):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
             raise ValueError(f"width must be an integer >= 1 (1 = synchronous), got {width!r}")
         if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
@@ -48,7 +53,7 @@ class InFlight(Generic[W]):
         self.width, self.delay = width, delay
         self._entries: deque[tuple[int, W]] = deque()
         if owner is not None:
-            weakref.finalize(self, _warn_unapplied, self._entries, owner, remedy)  # at collection or exit
+            weakref.finalize(self, _warn_unapplied, self._entries, owner, remedy, quiesce)  # at collection or exit
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -118,7 +123,12 @@ class InFlight(Generic[W]):
         return n
 
 
-def _warn_unapplied(entries: deque, owner: str, remedy: str) -> None:
+def _warn_unapplied(entries: deque, owner: str, remedy: str, quiesce: Callable | None) -> None:
     if entries:
         warnings.warn(f"{owner} ended with {len(entries)} update(s) in flight that were never applied: {remedy}",
                       RuntimeWarning, stacklevel=2)
+        for _, work in entries if quiesce is not None else ():
+            try:
+                quiesce(work)
+            except Exception:  # at collection or exit: the warning above is all there is to say
+                pass

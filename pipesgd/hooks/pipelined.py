@@ -14,6 +14,7 @@ back (the previous one at the default width 2) and leaves this step's reduction 
 
 from __future__ import annotations
 
+import time
 import warnings
 import weakref
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from torch import Tensor, nn
 
 from ..inflight import InFlight
 from .powersgd import HookState, PowerSGDHookState, powersgd_state
+
+QUIESCE_S = 10.0  # at exit, how long unapplied reductions are given to complete (see _Round.quiesce)
 
 
 class _Bucket:
@@ -69,6 +72,15 @@ class _Round:
     def values(self) -> dict[int, Tensor]:
         """Wait for every reduction; the flat average of each parameter, by ``id``."""
         return {i: fut.wait()[at:at + n] for i, (fut, at, n) in self.where.items()}
+
+    def quiesce(self, within_s: float = QUIESCE_S) -> None:
+        """Left unapplied at exit: give its reductions up to ``within_s`` to complete, so that no
+        callback of theirs still runs on the backend's threads when the interpreter finalizes.
+        Polled, not waited: a peer that is gone must not hold the exit for the backend's timeout."""
+        deadline = time.monotonic() + within_s
+        for fut in {id(f): f for f, _, _ in self.where.values()}.values():
+            while not fut.done() and time.monotonic() < deadline:
+                time.sleep(0.005)
 
 
 class PipelinedState:
@@ -136,7 +148,8 @@ class PipelinedState:
         # WHEN: the earlier steps' rounds in flight (pipesgd.inflight); the oldest is handed to DDP
         # once width - 1 are, and leaves the schedule when this step's round is launched behind it
         self.schedule: InFlight[_Round] = InFlight(width, owner="a PipelinedState (the pipelined DDP hook)",
-                                                    remedy="call state.flush(optimizer) after the last step")
+                                                    remedy="call state.flush(optimizer) after the last step",
+                                                    quiesce=_Round.quiesce)
         self._current: _Round | None = None  # this step's, while its backward runs
         self._handing: _Round | None = None  # the round this step's backward hands DDP
         self._returned = False  # the last round handed DDP an earlier step's average

@@ -223,3 +223,48 @@ def test_the_mode_declarations_import_without_torch():
             "print(pipesgd.modes.REGISTRY.facts('solo')['server'], pipesgd.modes.Mode(width=None).runs_at(4))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     assert out.returncode == 0 and out.stdout.strip() == "True 4", out.stderr
+
+
+def test_work_left_in_flight_is_quiesced_after_the_warning_and_a_failing_quiesce_is_silent():
+    """An owner collected with work in flight warns, then lets each entry's work finish
+    (``quiesce``), so that no backend thread still runs its callbacks when the interpreter
+    finalizes (the abort at exit after a hook's last step); a quiesce that raises says nothing more."""
+    import gc
+    import warnings
+
+    from pipesgd.inflight import InFlight
+
+    seen = []
+
+    def quiesce(work):
+        seen.append(work)
+        if work == "b":
+            raise RuntimeError("gone")
+
+    schedule = InFlight(3, owner="an owner", remedy="flush it", quiesce=quiesce)
+    schedule.launch("a", at=1)
+    schedule.launch("b", at=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del schedule
+        gc.collect()
+    assert seen == ["a", "b"]
+    assert [str(w.message) for w in caught] == [
+        "an owner ended with 2 update(s) in flight that were never applied: flush it"]
+
+
+def test_a_hooks_unapplied_round_is_given_a_bounded_time_to_complete():
+    """The pipelined hook's rounds are polled, not waited for: a reduction that never completes
+    (a peer gone) holds the exit no longer than the bound."""
+    import time
+
+    from pipesgd.hooks.pipelined import _Round
+
+    done, never = torch.futures.Future(), torch.futures.Future()
+    done.set_result(torch.zeros(4))
+    round_ = _Round()
+    round_.where = {1: (done, 0, 2), 2: (done, 2, 2), 3: (never, 0, 4)}
+    start = time.monotonic()
+    round_.quiesce(within_s=0.2)
+    assert 0.2 <= time.monotonic() - start < 5
+    assert not never.done()
