@@ -12,6 +12,7 @@ import io
 import os
 import queue
 import socket
+import time
 import traceback
 from datetime import timedelta
 
@@ -79,11 +80,21 @@ def run_workers(fn, world_size: int, *args, timeout: float = 120.0, expect: list
         for p in procs:
             p.start()
         out: dict[int, object] = {}
+        deadline = time.monotonic() + timeout
         while not set(expect) <= out.keys():
-            try:
-                rank, status, value = results.get(timeout=timeout)
+            try:  # in short waits, so that a rank that died is named at once, with how it ended
+                rank, status, value = results.get(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
             except queue.Empty:
-                raise TimeoutError(f"ranks {sorted(set(expect) - set(out))} gave no result in {timeout}s")
+                dead = {r: procs[r].exitcode for r in expect if r not in out and procs[r].exitcode is not None}
+                if dead:
+                    try:  # a result put just before the exit may still be in the pipe
+                        rank, status, value = results.get(timeout=5)
+                    except queue.Empty:
+                        raise RuntimeError(f"ranks {sorted(dead)} ended (exit codes {dead}) without a result") from None
+                elif time.monotonic() >= deadline:
+                    raise TimeoutError(f"ranks {sorted(set(expect) - set(out))} gave no result in {timeout}s") from None
+                else:
+                    continue
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
             import torch
