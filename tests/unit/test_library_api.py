@@ -249,8 +249,8 @@ def test_work_left_in_flight_is_quiesced_after_the_warning_and_a_failing_quiesce
         del schedule
         gc.collect()
     assert seen == ["a", "b"]
-    assert [str(w.message) for w in caught] == [
-        "an owner ended with 2 update(s) in flight that were never applied: flush it"]
+    mine = [str(w.message) for w in caught if str(w.message).startswith("an owner")]  # not an earlier test's engine
+    assert mine == ["an owner ended with 2 update(s) in flight that were never applied: flush it"]
 
 
 def test_a_hooks_unapplied_round_is_given_a_bounded_time_to_complete():
