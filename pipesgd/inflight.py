@@ -127,8 +127,10 @@ def _warn_unapplied(entries: deque, owner: str, remedy: str, quiesce: Callable |
     if entries:
         warnings.warn(f"{owner} ended with {len(entries)} update(s) in flight that were never applied: {remedy}",
                       RuntimeWarning, stacklevel=2)
-        for _, work in entries if quiesce is not None else ():
-            try:
-                quiesce(work)
-            except Exception:  # at collection or exit: the warning above is all there is to say
-                pass
+    if quiesce is None:
+        return
+    for _, work in entries:
+        try:
+            quiesce(work)
+        except Exception:  # at collection or exit: the warning above is all there is to say
+            pass
