@@ -42,7 +42,7 @@ from .objective import Objective
 from .staleness import make_staleness
 from .placement import pin
 from .reliability.hooks import Reliability
-from .observability.runinfo import git_commit, write_json_atomic
+from .observability.runinfo import commit_fields, git_commit, write_json_atomic
 from .observability.summary import Prediction, summary
 from .timing import algorithm_for
 from .trainer import Trainer, median
@@ -132,6 +132,7 @@ def worker(container: dict, run_dir: str, settled: Settled | None = None) -> Non
     placement = pin(cfg.dist.get("cpu_affinity"), pdist.env_int("RANK", 0), pdist.env_int("LOCAL_RANK", 0))
     threads = _threads(cfg)
     ctx = pdist.init(cfg.dist.backend, cfg.dist.timeout_s)
+    started_on = git_commit() if ctx.is_main else None  # the code this run imports, not the checkout at its end
     run = writer = None
     failed = False
     try:
@@ -172,7 +173,7 @@ def worker(container: dict, run_dir: str, settled: Settled | None = None) -> Non
                                          "compressor": run.compressor.name, "allreduce": run.allreduce})
         if ctx.is_main:
             _write_results(cfg, ctx, run, trainer, result, predict(trainer.history), reliability, writer,
-                           Path(run_dir), record, threads, placement, settled.staleness)
+                           Path(run_dir), record, threads, placement, settled.staleness, started_on)
     except BaseException as e:
         failed = True
         if isinstance(e, Exception):  # logged before the teardown, which a hung collective could end
@@ -280,9 +281,14 @@ def _reliability(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, run_dir: st
 
 def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: Trainer, result: dict,
                    predicted: tuple, reliability: Reliability, writer, run_dir: Path, container: dict,
-                   threads: int, placement: dict, rule: str) -> None:
-    """Rank 0: TensorBoard's HParams row, summary.json and history.json."""
+                   threads: int, placement: dict, rule: str, started_on: str) -> None:
+    """Rank 0: TensorBoard's HParams row, summary.json and history.json. ``started_on``: the commit
+    read when the run started; summary.json names it (and the one at the end only if it moved)."""
     h = trainer.history
+    commits = commit_fields(started_on, git_commit())
+    if "git_commit_at_end" in commits:
+        log.warning("the checkout moved while this run ran (started on %s, now %s): summary.json names the "
+                    "commit it started on and adds git_commit_at_end", started_on, commits["git_commit_at_end"])
     name = run.compressor.name
     writer.hparams(_hparams(cfg, run, ctx.world_size), {
         "hparams/test_accuracy": result["test_accuracy"], "hparams/test_loss": result["test_loss"],
@@ -294,7 +300,7 @@ def _write_results(cfg: DictConfig, ctx: pdist.DistContext, run: _Run, trainer: 
         replicas=ctx.world_size // replica_size(cfg), ranks_per_replica=replica_size(cfg),
         steps=trainer.step, total_steps=trainer.total_steps, global_batch=run.global_batch, lr=run.lr, threads_per_worker=threads,
         placement=placement,
-        git_commit=git_commit(), host=fingerprint(), config=container, data=run.data, **reliability.summary(), **run.engine.summary()))
+        **commits, host=fingerprint(), config=container, data=run.data, **reliability.summary(), **run.engine.summary()))
     # Per-step timings for benchmarks that skip warm-up steps (pipesgd_lab.bench).
     write_json_atomic(run_dir / "history.json", {k: v for k, v in vars(h).items() if k != "evals"})
 

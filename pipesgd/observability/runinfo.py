@@ -25,6 +25,13 @@ def git_commit() -> str:
         return "unknown"
 
 
+def commit_fields(started: str, ended: str) -> dict[str, str]:
+    """summary.json's commit fields: ``git_commit`` is the one the run started on (the code it
+    imported); ``git_commit_at_end`` is added only where the checkout moved while it ran (a commit,
+    a checkout or an edit beside a long run), so a record never names code it did not run."""
+    return {"git_commit": started} if ended == started else {"git_commit": started, "git_commit_at_end": ended}
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
     """``write(f)`` into a temp file in ``path``'s directory, fsync, then rename over ``path``:
     readers see the old file or the complete new one, never a torn one; a failure (even Ctrl-C)

@@ -165,7 +165,7 @@ def curve_record(arm: str, seed: int, arm_overrides: Sequence[str], recipe: str,
         "eval_elapsed_s": [e.get("elapsed_s") for e in evals], "eval_s": [e.get("eval_s") for e in evals],
         "eval_loss": [e.get("test_loss") for e in evals],
         "facts": facts, "config": hashed_config(summary["config"]), "config_digest": config_digest(summary["config"]),
-        "world_size": summary.get("world_size"), "git_commit_at_end": summary.get("git_commit"),
+        "world_size": summary.get("world_size"), "git_commit_at_end": summary.get("git_commit_at_end", summary.get("git_commit")),
         "segments": list(segments), **host_fields(summary, stamp_host),
     }
 

@@ -41,6 +41,11 @@ def test_a_finished_run_is_complete_and_keeps_its_commits():
     assert "root" not in rec["config"]["data"], "bookkeeping keys are not the recipe"
 
 
+def test_a_run_whose_checkout_moved_keeps_the_commit_at_its_end():
+    rec = _record("sync", {**_summary(), "git_commit_at_end": "def"})
+    assert rec["git_commit_at_end"] == "def"
+
+
 def test_a_partial_run_is_listed_unfinished_and_not_used():
     partial = _record("sync", _summary(steps=150, total=300))
     assert not partial["complete"] and partial["why_incomplete"] == "150 of 300 steps"
