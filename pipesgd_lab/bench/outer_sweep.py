@@ -56,31 +56,44 @@ _OUTER = ("lr", "momentum", "nesterov")
 
 def study(runs: list[dict]) -> dict:
     """Per schedule: each outer setting's mean final loss over its seeds, the best, the default and
-    the default's excess over the best; sync's loss at the same M and steps where it was run."""
-    sync = defaultdict(list)
+    the default's excess over the best; sync's loss at the same M and steps where it was run, and
+    each setting's loss over it on the seeds both ran (``vs_sync``, ``sync_seeds``)."""
+    sync: dict[tuple, dict] = defaultdict(lambda: defaultdict(list))  # (M, steps) -> seed -> losses
     for r in runs:
         if r["sync_every"] == 1:
-            sync[(r["replicas"], r["steps"])].append(r["test_loss"])
-    groups: dict[tuple, dict[tuple, list[float]]] = defaultdict(lambda: defaultdict(list))
+            sync[(r["replicas"], r["steps"])][r["seed"]].append(r["test_loss"])
+    groups: dict[tuple, dict[tuple, list[tuple]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         if r["sync_every"] > 1:
-            groups[tuple(r[k] for k in _SCHEDULE)][tuple(r[k] for k in _OUTER)].append(r["test_loss"])
+            groups[tuple(r[k] for k in _SCHEDULE)][tuple(r[k] for k in _OUTER)].append((r["seed"], r["test_loss"]))
     rows = []
     for key, by_setting in sorted(groups.items(), key=lambda kv: [str(v) for v in kv[0]]):
         sched = dict(zip(_SCHEDULE, key))
-        means = {s: statistics.fmean(v) for s, v in by_setting.items()}
+        means = {s: statistics.fmean(loss for _, loss in v) for s, v in by_setting.items()}
         best = min(means, key=means.get)
         pick = settings(sched["sync_every"], sched["replicas"])
         default = (pick.lr, pick.momentum, pick.nesterov)
         match = next((s for s in means if _same(s, default)), None)
-        ref = sync.get((sched["replicas"], sched["steps"]))
-        rows.append({**sched, "settings": [{**dict(zip(_OUTER, s)), "test_loss": means[s], "seeds": len(by_setting[s])}
-                                            for s in sorted(means, key=means.get)],
+        ref = sync.get((sched["replicas"], sched["steps"]), {})
+        rows.append({**sched, "settings": [{**dict(zip(_OUTER, s)), "test_loss": means[s], "seeds": len(by_setting[s]),
+                                            "seed_list": sorted({seed for seed, _ in by_setting[s]}, key=str),
+                                            **_vs_sync(by_setting[s], ref)} for s in sorted(means, key=means.get)],
                      "best": dict(zip(_OUTER, best)), "best_loss": means[best], "default": dict(zip(_OUTER, default)),
                      "default_loss": means[match] if match else None,
                      "default_over_best": means[match] / means[best] - 1 if match else None,
-                     "sync_loss": statistics.fmean(ref) if ref else None})
+                     "sync_loss": statistics.fmean(x for v in ref.values() for x in v) if ref else None})
     return {"kind": "outer-sweep", "runs": runs, "schedules": rows}
+
+
+def _vs_sync(runs: list[tuple], sync: dict) -> dict:
+    """A setting's final loss over sync's on the seeds both ran (paired: seeds spread more than the
+    arms differ, so a mean over other seeds would mix the two), and which seeds those were."""
+    paired = sorted({seed for seed, _ in runs if seed in sync}, key=str)
+    if not paired:
+        return {"vs_sync": None, "sync_seeds": []}
+    arm = statistics.fmean(loss for seed, loss in runs if seed in sync)
+    ref = statistics.fmean(statistics.fmean(sync[seed]) for seed in paired)
+    return {"vs_sync": arm / ref - 1, "sync_seeds": paired}
 
 
 def _same(a: tuple, b: tuple) -> bool:
@@ -89,7 +102,7 @@ def _same(a: tuple, b: tuple) -> bool:
 
 def table(record: dict) -> str:
     """Markdown: one row per schedule and outer setting, best first (M replicas of k ranks; "vs sync":
-    against sync at the same M, whose ranks are M)."""
+    against sync at the same M, whose ranks are M, on the seeds both ran, named where not all)."""
     lines = ["| H | M × k | arm | outer lr | momentum | final loss | vs best | vs sync | |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in record["schedules"]:
@@ -100,7 +113,8 @@ def table(record: dict) -> str:
         for s in row["settings"]:
             mark = "default" if _same((s["lr"], s["momentum"], s["nesterov"]),
                                       tuple(row["default"][k] for k in _OUTER)) else ""
-            sync = f"{s['test_loss'] / row['sync_loss'] - 1:+.2%}" if row["sync_loss"] else "-"
+            sync = "-" if s["vs_sync"] is None else f"{s['vs_sync']:+.2%}" + (
+                "" if s["sync_seeds"] == s["seed_list"] else f" (seed {', '.join(map(str, s['sync_seeds']))})")
             lines.append(f"| {row['sync_every']} | {row['replicas']} × {row['ranks_per_replica']} | {arm} | {s['lr']} | "
                          f"{s['momentum']}{' N' if s['nesterov'] else ''} | {s['test_loss']:.4f} "
                          f"({s['seeds']} seed{'s' if s['seeds'] > 1 else ''}) | "

@@ -57,3 +57,25 @@ def test_a_landing_share_left_to_auto_is_keyed_by_the_share_that_ran(tmp_path):
     [row] = outer_sweep.collect([tmp_path])
     assert row["landing_alpha"] == 0.125
     assert "F=5 τ=1 α=0.125 |" in outer_sweep.table(outer_sweep.study([row]))
+
+
+def test_vs_sync_pairs_the_seeds_both_ran_and_names_them_where_not_all(tmp_path):
+    # sync ran seed 0 only; the arm ran seeds 0 and 1: its loss over sync's is seed 0's alone
+    # (a mean over both seeds against seed 0's sync would mix the seeds' spread into the gap)
+    _write(tmp_path, "sync0", _summary(1, None, None, 2.0))
+    _write(tmp_path, "a0", _summary(10, 0.7, 0.9, 2.02))
+    s1 = _summary(10, 0.7, 0.9, 1.90)
+    s1["config"]["seed"] = 1
+    _write(tmp_path, "a1", s1)
+    record = outer_sweep.study(outer_sweep.collect([tmp_path]))
+    [setting] = record["schedules"][0]["settings"]
+    assert setting["sync_seeds"] == [0] and setting["seed_list"] == [0, 1]
+    assert abs(setting["vs_sync"] - (2.02 / 2.0 - 1)) < 1e-12
+    assert "| +1.00% (seed 0) |" in outer_sweep.table(record)
+    s1sync = _summary(1, None, None, 1.92)
+    s1sync["config"]["seed"] = 1
+    _write(tmp_path, "sync1", s1sync)
+    record = outer_sweep.study(outer_sweep.collect([tmp_path]))
+    [setting] = record["schedules"][0]["settings"]
+    assert abs(setting["vs_sync"] - (1.96 / 1.96 - 1)) < 1e-12 and setting["sync_seeds"] == [0, 1]
+    assert "| +0.00% |" in outer_sweep.table(record)
