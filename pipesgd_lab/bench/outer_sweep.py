@@ -101,10 +101,11 @@ def _same(a: tuple, b: tuple) -> bool:
 
 
 def table(record: dict) -> str:
-    """Markdown: one row per schedule and outer setting, best first (M replicas of k ranks; "vs sync":
+    """Markdown: one row per schedule and outer setting, best first (steps: the run's length, the
+    cosine ending at its last; M replicas of k ranks; "vs sync":
     against sync at the same M, whose ranks are M, on the seeds both ran, named where not all)."""
-    lines = ["| H | M × k | arm | outer lr | momentum | final loss | vs best | vs sync | |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| steps | H | M × k | arm | outer lr | momentum | final loss | vs best | vs sync | |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in record["schedules"]:
         arm = f"{'blocking' if row['mode'] == 'sync' else 'in flight'} {row['compressor']}" + (
             f" {row['rule']}" if row["rule"] != "none" else "") + (f" F={row['fragments']}" if row["fragments"] > 1 else "") + (
@@ -115,7 +116,7 @@ def table(record: dict) -> str:
                                       tuple(row["default"][k] for k in _OUTER)) else ""
             sync = "-" if s["vs_sync"] is None else f"{s['vs_sync']:+.2%}" + (
                 "" if s["sync_seeds"] == s["seed_list"] else f" (seed {', '.join(map(str, s['sync_seeds']))})")
-            lines.append(f"| {row['sync_every']} | {row['replicas']} × {row['ranks_per_replica']} | {arm} | {s['lr']} | "
+            lines.append(f"| {row['steps']} | {row['sync_every']} | {row['replicas']} × {row['ranks_per_replica']} | {arm} | {s['lr']} | "
                          f"{s['momentum']}{' N' if s['nesterov'] else ''} | {s['test_loss']:.4f} "
                          f"({s['seeds']} seed{'s' if s['seeds'] > 1 else ''}) | "
                          f"{s['test_loss'] / row['best_loss'] - 1:+.2%} | {sync} | {mark} |")

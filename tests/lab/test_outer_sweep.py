@@ -28,7 +28,7 @@ def test_best_default_and_sync(tmp_path):
     [row] = outer_sweep.study(outer_sweep.collect([tmp_path]))["schedules"]
     assert row["best"] == {"lr": 0.3, "momentum": 0.9, "nesterov": True} and row["sync_loss"] == 2.0
     assert abs(row["default_over_best"] - (2.02 / 2.01 - 1)) < 1e-12
-    assert "| 10 | 2 × 1 |" in outer_sweep.table(outer_sweep.study(outer_sweep.collect([tmp_path])))
+    assert "| 559 | 10 | 2 × 1 |" in outer_sweep.table(outer_sweep.study(outer_sweep.collect([tmp_path])))
 
 
 def test_a_default_never_run_is_none_not_guessed(tmp_path):
